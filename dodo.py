@@ -1,0 +1,34 @@
+"""etforge: pipeline.yaml -> ExecuTorch programs, as incremental doit tasks.
+
+    doit                      build and validate every cell
+    doit export               build every cell
+    doit export model=linreg backend=xnnpack quant=fp32   a sub-matrix
+    doit 'export:linreg/*'    the same by task-name pattern
+    doit pipeline=other.yaml  another pipeline file (or $ETFORGE_PIPELINE)
+
+torch and executorch are imported only inside task actions, so loading this
+file and deciding that nothing changed stays fast.
+"""
+
+from doit import get_var
+
+from tasks import doit_tasks
+from tasks.entry import doit_config, load_selection
+
+SELECTION = load_selection(get_var)
+DOIT_CONFIG = doit_config(SELECTION)
+
+
+def task_capture():
+    """torch.export each model once, shared by all of its cells"""
+    yield from doit_tasks.capture_tasks(SELECTION.plan, SELECTION.cells)
+
+
+def task_export():
+    """lower each cell (model x backend x quantization) to a .pte"""
+    yield from doit_tasks.export_tasks(SELECTION.plan, SELECTION.cells)
+
+
+def task_validate():
+    """run each host-runnable .pte and compare it with eager PyTorch"""
+    yield from doit_tasks.validate_tasks(SELECTION.plan, SELECTION.cells)

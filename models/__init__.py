@@ -1,0 +1,1 @@
+"""Small in-repo model factories used by the default pipeline and the tests."""

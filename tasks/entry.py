@@ -1,0 +1,63 @@
+"""What dodo.py needs: find the pipeline file, resolve it, select cells, configure doit."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks import doit_tasks
+from tasks.errors import PipelineError
+from tasks.plan import Plan, resolve
+from tasks.reporter import make_reporter
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Selection:
+    plan: Plan
+    cells: tuple
+
+
+def pipeline_path(get_var) -> Path:
+    """``doit pipeline=FILE`` wins over $ETFORGE_PIPELINE, then ./pipeline.yaml of the repo."""
+    value = get_var("pipeline", None) or os.environ.get("ETFORGE_PIPELINE")
+    return Path(value).absolute() if value else REPO_ROOT / "pipeline.yaml"
+
+
+def load_selection(get_var) -> Selection:
+    """Resolve the pipeline and the command-line sub-matrix, or exit with a one-line error."""
+    try:
+        plan = resolve(pipeline_path(get_var))
+        cells = plan.select(model=get_var("model", None), backend=get_var("backend", None),
+                            quantization=get_var("quant", None) or get_var("quantization", None))
+    except PipelineError as exc:
+        sys.stderr.write(f"etforge: error: {exc}\n")
+        raise SystemExit(2) from None
+    if not cells:
+        sys.stderr.write("etforge: error: the command-line selection matches no cell of the matrix\n")
+        raise SystemExit(2)
+    return Selection(plan=plan, cells=cells)
+
+
+def doit_config(selection: Selection) -> dict:
+    plan = selection.plan
+    state_files, cells_by_task = {}, {}
+    for cell in selection.cells:
+        for spec in (doit_tasks.export_spec(plan, cell), doit_tasks.validate_spec(plan, cell)):
+            state_files[spec.name] = spec.state_file
+            cells_by_task[spec.name] = cell
+    for model in {c.model.name: c.model for c in selection.cells}.values():
+        spec = doit_tasks.capture_spec(plan, model)
+        state_files[spec.name] = spec.state_file
+    plan.artifacts_dir.mkdir(parents=True, exist_ok=True)
+    return {
+        "default_tasks": ["export", "validate"],
+        "continue": True,  # one failing cell never stops the others
+        "dep_file": str(plan.artifacts_dir / ".doit.db"),
+        "backend": "json",
+        "reporter": make_reporter(plan, state_files, cells_by_task),
+        "verbosity": 2,
+    }
