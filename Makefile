@@ -18,7 +18,6 @@ setup: $(STAMP)
 
 $(STAMP): requirements.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
 	touch $(STAMP)
 

@@ -28,17 +28,20 @@ def pipeline_path(get_var) -> Path:
 
 
 def load_selection(get_var) -> Selection:
-    """Resolve the pipeline and the command-line sub-matrix, or exit with a one-line error."""
+    """Resolve the pipeline and the command-line sub-matrix, or exit with a one-line error.
+
+    Exit code 3 is doit's own code for "error before task execution starts".
+    """
     try:
         plan = resolve(pipeline_path(get_var))
         cells = plan.select(model=get_var("model", None), backend=get_var("backend", None),
                             quantization=get_var("quant", None) or get_var("quantization", None))
     except PipelineError as exc:
         sys.stderr.write(f"etforge: error: {exc}\n")
-        raise SystemExit(2) from None
+        raise SystemExit(3) from None
     if not cells:
         sys.stderr.write("etforge: error: the command-line selection matches no cell of the matrix\n")
-        raise SystemExit(2)
+        raise SystemExit(3)
     return Selection(plan=plan, cells=cells)
 
 

@@ -42,14 +42,38 @@ def build_model(spec, root: Path):
 
 def _from_factory(ref: str, kwargs: dict, root: Path):
     module_name, func_name = ref.split(":")
-    root_str = str(root)
-    if root_str not in sys.path:
-        sys.path.insert(0, root_str)
-    module = importlib.import_module(module_name)
+    module = _import_from_project(module_name, root)
     factory = getattr(module, func_name, None)
     if factory is None:
         raise AttributeError(f"{module_name} has no factory {func_name!r}")
     return factory(**kwargs)
+
+
+def _import_from_project(module_name: str, root: Path):
+    """Import ``module_name`` from the project directory, never a same-named package elsewhere.
+
+    doit puts its dodo.py directory first on sys.path, and etforge's own repo has
+    a ``models`` package too, so the project root must come first and a package
+    already imported from elsewhere must be forgotten.
+    """
+    root = root.resolve()
+    root_str = str(root)
+    if root_str in sys.path:
+        sys.path.remove(root_str)
+    sys.path.insert(0, root_str)
+    top = module_name.split(".")[0]
+    loaded = sys.modules.get(top)
+    if loaded is not None and not _is_inside(getattr(loaded, "__file__", None), root):
+        for name in [n for n in sys.modules if n == top or n.startswith(top + ".")]:
+            del sys.modules[name]
+    module = importlib.import_module(module_name)
+    if not _is_inside(module.__file__, root):
+        raise ImportError(f"{module_name} resolved to {module.__file__}, outside the project {root}")
+    return module
+
+
+def _is_inside(file, root: Path) -> bool:
+    return file is not None and Path(file).resolve().is_relative_to(root)
 
 
 def recalibrate_batchnorm(model, inputs) -> None:

@@ -64,7 +64,7 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict):
             self._touch(task)
             if task.name in self.started:
                 self._finish_line(task, fail)
-            else:  # never started: a dependency failed
+            elif task.name in state_files:  # never started: a dependency failed
                 self._line(f"not run {task.name}  ({fail.get_msg().strip().splitlines()[-1]})")
 
         def skip_uptodate(self, task):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.doit_tasks import export_spec, validate_spec
+from tasks.doit_tasks import capture_spec, export_spec, validate_spec
 from tasks.plan import Cell, Plan
 from tasks.runner import read_state
 
@@ -18,14 +18,15 @@ def human_size(n) -> str:
 
 
 def cell_row(plan: Plan, cell: Cell) -> dict:
+    capture = read_state(capture_spec(plan, cell.model).state_file) or {}
     export = read_state(export_spec(plan, cell).state_file) or {}
     validate = read_state(validate_spec(plan, cell).state_file) or {}
     export_status = export.get("status", "not built")
     validate_status = validate.get("status", "-")
-    if export_status == "failed" or validate_status == "failed":
+    failed = next((r for r in (capture, export, validate) if r.get("status") == "failed"), None)
+    if failed is not None:
         status = "failed"
-        failed = export if export_status == "failed" else validate
-        note = failed.get("reason", "")
+        note = f"{failed['task']}: {failed.get('reason', '')}"
         if failed.get("log"):
             note += f" (log: {failed['log']})"
     elif export_status == "skipped":
