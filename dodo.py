@@ -10,12 +10,12 @@ torch and executorch are imported only inside task actions, so loading this
 file and deciding that nothing changed stays fast.
 """
 
-from doit import get_var
+from doit import get_initial_workdir, get_var
 
 from tasks import doit_tasks
 from tasks.entry import doit_config, load_selection
 
-SELECTION = load_selection(get_var)
+SELECTION = load_selection(get_var, get_initial_workdir())
 DOIT_CONFIG = doit_config(SELECTION)
 
 

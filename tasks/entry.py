@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tasks import doit_tasks
 from tasks.errors import PipelineError
-from tasks.plan import Plan, resolve
+from tasks.plan import Plan, digest_cache_for, resolve
 from tasks.reporter import make_reporter
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -21,21 +21,30 @@ class Selection:
     cells: tuple
 
 
-def pipeline_path(get_var) -> Path:
-    """``doit pipeline=FILE`` wins over $ETFORGE_PIPELINE, then ./pipeline.yaml of the repo."""
+def pipeline_path(get_var, initial_workdir: str | None) -> Path:
+    """``doit pipeline=FILE`` wins over $ETFORGE_PIPELINE, then the repo's pipeline.yaml.
+
+    doit has already changed into dodo.py's directory, so a relative path is
+    taken from the directory doit was started in.
+    """
     value = get_var("pipeline", None) or os.environ.get("ETFORGE_PIPELINE")
-    return Path(value).absolute() if value else REPO_ROOT / "pipeline.yaml"
+    if not value:
+        return REPO_ROOT / "pipeline.yaml"
+    return Path(initial_workdir or os.getcwd(), value).absolute()
 
 
-def load_selection(get_var) -> Selection:
+def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
     """Resolve the pipeline and the command-line sub-matrix, or exit with a one-line error.
 
     Exit code 3 is doit's own code for "error before task execution starts".
     """
     try:
-        plan = resolve(pipeline_path(get_var))
+        path = pipeline_path(get_var, initial_workdir)
+        digests = digest_cache_for(path)
+        plan = resolve(path, digests)
         cells = plan.select(model=get_var("model", None), backend=get_var("backend", None),
                             quantization=get_var("quant", None) or get_var("quantization", None))
+        digests.save()  # only once everything checked out: a bad input writes nothing
     except PipelineError as exc:
         sys.stderr.write(f"etforge: error: {exc}\n")
         raise SystemExit(3) from None

@@ -24,6 +24,8 @@ BUILDER_MODULES = {
 }
 MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
 DTYPES_DEFAULT = "float32"
+# Matrix dimension -> the pipeline.yaml section that declares its names.
+SECTIONS = {"model": "models", "backend": "backends", "quantization": "quantization"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,8 @@ class Cell:
 @dataclass(frozen=True)
 class Plan:
     file: Path
+    display: str  # the file as errors name it
+    section_lines: dict  # matrix dimension -> line of its section in the file
     root: Path
     name: str
     version: str
@@ -169,7 +173,8 @@ class Plan:
             for n in names:
                 if n not in known[dim]:
                     raise PipelineError(f"unknown {dim} {n!r} on the command line; "
-                                        f"known: {', '.join(known[dim])}", file=self.file.name)
+                                        f"known: {', '.join(known[dim])}", file=self.display,
+                                        line=self.section_lines[dim], key=SECTIONS[dim])
             filters[dim] = set(names)
         return tuple(c for c in self.cells
                      if all(_cell_dim(c, d) in names for d, names in filters.items()))
@@ -202,6 +207,12 @@ class _Resolver:
             raise self.doc.error(path, f"{rel!r} resolves outside the project directory") from None
         return full
 
+    def file_digest(self, full: Path, path: tuple) -> str:
+        try:
+            return self.digests.file_digest(full)
+        except OSError as exc:
+            raise self.doc.error(path, f"cannot read {self.rel(full)}: {exc.strerror}") from None
+
     def rel(self, full: Path) -> str:
         return full.relative_to(self.root.resolve()).as_posix()
 
@@ -212,14 +223,14 @@ class _Resolver:
             if candidate.is_file():
                 return self.inside_root(candidate.relative_to(self.root).as_posix(), path)
         raise self.doc.error(path, f"module {module!r} not found in the project "
-                                   f"(looked for {self.rel(base.resolve())}.py)")
+                                   f"(looked for {module.replace('.', '/')}.py)")
 
     def model(self, name: str, spec: dict) -> ModelSpec:
         path = ("models", name)
         if "python" in spec:
             file = self.factory_file(spec["python"], path + ("python",))
             source = {"python": spec["python"], "file": self.rel(file),
-                      "sha256": self.digests.file_digest(file)}
+                      "sha256": self.file_digest(file, path + ("python",))}
         else:
             source = {"torchvision": spec["torchvision"], "bn_recalibration": 1}
         weights = None
@@ -228,7 +239,7 @@ class _Resolver:
             full = self.inside_root(spec["weights"]["path"], wpath)
             if not full.is_file():
                 raise self.doc.error(wpath, f"weights file {spec['weights']['path']!r} not found")
-            actual = self.digests.file_digest(full)
+            actual = self.file_digest(full, wpath)
             if actual != spec["weights"]["sha256"]:
                 raise self.doc.error(path + ("weights", "sha256"),
                                      f"weights file sha256 is {actual}, pipeline pins {spec['weights']['sha256']}")
@@ -241,7 +252,7 @@ class _Resolver:
                 elements *= d
             if elements > MAX_INPUT_ELEMENTS:
                 raise self.doc.error(path + ("inputs", i, "shape"),
-                                     f"input of {elements} elements is larger than {MAX_INPUT_ELEMENTS}")
+                                     f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}")
             inputs.append(InputSpec(item.get("name", f"input_{i}"), shape, item.get("dtype", DTYPES_DEFAULT)))
         return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
                          weights=weights, inputs=tuple(inputs))
@@ -271,8 +282,7 @@ class _Resolver:
         for dim, names in known.items():
             if dim in pattern and pattern[dim] not in names:
                 raise self.doc.error(path + (dim,), f"{dim} {pattern[dim]!r} is not declared in "
-                                                    f"'{dim if dim != 'quantization' else 'quantization'}'"
-                                                    f"; declared: {', '.join(names)}")
+                                                    f"'{SECTIONS[dim]}'; declared: {', '.join(names)}")
 
     def cells(self, models, backends, quants, quant_thresholds) -> tuple:
         matrix = self.data.get("matrix") or {}
@@ -315,15 +325,23 @@ class _Resolver:
                                                          f"'quantization' ({', '.join(quant_names)})")
 
 
+def digest_cache_for(pipeline_file: Path) -> DigestCache:
+    """The file-digest memo of the project that ``pipeline_file`` belongs to."""
+    return DigestCache(Path(pipeline_file).absolute().parent / "artifacts" / ".etforge" / "digests.json")
+
+
 def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
-    """Load, validate and resolve ``pipeline_file``; raise PipelineError on any mistake."""
+    """Load, validate and resolve ``pipeline_file``; raise PipelineError on any mistake.
+
+    With ``digests`` given, the caller saves the memo (after its own checks pass).
+    """
     pipeline_file = Path(pipeline_file).absolute()
     root = pipeline_file.parent
     doc = load_yaml(pipeline_file, display_name=_display(pipeline_file))
     schema.validate(doc, "pipeline.schema.json")
     own_digests = digests is None
     if own_digests:
-        digests = DigestCache(root / "artifacts" / ".etforge" / "digests.json")
+        digests = digest_cache_for(pipeline_file)
     r = _Resolver(doc, root, digests)
     data = doc.data
     models = {name: r.model(name, spec) for name, spec in data["models"].items()}
@@ -337,7 +355,9 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                     for kind, files in BUILDER_MODULES.items()}
     if own_digests:
         digests.save()
-    return Plan(file=pipeline_file, root=root, name=data["name"], version=data.get("version", "0.0.0"),
+    return Plan(file=pipeline_file, display=doc.file,
+                section_lines={dim: doc.line_of((section,)) for dim, section in SECTIONS.items()},
+                root=root, name=data["name"], version=data.get("version", "0.0.0"),
                 models=models, backends=backends, quantizations=quants, cells=cells,
                 seed=(data.get("validation") or {}).get("seed", 0),
                 toolchain=toolchain_versions(), code_digests=code_digests)

@@ -11,8 +11,6 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-import jsonschema
-
 from tasks import schema
 from tasks.errors import PipelineError
 from tasks.yamlfile import load_yaml
@@ -63,7 +61,7 @@ def unknown_recipe_message(kind: str, name: str) -> str:
 
 def check_options(recipe: Recipe, options: dict) -> list[tuple[tuple, str]]:
     """Errors in user options for ``recipe``, as (key path, message) pairs."""
-    validator = jsonschema.Draft202012Validator(recipe.options_schema)
+    validator = schema.Validator(recipe.options_schema)
     problems = []
     allowed = sorted((recipe.data.get("options") or {}))
     for error in validator.iter_errors(options):
@@ -74,5 +72,5 @@ def check_options(recipe: Recipe, options: dict) -> list[tuple[tuple, str]]:
                         else f"supported: {', '.join(allowed) or 'none'}")
                 problems.append(((key,), f"unknown option {key!r} for {recipe.kind} recipe {recipe.name!r}; {hint}"))
         else:
-            problems.append((tuple(error.absolute_path), f"invalid option: {error.message}"))
+            problems.append((tuple(error.absolute_path), f"invalid option: {schema.expectation(error)}"))
     return problems

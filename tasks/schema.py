@@ -15,7 +15,7 @@ from pathlib import Path
 import jsonschema
 
 from tasks.errors import PipelineError
-from tasks.yamlfile import LoadedYaml
+from tasks.yamlfile import LoadedYaml, format_path
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 
@@ -26,8 +26,20 @@ def load_schema(name: str) -> dict:
 
 
 def _short(value) -> str:
-    text = json.dumps(value) if not isinstance(value, str) else json.dumps(value)
+    # default=str: never crash on a value JSON cannot spell (PyYAML can build a few).
+    text = json.dumps(value, default=str)
+    if len(text) > 60 and isinstance(value, dict):
+        # A truncated JSON object hides what matters; its keys usually say it all.
+        return "a mapping with keys " + ", ".join(map(str, value))
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+# YAML tells 4 from 4.0; JSON Schema does not (4.0 "is" an integer). A shape of
+# [1, 4.0] would pass validation and reach torch as a float, so "integer" here
+# means a YAML integer. (bool is already excluded by jsonschema.)
+_TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda checker, value: isinstance(value, int) and not isinstance(value, bool))
+Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_TYPES)
 
 
 _TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string",
@@ -35,10 +47,19 @@ _TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string",
                "null": "nothing"}
 
 
+# Size limits say something more precise than the node's x-expected: "a list of
+# positive integers" would be a confusing answer to a list of nine of them.
+_BOUNDS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _expected(error: jsonschema.ValidationError) -> str:
-    if "x-expected" in error.schema:
-        return error.schema["x-expected"]
     v, arg = error.validator, error.validator_value
+    if "x-expected" in error.schema and v not in _BOUNDS:
+        return error.schema["x-expected"]
     if v == "type":
         kinds = arg if isinstance(arg, list) else [arg]
         return " or ".join(_TYPE_NAMES.get(k, k) for k in kinds)
@@ -53,14 +74,21 @@ def _expected(error: jsonschema.ValidationError) -> str:
     if v in ("maximum", "exclusiveMaximum"):
         return f"a number {'<=' if v == 'maximum' else '<'} {arg}"
     if v == "minItems":
-        return f"at least {arg} item(s)"
+        return f"at least {_plural(arg, 'item')}"
     if v == "maxItems":
-        return f"at most {arg} item(s)"
+        return f"at most {_plural(arg, 'item')}"
     if v == "minProperties":
         return f"at least {arg} entr{'y' if arg == 1 else 'ies'}"
     if v == "minLength":
         return "a non-empty string"
+    if v == "maxLength":
+        return f"at most {_plural(arg, 'character')}"
     return error.message
+
+
+def expectation(error: jsonschema.ValidationError) -> str:
+    """'expected <what the schema wants>, got <value>' for one validation error."""
+    return f"expected {_expected(error)}, got {_short(error.instance)}"
 
 
 def _unknown_key_error(doc: LoadedYaml, error: jsonschema.ValidationError) -> PipelineError:
@@ -77,6 +105,17 @@ def _unknown_key_error(doc: LoadedYaml, error: jsonschema.ValidationError) -> Pi
     return doc.error(path + (key,), f"unknown key {key!r}{hint}")
 
 
+def _duplicate_item_error(doc: LoadedYaml, error: jsonschema.ValidationError) -> PipelineError:
+    path = tuple(error.absolute_path)
+    seen: list = []
+    for i, item in enumerate(error.instance):
+        if item in seen:
+            first = seen.index(item)
+            return doc.error(path + (i,), f"duplicate entry {_short(item)} (already at {format_path(path + (first,))})")
+        seen.append(item)
+    return doc.error(path, f"expected no duplicate entries, got {_short(error.instance)}")
+
+
 def _to_pipeline_error(doc: LoadedYaml, error: jsonschema.ValidationError) -> PipelineError:
     # A oneOf/anyOf failure: report the alternative that got furthest.
     if error.validator in ("oneOf", "anyOf") and error.context:
@@ -85,19 +124,33 @@ def _to_pipeline_error(doc: LoadedYaml, error: jsonschema.ValidationError) -> Pi
             return _to_pipeline_error(doc, deepest)
     if error.validator == "additionalProperties" and error.validator_value is False:
         return _unknown_key_error(doc, error)
+    if error.validator == "uniqueItems":
+        return _duplicate_item_error(doc, error)
+    if "propertyNames" in error.absolute_schema_path:
+        # The error is about a key; jsonschema reports the enclosing mapping.
+        key = error.instance
+        return doc.error(tuple(error.absolute_path) + (key,), f"expected {_expected(error)}, got {_short(key)}")
     if error.validator == "required":
         missing = [k for k in error.validator_value if k not in error.instance]
         return doc.error(tuple(error.absolute_path), f"missing required key {missing[0]!r}")
-    return doc.error(tuple(error.absolute_path),
-                     f"expected {_expected(error)}, got {_short(error.instance)}")
+    got = _short(error.instance)
+    if error.validator in ("oneOf", "anyOf") and isinstance(error.instance, dict):
+        got = "a mapping with keys " + ", ".join(error.instance)  # which keys decide the branch
+    return doc.error(tuple(error.absolute_path), f"expected {_expected(error)}, got {got}")
+
+
+# Among errors on the same mapping, an unknown key comes first: `modles:` is
+# best reported as "did you mean 'models'?", not as "missing 'models'".
+_FIRST = {"additionalProperties": 0}
 
 
 def validate(doc: LoadedYaml, schema_name: str) -> None:
     """Raise PipelineError for the first (top-most in the file) schema error."""
     schema = load_schema(schema_name)
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = Validator(schema)
     errors = list(validator.iter_errors(doc.data))
     if not errors:
         return
-    errors.sort(key=lambda e: (doc.line_of(tuple(e.absolute_path)) or 0, -len(e.absolute_path)))
+    errors.sort(key=lambda e: (doc.line_of(tuple(e.absolute_path)) or 0, -len(e.absolute_path),
+                               _FIRST.get(e.validator, 1)))
     raise _to_pipeline_error(doc, errors[0])
