@@ -24,9 +24,19 @@ def task_capture():
     yield from doit_tasks.capture_tasks(SELECTION.plan, SELECTION.cells)
 
 
+def task_quantize():
+    """quantize each model once per quantizer config, shared by its cells"""
+    yield from doit_tasks.quantize_tasks(SELECTION.plan, SELECTION.cells)
+
+
 def task_export():
     """lower each cell (model x backend x quantization) to a .pte"""
     yield from doit_tasks.export_tasks(SELECTION.plan, SELECTION.cells)
+
+
+def task_sizegate():
+    """check each quantized .pte is smaller than its fp32 sibling"""
+    yield from doit_tasks.size_gate_tasks(SELECTION.plan, SELECTION.cells)
 
 
 def task_validate():

@@ -1,4 +1,9 @@
-"""doit task dicts for a resolved plan: capture per model, export and validate per cell.
+"""doit task dicts for a resolved plan.
+
+    capture:<model>                     torch.export once per model, eager reference outputs
+    quantize:<model>/<scheme>/<config>  once per (model, quantizer config), shared by its cells
+    export:<model>/<backend>/<scheme>   lower to .pte
+    validate:<model>/<backend>/<scheme> run the .pte, compare with eager
 
 Task actions import torch/executorch lazily (inside the builders); building
 the dicts and checking ``uptodate`` only reads state records and stats files.
@@ -19,6 +24,10 @@ def capture_name(model: ModelSpec) -> str:
     return f"capture:{model.name}"
 
 
+def quantize_name(cell: Cell) -> str:
+    return f"quantize:{cell.model.name}/{cell.quant.name}/{cell.transform.label}"
+
+
 def export_name(cell: Cell) -> str:
     return f"export:{cell.name}"
 
@@ -27,37 +36,44 @@ def validate_name(cell: Cell) -> str:
     return f"validate:{cell.name}"
 
 
-def _state_file(plan: Plan, task_name: str) -> Path:
-    return plan.state_dir / (task_name.replace(":", "__").replace("/", "__") + ".json")
+def size_gate_name(cell: Cell) -> str:
+    return f"sizegate:{cell.name}"
+
+
+def _spec(plan: Plan, name: str, key: str, outputs: dict) -> CachedTask:
+    safe = name.replace(":", "__").replace("/", "__")
+    return CachedTask(name=name, key=key, outputs=outputs,
+                      state_file=plan.state_dir / f"{safe}.json", log_file=plan.log_path(name))
 
 
 def capture_spec(plan: Plan, model: ModelSpec) -> CachedTask:
-    name = capture_name(model)
-    return CachedTask(name=name, key=plan.capture_key(model),
-                      outputs={"model.pt2": None, "reference.npz": None},
-                      state_file=_state_file(plan, name), log_file=plan.log_path(name))
+    return _spec(plan, capture_name(model), plan.capture_key(model),
+                 {"model.pt2": None, "reference.npz": None})
+
+
+def quantize_spec(plan: Plan, cell: Cell) -> CachedTask:
+    return _spec(plan, quantize_name(cell), plan.quantize_key(cell), {"model.pt2": None})
 
 
 def export_spec(plan: Plan, cell: Cell) -> CachedTask:
-    name = export_name(cell)
-    return CachedTask(name=name, key=plan.export_key(cell),
-                      outputs={"program.pte": plan.pte_path(cell),
-                               "export.json": plan.export_info_path(cell)},
-                      state_file=_state_file(plan, name), log_file=plan.log_path(name))
+    return _spec(plan, export_name(cell), plan.export_key(cell),
+                 {"program.pte": plan.pte_path(cell), "export.json": plan.export_info_path(cell)})
 
 
 def validate_spec(plan: Plan, cell: Cell) -> CachedTask:
-    name = validate_name(cell)
-    return CachedTask(name=name, key=plan.validate_key(cell),
-                      outputs={"numerics.json": plan.numerics_path(cell)},
-                      state_file=_state_file(plan, name), log_file=plan.log_path(name))
+    return _spec(plan, validate_name(cell), plan.validate_key(cell),
+                 {"numerics.json": plan.numerics_path(cell)})
 
 
-def _stored_file(store: Store, key: str, blob: str, what: str) -> Path:
+def size_gate_spec(plan: Plan, cell: Cell) -> CachedTask:
+    return _spec(plan, size_gate_name(cell), plan.size_gate_key(cell, plan.fp32_sibling(cell)), {})
+
+
+def _stored(store: Store, key: str, what: str) -> tuple[dict, dict]:
     hit = store.get(key)
     if hit is None:
-        raise RuntimeError(f"{what} is missing from the cache; run its task again")
-    return hit[0][blob]
+        raise RuntimeError(f"{what} is missing from the cache; run `doit {what}`")
+    return hit
 
 
 def _run_capture(plan: Plan, model: ModelSpec, store: Store) -> bool:
@@ -67,27 +83,59 @@ def _run_capture(plan: Plan, model: ModelSpec, store: Store) -> bool:
                       lambda workdir: build_capture(model, plan.root, plan.seed, workdir))
 
 
+def _run_quantize(plan: Plan, cell: Cell, store: Store) -> bool:
+    def build(workdir: Path) -> BuildResult:
+        from tasks.quantize import build_quantized
+
+        capture, _ = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
+        return build_quantized(cell, plan.root, plan.seed, capture["model.pt2"], capture["reference.npz"], workdir)
+
+    return run_cached(quantize_spec(plan, cell), store, build)
+
+
 def _run_export(plan: Plan, cell: Cell, store: Store) -> bool:
     def build(workdir: Path) -> BuildResult:
+        if cell.backend.missing:
+            raise Skip(f"cannot lower here: {cell.backend.missing}")
         from tasks.export import build_export
 
-        program = _stored_file(store, plan.capture_key(cell.model), "model.pt2", capture_name(cell.model))
-        return build_export(cell, program, workdir)
+        graph_task = quantize_name(cell) if cell.transform else capture_name(cell.model)
+        graph, _ = _stored(store, plan.graph_key(cell), graph_task)
+        return build_export(cell, graph["model.pt2"], plan.gates, workdir)
 
     return run_cached(export_spec(plan, cell), store, build)
 
 
 def _run_validate(plan: Plan, cell: Cell, store: Store) -> bool:
     def build(workdir: Path) -> BuildResult:
+        if cell.backend.missing:
+            raise Skip("not built on this host")
+        if not cell.backend.host_runnable:
+            raise Skip(f"{NOT_RUNNABLE}: the ExecuTorch runtime here has no "
+                       f"{'/'.join(cell.backend.delegates) or cell.backend.name}")
         from tasks.validate import build_validate
 
-        if not cell.backend.host_runnable:
-            raise Skip(f"{NOT_RUNNABLE}: the ExecuTorch runtime here has no {cell.backend.name} delegate")
-        pte = _stored_file(store, plan.export_key(cell), "program.pte", export_name(cell))
-        reference = _stored_file(store, plan.capture_key(cell.model), "reference.npz", capture_name(cell.model))
-        return build_validate(cell, pte, reference, workdir)
+        exported, info = _stored(store, plan.export_key(cell), export_name(cell))
+        capture, _ = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
+        return build_validate(cell, exported["program.pte"], capture["reference.npz"],
+                              info.get("input_dtypes", []), workdir)
 
     return run_cached(validate_spec(plan, cell), store, build)
+
+
+def _run_size_gate(plan: Plan, cell: Cell, store: Store) -> bool:
+    def build(workdir: Path) -> BuildResult:
+        from tasks.export import size_gate
+
+        sibling = plan.fp32_sibling(cell)
+        records = [store.get(plan.export_key(c)) for c in (cell, sibling)]
+        if any(r is None or r[1].get("status") != "ok" for r in records):
+            raise RuntimeError(f"needs both {export_name(cell)} and {export_name(sibling)} built")
+        ratio, failure = size_gate(records[0][1]["size_bytes"], records[1][1]["size_bytes"], plan.gates)
+        info = {"size_vs_fp32": round(ratio, 4)}
+        return BuildResult(info=info, status="failed" if failure else "ok", reason=failure or "")
+
+    return run_cached(size_gate_spec(plan, cell), store, build)
 
 
 def _task(spec: CachedTask, store: Store, action, doc: str, task_dep=()) -> dict:
@@ -98,7 +146,7 @@ def _task(spec: CachedTask, store: Store, action, doc: str, task_dep=()) -> dict
         "doc": doc,
         "actions": [action],
         "uptodate": [(is_up_to_date, [spec, store])],
-        "task_dep": list(task_dep),
+        "task_dep": list(dict.fromkeys(task_dep)),
         "verbosity": 2,  # builders send their own output to the task's log file
     }
 
@@ -111,12 +159,29 @@ def capture_tasks(plan: Plan, cells) -> list:
             for m in models.values()]
 
 
+def quantize_tasks(plan: Plan, cells) -> list:
+    store = Store(plan.cache_dir)
+    unique = {}
+    for c in cells:
+        if c.transform is not None and not c.backend.missing:
+            unique.setdefault(quantize_name(c), c)  # cells with one config share one task
+    return [_task(quantize_spec(plan, c), store, (_run_quantize, [plan, c, store]),
+                  f"{c.transform.method} {c.quant.name} of {c.model.name} with {c.transform.ref}",
+                  task_dep=[capture_name(c.model)])
+            for c in unique.values()]
+
+
 def export_tasks(plan: Plan, cells) -> list:
     store = Store(plan.cache_dir)
-    return [_task(export_spec(plan, c), store, (_run_export, [plan, c, store]),
-                  f"lower {c.model.name} for {c.backend.name} ({c.quant.name}) to {plan.pte_path(c).name}",
-                  task_dep=[capture_name(c.model)])
-            for c in cells]
+    tasks = []
+    for c in cells:
+        deps = []
+        if not c.backend.missing:
+            deps.append(quantize_name(c) if c.transform else capture_name(c.model))
+        tasks.append(_task(export_spec(plan, c), store, (_run_export, [plan, c, store]),
+                           f"lower {c.model.name} for {c.backend.name} ({c.quant.name}) to {plan.pte_path(c).name}",
+                           task_dep=deps))
+    return tasks
 
 
 def validate_tasks(plan: Plan, cells) -> list:
@@ -125,3 +190,14 @@ def validate_tasks(plan: Plan, cells) -> list:
                   f"run {plan.pte_path(c).name} and compare with eager PyTorch",
                   task_dep=[export_name(c), capture_name(c.model)])
             for c in cells]
+
+
+def size_gate_tasks(plan: Plan, cells) -> list:
+    """A quantized cell must be smaller than its fp32 sibling; a separate task so that
+    a failing fp32 export never keeps the quantized cell from building."""
+    store = Store(plan.cache_dir)
+    return [_task(size_gate_spec(plan, c), store, (_run_size_gate, [plan, c, store]),
+                  f"check {c.name} is smaller than {plan.fp32_sibling(c).name}",
+                  task_dep=[export_name(c), export_name(plan.fp32_sibling(c))])
+            for c in cells if plan.fp32_sibling(c) is not None and plan.fp32_sibling(c) in cells
+            and not c.backend.missing]

@@ -64,9 +64,17 @@ def doit_config(selection: Selection) -> dict:
     for model in {c.model.name: c.model for c in selection.cells}.values():
         spec = doit_tasks.capture_spec(plan, model)
         state_files[spec.name] = spec.state_file
+    for cell in selection.cells:
+        if cell.transform is not None:
+            spec = doit_tasks.quantize_spec(plan, cell)
+            state_files[spec.name] = spec.state_file
+        if plan.fp32_sibling(cell) in selection.cells:
+            spec = doit_tasks.size_gate_spec(plan, cell)
+            state_files[spec.name] = spec.state_file
+            cells_by_task[spec.name] = cell
     plan.artifacts_dir.mkdir(parents=True, exist_ok=True)
     return {
-        "default_tasks": ["export", "validate"],
+        "default_tasks": ["export", "sizegate", "validate"],
         "continue": True,  # one failing cell never stops the others
         "dep_file": str(plan.artifacts_dir / ".doit.db"),
         "backend": "json",

@@ -1,4 +1,4 @@
-"""Lower a captured program for one cell (backend x quantization) to a .pte."""
+"""Lower one cell's graph (fp32 capture or its quantized form) to a .pte."""
 
 from __future__ import annotations
 
@@ -14,19 +14,29 @@ PTE = "program.pte"
 INFO = "export.json"
 
 
-def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
+def partitioners_for(backend) -> list:
+    """Partitioners of every chain member, in priority order: later ones take what earlier ones leave."""
+    from tasks.recipes import load_callable
+
+    out = []
+    for member in backend.members:
+        if member.partitioner is not None:
+            out.extend(load_callable(member.partitioner)(dict(member.options)))
+    return out
+
+
+def build_export(cell, program_path: Path, gates: dict, workdir: Path) -> BuildResult:
     import torch
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
-    from tasks.partitioners import partitioners_for
-
-    if cell.quant.quantizer is not None:
-        raise NotImplementedError(f"quantization scheme {cell.quant.name!r} has no lowering yet")
     start = time.monotonic()
     program = torch.export.load(program_path)
     edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
     delegation = get_delegation_info(edge.exported_program().graph_module)
+    if cell.transform is not None:
+        # quantize/dequantize ops left outside a delegate need these out-variants.
+        import executorch.kernels.quantized  # noqa: F401
     executorch_program = edge.to_executorch()
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
@@ -40,22 +50,47 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
         "delegated_subgraphs": delegation.num_delegated_subgraphs,
         "delegates": list(cell.backend.delegates),
         "executorch_version": metadata.version("executorch"),
+        "input_dtypes": [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)],
     }
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")
     files = {PTE: pte, INFO: workdir / INFO}
-    if cell.backend.delegates and delegation.num_delegated_nodes == 0:
-        return BuildResult(files=files, info=info, status="failed",
-                           reason=f"backend {cell.backend.name!r} took 0 ops: the program would run "
-                                  f"entirely on portable kernels")
+    failure = delegation_gate(cell, info, gates)
+    if failure:
+        return BuildResult(files=files, info=info, status="failed", reason=failure)
     if cell.backend.host_runnable:
         check_loads(pte)
     return BuildResult(files=files, info=info)
+
+
+def delegation_gate(cell, info: dict, gates: dict) -> str | None:
+    """Why this program must not count as accelerated, or None."""
+    if cell.backend.delegates and info["delegated_ops"] < gates["min_delegated_ops"]:
+        return (f"backend {cell.backend.name!r} took {info['delegated_ops']} ops "
+                f"(gate: at least {gates['min_delegated_ops']}); the program would run on portable kernels")
+    return None
+
+
+def size_gate(quantized_size: int, fp32_size: int, gates: dict) -> tuple[float, str | None]:
+    """(size ratio to the fp32 sibling, failure reason or None)."""
+    ratio = quantized_size / fp32_size
+    if ratio >= gates["max_size_ratio"]:
+        return ratio, f"{ratio:.2f}x the size of its fp32 sibling (gate: below {gates['max_size_ratio']}x)"
+    return ratio, None
+
+
+def _input_dtypes(program) -> list:
+    from torch.export.graph_signature import InputKind
+
+    user = {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
+    return [node.meta["val"].dtype for node in program.graph.nodes
+            if node.op == "placeholder" and node.name in user and "val" in node.meta]
 
 
 def check_loads(pte: Path) -> None:
     """Load the program and its forward method in the ExecuTorch runtime."""
     from executorch.runtime import Runtime
 
+    import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
     program = Runtime.get().load_program(pte.read_bytes())
     program.load_method("forward")

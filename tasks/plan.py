@@ -7,11 +7,12 @@ plan, never the raw YAML. This module must not import torch or executorch.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tasks import recipes, schema
 from tasks.errors import PipelineError
+from tasks.host import missing_requirement
 from tasks.keys import DigestCache, digest, toolchain_versions
 from tasks.yamlfile import LoadedYaml, load_yaml
 
@@ -19,9 +20,12 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # Modules whose code runs inside each kind of task: editing them changes keys.
 BUILDER_MODULES = {
     "capture": ("model_loading.py", "torchvision_compat.py", "capture.py"),
+    "quantize": ("quantize.py", "quantizers.py", "calibration.py", "model_loading.py"),
     "export": ("export.py", "partitioners.py"),
     "validate": ("validate.py", "numerics.py"),
 }
+DEFAULT_GATES = {"min_delegated_ops": 1, "max_size_ratio": 1.0}
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
 DTYPES_DEFAULT = "float32"
 # Matrix dimension -> the pipeline.yaml section that declares its names.
@@ -45,6 +49,7 @@ class ModelSpec:
     kwargs: dict
     weights: dict | None  # {"path": rel path, "sha256": ...}
     inputs: tuple
+    calibration: dict | None  # {"npz"|"images": rel path, "sha256": digest, ...}; None: random
 
     def canonical(self) -> dict:
         # The name is not part of the content: renaming a model reuses its cache.
@@ -53,34 +58,81 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class BackendSpec:
-    name: str
+class BackendMember:
+    """One backend recipe with resolved options; a chain has several, in priority order."""
+
     recipe: str
     partitioner: str | None
     options: dict
     delegates: tuple
     host_runnable: bool
+    missing: str | None  # what this host lacks to lower it, or None
 
     def canonical(self) -> dict:
-        return {"recipe": self.recipe, "partitioner": self.partitioner,
-                "options": self.options, "delegates": list(self.delegates)}
+        return {"recipe": self.recipe, "partitioner": self.partitioner, "options": self.options,
+                "delegates": list(self.delegates), "missing": self.missing}
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    members: tuple  # of BackendMember
+
+    @property
+    def primary(self) -> BackendMember:
+        return self.members[0]
+
+    @property
+    def delegates(self) -> tuple:
+        return tuple(dict.fromkeys(d for m in self.members for d in m.delegates))
+
+    @property
+    def host_runnable(self) -> bool:
+        return all(m.host_runnable for m in self.members)
+
+    @property
+    def missing(self) -> str | None:
+        return next((f"{m.recipe}: {m.missing}" for m in self.members if m.missing), None)
+
+    def canonical(self) -> dict:
+        return {"members": [m.canonical() for m in self.members]}
 
 
 @dataclass(frozen=True)
 class QuantSpec:
     name: str
-    quantizer: str | None
+    recipe: recipes.Recipe = field(repr=False, compare=False)
+    options: dict
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.recipe.data.get("calibration"))
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How a cell's graph is quantized before lowering (shared by cells with equal keys)."""
+
+    method: str  # pt2e | torchao | dtype
+    ref: str  # dotted factory, or the dtype name
+    options: dict
+    calibrated: bool
+
+    @property
+    def label(self) -> str:
+        return self.ref.split(":")[-1]
 
     def canonical(self) -> dict:
-        return {"recipe": self.name, "quantizer": self.quantizer}
+        return {"method": self.method, "ref": self.ref, "options": self.options, "calibrated": self.calibrated}
 
 
 @dataclass(frozen=True)
 class Cell:
     model: ModelSpec
-    backend: BackendSpec
+    backend: BackendSpec  # with the scheme's backend_options applied
     quant: QuantSpec
     thresholds: dict
+    transform: Transform | None  # None: lower the captured fp32 graph as is
 
     @property
     def name(self) -> str:
@@ -99,6 +151,20 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class RejectedCell:
+    """A combination of the matrix that etforge refuses to build, with the reason."""
+
+    model: str
+    backend: str
+    quantization: str
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.backend}/{self.quantization}"
+
+
+@dataclass(frozen=True)
 class Plan:
     file: Path
     display: str  # the file as errors name it
@@ -110,6 +176,8 @@ class Plan:
     backends: dict
     quantizations: dict
     cells: tuple
+    rejected: tuple  # of RejectedCell
+    gates: dict
     seed: int
     toolchain: dict
     code_digests: dict = field(repr=False)
@@ -150,10 +218,34 @@ class Plan:
         return digest({"task": "capture", "model": model.canonical(), "seed": self.seed,
                        "toolchain": self.toolchain, "code": self.code_digests["capture"]})
 
+    def quantize_key(self, cell: Cell) -> str | None:
+        if cell.transform is None:
+            return None
+        return digest({"task": "quantize", "capture": self.capture_key(cell.model),
+                       "transform": cell.transform.canonical(),
+                       "calibration": cell.model.calibration if cell.transform.calibrated else None,
+                       "toolchain": self.toolchain, "code": self.code_digests["quantize"]})
+
+    def graph_key(self, cell: Cell) -> str:
+        """The key of the graph this cell lowers: quantized, or the fp32 capture."""
+        return self.quantize_key(cell) or self.capture_key(cell.model)
+
+    def fp32_sibling(self, cell: Cell) -> Cell | None:
+        """The same model and backend without a transform, for the size gate."""
+        if cell.transform is None:
+            return None
+        return next((c for c in self.cells if c.transform is None and c.model.name == cell.model.name
+                     and c.backend.name == cell.backend.name and c.quant.name == "fp32"), None)
+
     def export_key(self, cell: Cell) -> str:
-        return digest({"task": "export", "capture": self.capture_key(cell.model),
-                       "backend": cell.backend.canonical(), "quantization": cell.quant.canonical(),
+        return digest({"task": "export", "graph": self.graph_key(cell),
+                       "backend": cell.backend.canonical(),
+                       "min_delegated_ops": self.gates["min_delegated_ops"],
                        "toolchain": self.toolchain, "code": self.code_digests["export"]})
+
+    def size_gate_key(self, cell: Cell, sibling: Cell) -> str:
+        return digest({"task": "size-gate", "export": self.export_key(cell),
+                       "fp32": self.export_key(sibling), "max_size_ratio": self.gates["max_size_ratio"]})
 
     def validate_key(self, cell: Cell) -> str:
         return digest({"task": "validate", "export": self.export_key(cell),
@@ -255,28 +347,89 @@ class _Resolver:
                                      f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}")
             inputs.append(InputSpec(item.get("name", f"input_{i}"), shape, item.get("dtype", DTYPES_DEFAULT)))
         return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
-                         weights=weights, inputs=tuple(inputs))
+                         weights=weights, inputs=tuple(inputs),
+                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",)))
 
-    def backend(self, name: str, spec: dict) -> BackendSpec:
-        recipe_name = spec.get("recipe", name)
-        key = ("backends", name, "recipe") if "recipe" in spec else ("backends", name)
+    def calibration(self, spec: dict | None, path: tuple) -> dict | None:
+        if spec is None:
+            return None
+        kind = "npz" if "npz" in spec else "images"
+        full = self.inside_root(spec[kind], path + (kind,))
+        if kind == "npz":
+            if not full.is_file():
+                raise self.doc.error(path + (kind,), f"calibration file {spec[kind]!r} not found")
+            content = self.file_digest(full, path + (kind,))
+        else:
+            if not full.is_dir():
+                raise self.doc.error(path + (kind,), f"calibration folder {spec[kind]!r} not found")
+            images = sorted(p for p in full.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+            if not images:
+                raise self.doc.error(path + (kind,), f"no images ({', '.join(IMAGE_SUFFIXES)}) in {spec[kind]!r}")
+            content = digest({self.rel(p): self.file_digest(p, path + (kind,)) for p in images})
+        return {**spec, kind: self.rel(full), "sha256": content}
+
+    def member(self, recipe_name: str, options: dict, path: tuple) -> BackendMember:
         recipe = recipes.load_recipe("backend", recipe_name)
         if recipe is None:
-            raise self.doc.error(key, recipes.unknown_recipe_message("backend", recipe_name))
-        options = {k: v for k, v in spec.items() if k != "recipe"}
+            raise self.doc.error(path, recipes.unknown_recipe_message("backend", recipe_name))
         for opt_path, message in recipes.check_options(recipe, options):
-            raise self.doc.error(("backends", name) + opt_path, message)
+            raise self.doc.error(path[:2] + opt_path, message)
         runtime = recipe.data.get("runtime") or {}
-        return BackendSpec(name=name, recipe=recipe_name, partitioner=recipe.data.get("partitioner"),
-                           options={**recipe.defaults(), **options},
-                           delegates=tuple(runtime.get("delegates", ())),
-                           host_runnable=bool(runtime.get("host_runnable", False)))
+        return BackendMember(recipe=recipe_name, partitioner=recipe.data.get("partitioner"),
+                             options={**recipe.defaults(), **options},
+                             delegates=tuple(runtime.get("delegates", ())),
+                             host_runnable=bool(runtime.get("host_runnable", False)),
+                             missing=missing_requirement(recipe.data.get("needs")))
+
+    def backend(self, name: str, spec: dict) -> BackendSpec:
+        if "chain" in spec:
+            if set(spec) - {"chain"}:
+                raise self.doc.error(("backends", name), "a chain takes no options of its own; "
+                                                         "set them on the backends it names")
+            declared = self.data["backends"]
+            members = []
+            for i, link in enumerate(spec["chain"]):
+                if "chain" in declared.get(link, {}):
+                    raise self.doc.error(("backends", name, "chain", i), f"{link!r} is itself a chain")
+                link_spec = declared.get(link, {})  # a declared backend lends its options
+                recipe_name = link_spec.get("recipe", link)
+                options = {k: v for k, v in link_spec.items() if k != "recipe"}
+                members.append(self.member(recipe_name, options, ("backends", name, "chain", i)))
+            return BackendSpec(name=name, members=tuple(members))
+        key = ("backends", name, "recipe") if "recipe" in spec else ("backends", name)
+        options = {k: v for k, v in spec.items() if k != "recipe"}
+        return BackendSpec(name=name, members=(self.member(spec.get("recipe", name), options, key),))
 
     def quantization(self, index: int, name: str) -> tuple[QuantSpec, dict]:
         recipe = recipes.load_recipe("quantization", name)
         if recipe is None:
             raise self.doc.error(("quantization", index), recipes.unknown_recipe_message("quantization", name))
-        return QuantSpec(name=name, quantizer=recipe.data.get("quantizer")), recipe.data.get("thresholds") or {}
+        options = (self.data.get("quantization_options") or {}).get(name, {})
+        for opt_path, message in recipes.check_options(recipe, options):
+            raise self.doc.error(("quantization_options", name) + opt_path, message)
+        return (QuantSpec(name=name, recipe=recipe, options={**recipe.defaults(), **options}),
+                recipe.data.get("thresholds") or {})
+
+    def apply_scheme(self, backend: BackendSpec, quant: QuantSpec) -> tuple:
+        """(backend with the scheme's options, transform) or (None, reason) when refused."""
+        table = quant.recipe.data.get("backends") or {}
+        entries = [table.get(m.recipe, table.get("*")) for m in backend.members]
+        primary = entries[0]
+        if primary is None:
+            usable = ", ".join(sorted(k for k, v in table.items() if "rejected" not in v)) or "none"
+            return None, f"{quant.name} is not available for {backend.primary.recipe} (available for: {usable})"
+        if "rejected" in primary:
+            return None, primary["rejected"]
+        members = []
+        for member, entry in zip(backend.members, entries):
+            overrides = (entry or {}).get("backend_options") or {}
+            members.append(replace(member, options={**member.options, **overrides}) if overrides else member)
+        transform = None
+        for method in ("pt2e", "torchao", "dtype"):
+            if method in primary:
+                transform = Transform(method=method, ref=primary[method], options=quant.options,
+                                      calibrated=quant.calibrated and method == "pt2e")
+        return replace(backend, members=tuple(members)), transform
 
     def check_pattern(self, pattern: dict, path: tuple, known: dict) -> None:
         for dim, names in known.items():
@@ -307,11 +460,25 @@ class _Resolver:
         combos.sort(key=lambda c: tuple(order[d][v] for d, v in zip(known, c)))
         global_thresholds = self.data.get("thresholds") or {}
         model_thresholds = {m: (self.data["models"][m].get("thresholds") or {}) for m in models}
-        return tuple(
-            Cell(model=models[m], backend=backends[b], quant=quants[q],
-                 thresholds=_merge_thresholds(quant_thresholds[q], global_thresholds.get(q),
-                                              model_thresholds[m].get(q)))
-            for m, b, q in combos)
+        explicit = [p for p in matrix.get("include", []) if len(p) == 3]
+        cells, rejected = [], []
+        for m, b, q in combos:
+            backend, transform = self.apply_scheme(backends[b], quants[q])
+            if backend is None:
+                # Refused before any export runs: an explicit include is a mistake in the
+                # file; a combination that only came from the product is reported.
+                for i, p in enumerate(matrix.get("include", [])):
+                    if p in explicit and (p["model"], p["backend"], p["quantization"]) == (m, b, q):
+                        raise self.doc.error(("matrix", "include", i), f"{m}/{b}/{q} is refused: {transform}")
+                rejected.append(RejectedCell(m, b, q, transform))
+                continue
+            cells.append(Cell(model=models[m], backend=backend, quant=quants[q], transform=transform,
+                              thresholds=_merge_thresholds(quant_thresholds[q], global_thresholds.get(q),
+                                                           model_thresholds[m].get(q))))
+        if not cells:
+            raise self.doc.error(("quantization",), "every cell of the matrix is refused: "
+                                 + "; ".join(f"{r.name}: {r.reason}" for r in rejected[:3]))
+        return tuple(cells), tuple(rejected)
 
     def check_threshold_keys(self, quant_names) -> None:
         sections = [("thresholds",)] + [("models", m, "thresholds") for m in self.data["models"]]
@@ -350,7 +517,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     for i, name in enumerate(data["quantization"]):
         quants[name], quant_thresholds[name] = r.quantization(i, name)
     r.check_threshold_keys(list(quants))
-    cells = r.cells(models, backends, quants, quant_thresholds)
+    cells, rejected = r.cells(models, backends, quants, quant_thresholds)
     code_digests = {kind: digest({f: digests.file_digest(PACKAGE_DIR / f) for f in files})
                     for kind, files in BUILDER_MODULES.items()}
     if own_digests:
@@ -358,7 +525,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     return Plan(file=pipeline_file, display=doc.file,
                 section_lines={dim: doc.line_of((section,)) for dim, section in SECTIONS.items()},
                 root=root, name=data["name"], version=data.get("version", "0.0.0"),
-                models=models, backends=backends, quantizations=quants, cells=cells,
+                models=models, backends=backends, quantizations=quants, cells=cells, rejected=rejected,
+                gates={**DEFAULT_GATES, **(data.get("gates") or {})},
                 seed=(data.get("validation") or {}).get("seed", 0),
                 toolchain=toolchain_versions(), code_digests=code_digests)
 

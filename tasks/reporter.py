@@ -81,6 +81,8 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict):
             if not cells:
                 return
             rows = [summary.cell_row(plan, c) for c in cells]
+            models = {c.model.name for c in cells}
+            rows += [summary.rejected_row(r) for r in plan.rejected if r.model in models]
             self.write(f"\n{plan.name}: {self.executed} task(s) run, {self.up_to_date} up to date\n")
             self.write(summary.render(rows) + "\n")
             try:

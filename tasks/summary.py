@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.doit_tasks import capture_spec, export_spec, validate_spec
+from tasks.doit_tasks import capture_spec, export_spec, quantize_spec, size_gate_spec, validate_spec
 from tasks.plan import Cell, Plan
 from tasks.runner import read_state
 
@@ -19,11 +19,13 @@ def human_size(n) -> str:
 
 def cell_row(plan: Plan, cell: Cell) -> dict:
     capture = read_state(capture_spec(plan, cell.model).state_file) or {}
+    quantize = read_state(quantize_spec(plan, cell).state_file) or {} if cell.transform else {}
     export = read_state(export_spec(plan, cell).state_file) or {}
+    gate = read_state(size_gate_spec(plan, cell).state_file) or {} if plan.fp32_sibling(cell) else {}
     validate = read_state(validate_spec(plan, cell).state_file) or {}
     export_status = export.get("status", "not built")
     validate_status = validate.get("status", "-")
-    failed = next((r for r in (capture, export, validate) if r.get("status") == "failed"), None)
+    failed = next((r for r in (capture, quantize, export, gate, validate) if r.get("status") == "failed"), None)
     if failed is not None:
         status = "failed"
         note = f"{failed['task']}: {failed.get('reason', '')}"
@@ -34,6 +36,8 @@ def cell_row(plan: Plan, cell: Cell) -> dict:
     elif export_status == "ok":
         status = "ok" if validate_status in ("ok", "-") else validate_status
         note = validate.get("reason", "") if validate_status == "skipped" else ""
+        if str((quantize.get("info") or {}).get("calibration", "")).startswith("random"):
+            note = "; ".join(filter(None, [note, "random calibration data (name some in pipeline.yaml)"]))
     else:
         status, note = export_status, ""
     sqnr = (validate.get("info") or {}).get("sqnr_db")
@@ -50,6 +54,11 @@ def cell_row(plan: Plan, cell: Cell) -> dict:
         "time": f"{info['lowering_s']:.1f}s" if "lowering_s" in info else "-",
         "note": note,
     }
+
+
+def rejected_row(rejected) -> dict:
+    return {"cell": rejected.name, "status": "rejected", "export": "-", "validate": "-",
+            "size": "-", "sqnr_db": "-", "time": "-", "note": rejected.reason}
 
 
 def render(rows: list) -> str:

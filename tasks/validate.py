@@ -11,6 +11,7 @@ NUMERICS = "numerics.json"
 
 
 def run_program(pte: Path, inputs: list) -> list:
+    import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
     import torch
     from executorch.runtime import Runtime
 
@@ -20,11 +21,14 @@ def run_program(pte: Path, inputs: list) -> list:
     return [o.detach().numpy() if isinstance(o, torch.Tensor) else o for o in outputs]
 
 
-def build_validate(cell, pte: Path, reference: Path, workdir: Path) -> BuildResult:
+def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path) -> BuildResult:
     from tasks.capture import load_reference
     from tasks.numerics import compare, verdict
 
     inputs, expected = load_reference(reference)
+    # An fp16 program takes fp16 inputs; outputs are compared in float64 either way.
+    inputs = [x.astype(dtype) if dtype and x.dtype.kind == "f" else x
+              for x, dtype in zip(inputs, input_dtypes or [None] * len(inputs))]
     actual = run_program(pte, inputs)
     if len(actual) != len(expected):
         raise ValueError(f"program returned {len(actual)} outputs, eager returned {len(expected)}")
