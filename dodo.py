@@ -21,24 +21,24 @@ DOIT_CONFIG = doit_config(SELECTION)
 
 def task_capture():
     """torch.export each model once, shared by all of its cells"""
-    yield from doit_tasks.capture_tasks(SELECTION.plan, SELECTION.cells)
+    yield from doit_tasks.capture_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
 
 
 def task_quantize():
     """quantize each model once per quantizer config, shared by its cells"""
-    yield from doit_tasks.quantize_tasks(SELECTION.plan, SELECTION.cells)
+    yield from doit_tasks.quantize_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
 
 
 def task_export():
     """lower each cell (model x backend x quantization) to a .pte"""
-    yield from doit_tasks.export_tasks(SELECTION.plan, SELECTION.cells)
+    yield from doit_tasks.export_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
 
 
 def task_sizegate():
     """check each quantized .pte is smaller than its fp32 sibling"""
-    yield from doit_tasks.size_gate_tasks(SELECTION.plan, SELECTION.cells)
+    yield from doit_tasks.size_gate_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
 
 
 def task_validate():
     """run each host-runnable .pte and compare it with eager PyTorch"""
-    yield from doit_tasks.validate_tasks(SELECTION.plan, SELECTION.cells)
+    yield from doit_tasks.validate_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)

@@ -69,6 +69,16 @@ def size_gate_spec(plan: Plan, cell: Cell) -> CachedTask:
     return _spec(plan, size_gate_name(cell), plan.size_gate_key(cell, plan.fp32_sibling(cell)), {})
 
 
+def plan_store(plan: Plan) -> Store:
+    """The local store, backed by the shared remote when one is configured."""
+    remote = None
+    if plan.cache_remote:
+        from tasks.remote import remote_from_url
+
+        remote = remote_from_url(plan.cache_remote, read_only=plan.cache_read_only)
+    return Store(plan.cache_dir, remote=remote)
+
+
 def _stored(store: Store, key: str, what: str) -> tuple[dict, dict]:
     hit = store.get(key)
     if hit is None:
@@ -151,16 +161,14 @@ def _task(spec: CachedTask, store: Store, action, doc: str, task_dep=()) -> dict
     }
 
 
-def capture_tasks(plan: Plan, cells) -> list:
-    store = Store(plan.cache_dir)
+def capture_tasks(plan: Plan, cells, store: Store) -> list:
     models = {c.model.name: c.model for c in cells}
     return [_task(capture_spec(plan, m), store, (_run_capture, [plan, m, store]),
                   f"torch.export {m.name} once and record eager reference outputs")
             for m in models.values()]
 
 
-def quantize_tasks(plan: Plan, cells) -> list:
-    store = Store(plan.cache_dir)
+def quantize_tasks(plan: Plan, cells, store: Store) -> list:
     unique = {}
     for c in cells:
         if c.transform is not None and not c.backend.missing:
@@ -171,8 +179,7 @@ def quantize_tasks(plan: Plan, cells) -> list:
             for c in unique.values()]
 
 
-def export_tasks(plan: Plan, cells) -> list:
-    store = Store(plan.cache_dir)
+def export_tasks(plan: Plan, cells, store: Store) -> list:
     tasks = []
     for c in cells:
         deps = []
@@ -184,18 +191,16 @@ def export_tasks(plan: Plan, cells) -> list:
     return tasks
 
 
-def validate_tasks(plan: Plan, cells) -> list:
-    store = Store(plan.cache_dir)
+def validate_tasks(plan: Plan, cells, store: Store) -> list:
     return [_task(validate_spec(plan, c), store, (_run_validate, [plan, c, store]),
                   f"run {plan.pte_path(c).name} and compare with eager PyTorch",
                   task_dep=[export_name(c), capture_name(c.model)])
             for c in cells]
 
 
-def size_gate_tasks(plan: Plan, cells) -> list:
+def size_gate_tasks(plan: Plan, cells, store: Store) -> list:
     """A quantized cell must be smaller than its fp32 sibling; a separate task so that
     a failing fp32 export never keeps the quantized cell from building."""
-    store = Store(plan.cache_dir)
     return [_task(size_gate_spec(plan, c), store, (_run_size_gate, [plan, c, store]),
                   f"check {c.name} is smaller than {plan.fp32_sibling(c).name}",
                   task_dep=[export_name(c), export_name(plan.fp32_sibling(c))])

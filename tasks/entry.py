@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from tasks import doit_tasks
+from tasks.cache import Store
 from tasks.errors import PipelineError
 from tasks.plan import Plan, digest_cache_for, resolve
 from tasks.reporter import make_reporter
@@ -19,6 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 class Selection:
     plan: Plan
     cells: tuple
+    store: Store
 
 
 def pipeline_path(get_var, initial_workdir: str | None) -> Path:
@@ -44,6 +47,9 @@ def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
         plan = resolve(path, digests)
         cells = plan.select(model=get_var("model", None), backend=get_var("backend", None),
                             quantization=get_var("quant", None) or get_var("quantization", None))
+        if get_var("shard", None):
+            cells = plan.shard(cells, get_var("shard", None))
+        ensure_writable(plan.artifacts_dir)
         digests.save()  # only once everything checked out: a bad input writes nothing
     except PipelineError as exc:
         sys.stderr.write(f"etforge: error: {exc}\n")
@@ -51,7 +57,17 @@ def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
     if not cells:
         sys.stderr.write("etforge: error: the command-line selection matches no cell of the matrix\n")
         raise SystemExit(3)
-    return Selection(plan=plan, cells=cells)
+    return Selection(plan=plan, cells=cells, store=doit_tasks.plan_store(plan))
+
+
+def ensure_writable(directory: Path) -> None:
+    """Fail now, naming the path, rather than halfway through a build."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise PipelineError(f"cannot write to {exc.filename or directory}: {exc.strerror or exc}") from None
 
 
 def doit_config(selection: Selection) -> dict:
@@ -72,7 +88,6 @@ def doit_config(selection: Selection) -> dict:
             spec = doit_tasks.size_gate_spec(plan, cell)
             state_files[spec.name] = spec.state_file
             cells_by_task[spec.name] = cell
-    plan.artifacts_dir.mkdir(parents=True, exist_ok=True)
     return {
         "default_tasks": ["export", "sizegate", "validate"],
         "continue": True,  # one failing cell never stops the others

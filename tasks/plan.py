@@ -7,6 +7,7 @@ plan, never the raw YAML. This module must not import torch or executorch.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -50,11 +51,14 @@ class ModelSpec:
     weights: dict | None  # {"path": rel path, "sha256": ...}
     inputs: tuple
     calibration: dict | None  # {"npz"|"images": rel path, "sha256": digest, ...}; None: random
+    validation: dict | None  # same form; the inputs the reference outputs are computed on
+    task: str  # classification enables top-k agreement
 
     def canonical(self) -> dict:
         # The name is not part of the content: renaming a model reuses its cache.
         return {"source": self.source, "kwargs": self.kwargs, "weights": self.weights,
-                "inputs": [i.canonical() for i in self.inputs]}
+                "inputs": [i.canonical() for i in self.inputs], "validation": self.validation,
+                "task": self.task}
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,8 @@ class Plan:
     cells: tuple
     rejected: tuple  # of RejectedCell
     gates: dict
+    cache_remote: str | None  # fsspec URL of the shared cache
+    cache_read_only: bool
     seed: int
     toolchain: dict
     code_digests: dict = field(repr=False)
@@ -252,6 +258,17 @@ class Plan:
                        "capture": self.capture_key(cell.model), "thresholds": cell.thresholds,
                        "host_runnable": cell.backend.host_runnable,
                        "toolchain": self.toolchain, "code": self.code_digests["validate"]})
+
+    def shard(self, cells: tuple, spec: str) -> tuple:
+        """Cells of shard ``k/n`` (1-based): a stable split by cell name, the same on every machine."""
+        try:
+            k, n = (int(x) for x in spec.split("/"))
+            if not 1 <= k <= n:
+                raise ValueError
+        except ValueError:
+            raise PipelineError(f"shard={spec!r} on the command line: expected k/n with 1 <= k <= n, e.g. 2/4",
+                                file=self.display) from None
+        return tuple(c for c in cells if int(digest(c.name)[:8], 16) % n == k - 1)
 
     def select(self, model=None, backend=None, quantization=None) -> tuple:
         """Cells matching comma-separated name lists (None matches all)."""
@@ -348,7 +365,9 @@ class _Resolver:
             inputs.append(InputSpec(item.get("name", f"input_{i}"), shape, item.get("dtype", DTYPES_DEFAULT)))
         return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
                          weights=weights, inputs=tuple(inputs),
-                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",)))
+                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",)),
+                         validation=self.calibration(spec.get("validation"), path + ("validation",)),
+                         task=spec.get("task", "other"))
 
     def calibration(self, spec: dict | None, path: tuple) -> dict | None:
         if spec is None:
@@ -357,11 +376,11 @@ class _Resolver:
         full = self.inside_root(spec[kind], path + (kind,))
         if kind == "npz":
             if not full.is_file():
-                raise self.doc.error(path + (kind,), f"calibration file {spec[kind]!r} not found")
+                raise self.doc.error(path + (kind,), f"{path[-1]} file {spec[kind]!r} not found")
             content = self.file_digest(full, path + (kind,))
         else:
             if not full.is_dir():
-                raise self.doc.error(path + (kind,), f"calibration folder {spec[kind]!r} not found")
+                raise self.doc.error(path + (kind,), f"{path[-1]} folder {spec[kind]!r} not found")
             images = sorted(p for p in full.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
             if not images:
                 raise self.doc.error(path + (kind,), f"no images ({', '.join(IMAGE_SUFFIXES)}) in {spec[kind]!r}")
@@ -527,8 +546,23 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 root=root, name=data["name"], version=data.get("version", "0.0.0"),
                 models=models, backends=backends, quantizations=quants, cells=cells, rejected=rejected,
                 gates={**DEFAULT_GATES, **(data.get("gates") or {})},
+                cache_remote=_remote_url(os.environ.get("ETFORGE_CACHE_REMOTE")
+                                         or (data.get("cache") or {}).get("remote"), root),
+                cache_read_only=_env_flag("ETFORGE_CACHE_READ_ONLY", (data.get("cache") or {}).get("read_only", False)),
                 seed=(data.get("validation") or {}).get("seed", 0),
                 toolchain=toolchain_versions(), code_digests=code_digests)
+
+
+def _remote_url(url: str | None, root: Path) -> str | None:
+    """A relative directory is taken from the project directory, like every other path."""
+    if not url or "://" in url or os.path.isabs(url):
+        return url
+    return str(root / url)
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    return default if value is None else value.strip().lower() in ("1", "true", "yes", "on")
 
 
 def _display(path: Path) -> str:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 from doit.reporter import ConsoleReporter
 
-from tasks import summary
+from tasks import runlock, summary
 from tasks.atomic import atomic_write_text
 from tasks.runner import read_state
 
@@ -24,6 +25,12 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict):
             self.touched_cells: dict = {}
             self.executed = 0
             self.up_to_date = 0
+
+        def initialize(self, tasks, selected_tasks):
+            # Only `doit run` reaches here (not `doit list`); held until the process exits.
+            self.lock = runlock.acquire(plan.artifacts_dir / ".etforge" / "run.lock", self.outstream)
+            # Holding the lock, nobody else is writing: scratch dirs left by a killed run go.
+            shutil.rmtree(plan.cache_dir / "tmp", ignore_errors=True)
 
         def _line(self, text: str) -> None:
             self.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")

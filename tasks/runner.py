@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -96,18 +97,27 @@ def _materialize_all(task: CachedTask, blobs: dict) -> dict:
 def run_cached(task: CachedTask, store: Store, build: Callable[[Path], BuildResult]) -> bool:
     """doit action body: True on success (including skips), False when the task failed."""
     start = time.monotonic()
-    hit = store.get(task.key)
-    if hit is not None:
-        blobs, info = hit
-        outputs = _materialize_all(task, blobs)
-        _write_state(task, info.get("status", "ok"), info=info, reason=info.get("reason", ""),
-                     cached=True, elapsed=time.monotonic() - start, outputs=outputs)
-        return True
-    workdir = store.new_workdir()
     try:
-        return _build_and_store(task, store, build, workdir, start)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        hit = store.get(task.key)
+        if hit is not None:
+            blobs, info = hit
+            outputs = _materialize_all(task, blobs)
+            _write_state(task, info.get("status", "ok"), info=info, reason=info.get("reason", ""),
+                         cached=True, elapsed=time.monotonic() - start, outputs=outputs)
+            return True
+        workdir = store.new_workdir()
+        try:
+            return _build_and_store(task, store, build, workdir, start)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    except Exception as exc:  # the store or the working tree: a full disk, a read-only dir, the remote
+        reason = first_line(exc)
+        try:
+            _write_state(task, "failed", reason=reason, elapsed=time.monotonic() - start)
+        except OSError:
+            pass  # the state dir itself is unwritable; the reporter still prints the reason
+        print(f"etforge: {task.name}: {reason}", file=sys.stderr)
+        return False
 
 
 def _build_and_store(task: CachedTask, store: Store, build, workdir: Path, start: float) -> bool:
@@ -139,5 +149,7 @@ def _build_and_store(task: CachedTask, store: Store, build, workdir: Path, start
 
 
 def first_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename:  # name the path: "No space left on device: /x"
+        return f"{type(exc).__name__}: {exc.strerror}: {exc.filename}"
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -1,0 +1,139 @@
+"""Quantization schemes through real PT2E / torchao flows, validated on XNNPACK and portable."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import make_project
+from tasks.errors import PipelineError
+from tasks.plan import resolve
+
+PIPELINE = """\
+name: t
+models:
+  cnn:
+    python: models.small_cnn:build
+    kwargs: {num_classes: 64, width: 16}
+    inputs: [{name: image, shape: [1, 3, 16, 16]}]
+    calibration: {npz: data/calib.npz}
+  mlp:
+    python: models.small_cnn:build
+    kwargs: {num_classes: 64, width: 16}
+    inputs: [{name: image, shape: [1, 3, 16, 16]}]
+backends:
+  xnnpack: {}
+  portable: {}
+quantization: [fp32, fp16, int8, int8_dynamic, 8da4w, 8da8w]
+matrix:
+  exclude: [{model: mlp}]
+  include: [{model: mlp, backend: xnnpack, quantization: int8}]
+"""
+SCHEMES = ("fp16", "int8", "int8_dynamic", "8da4w", "8da8w")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    project = make_project(tmp_path_factory.mktemp("quant") / "proj", PIPELINE)
+    (project.root / "data").mkdir()
+    rng = np.random.default_rng(3)
+    np.savez(project.root / "data" / "calib.npz", image=rng.standard_normal((8, 3, 16, 16)).astype(np.float32))
+    run = project.doit("-n", "2", "-P", "process")
+    return project, run
+
+
+def rows(project) -> dict:
+    return {r["cell"]: r for r in json.loads((project.out / "summary.json").read_text())}
+
+
+def numerics(project, cell: str) -> dict:
+    model, backend, quant = cell.split("/")
+    return json.loads((project.out / model / f"{model}_{backend}_{quant}.numerics.json").read_text())
+
+
+def export_info(project, cell: str) -> dict:
+    model, backend, quant = cell.split("/")
+    return json.loads((project.out / model / f"{model}_{backend}_{quant}.export.json").read_text())
+
+
+def test_every_scheme_lowers_and_matches_eager_within_its_threshold(built):
+    project, run = built
+    assert run.returncode == 0, run.stdout + run.stderr
+    table = rows(project)
+    for quant in ("fp32",) + SCHEMES:
+        cell = f"cnn/xnnpack/{quant}"
+        assert table[cell]["status"] == "ok", table[cell]
+        report = numerics(project, cell)
+        assert report["passed"] is True
+        sqnr = report["outputs"][0]["sqnr_db"]
+        assert sqnr is None or sqnr >= report["thresholds"]["sqnr_db"], (cell, sqnr)
+    # Static int8 shrinks the conv weights roughly 4x; numerics stay meaningful.
+    assert export_info(project, "cnn/xnnpack/int8")["size_bytes"] < 0.5 * export_info(project, "cnn/xnnpack/fp32")["size_bytes"]
+    assert numerics(project, "cnn/xnnpack/int8")["outputs"][0]["sqnr_db"] > 30
+    assert numerics(project, "cnn/portable/int8")["passed"] is True
+
+
+def test_fp16_program_takes_fp16_inputs(built):
+    project, _ = built
+    assert export_info(project, "cnn/xnnpack/fp16")["input_dtypes"] == ["float16"]
+
+
+def test_a_quantized_graph_is_computed_once_and_shared(built):
+    project, run = built
+    # xnnpack and portable int8 use the same XNNPACKQuantizer config: one quantize task.
+    assert "quantize:cnn/int8/xnnpack_int8_static" in run.started
+    assert sum(1 for t in run.started if t.startswith("quantize:cnn/int8/")) == 1
+    # One torch.export per model, whatever the number of cells.
+    assert sum(1 for t in run.started if t == "capture:cnn") == 1
+
+
+def test_calibration_data_named_in_the_pipeline_is_used(built):
+    project, run = built
+    state = json.loads((project.out / ".state" / "quantize__cnn__int8__xnnpack_int8_static.json").read_text())
+    assert state["info"]["calibration"] == "npz data/calib.npz"
+    assert state["info"]["calibration_samples"] == 8
+    # mlp names no data: it falls back to random data, flagged in the summary.
+    assert "random calibration data" in rows(project)["mlp/xnnpack/int8"]["note"]
+
+
+def test_unsupported_combinations_are_reported_not_built(built):
+    project, run = built
+    table = rows(project)
+    assert table["cnn/portable/8da4w"]["status"] == "rejected"
+    assert "not available for portable" in table["cnn/portable/8da4w"]["note"]
+    assert not any("cnn/portable/8da4w" in t for t in run.started)
+
+
+def test_changing_one_schemes_options_rebuilds_only_its_graph(built, tmp_path):
+    import shutil
+
+    project, _ = built
+    copy_root = tmp_path / "copy"
+    shutil.copytree(project.root, copy_root)
+    from conftest import Project
+
+    copy = Project(copy_root)
+    copy.write_pipeline(PIPELINE.replace("quantization: [fp32, fp16, int8, int8_dynamic, 8da4w, 8da8w]",
+                                         "quantization: [fp32, fp16, int8, int8_dynamic, 8da4w, 8da8w]\n"
+                                         "quantization_options: {int8: {per_channel: false}}"))
+    run = copy.doit("model=cnn")
+    assert run.returncode == 0, run.stdout + run.stderr
+    # Only the int8 graph changed (per-tensor now); capture and the other schemes are reused.
+    assert "capture:cnn" not in run.started
+    assert {t for t in run.started if t.startswith("quantize:")} == {"quantize:cnn/int8/xnnpack_int8_static"}
+    assert numerics(copy, "cnn/xnnpack/int8")["passed"] is True
+
+
+def test_a_wrong_combination_named_explicitly_is_refused_at_plan_time(tmp_path):
+    project = make_project(tmp_path / "p", PIPELINE.replace(
+        "include: [{model: mlp, backend: xnnpack, quantization: int8}]",
+        "include: [{model: mlp, backend: portable, quantization: 8da4w}]").replace(
+        "    calibration: {npz: data/calib.npz}\n", ""))
+    with pytest.raises(PipelineError) as info:
+        resolve(project.pipeline)
+    assert str(info.value).endswith(
+        "matrix.include[0]: mlp/portable/8da4w is refused: 8da4w is not available for portable "
+        "(available for: xnnpack)")
+    assert ":17:" in str(info.value)
