@@ -42,3 +42,10 @@ def task_sizegate():
 def task_validate():
     """run each host-runnable .pte and compare it with eager PyTorch"""
     yield from doit_tasks.validate_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
+
+
+def task_manifest():
+    """write Dart, pubspec, CMake and JSON manifests of the built cells"""
+    from tasks.manifest import manifest_task  # appended on its own; the import stays local
+
+    yield manifest_task(SELECTION.plan, SELECTION.cells, SELECTION.store)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tasks.cache import Store
 from tasks.plan import Cell, ModelSpec, Plan
-from tasks.runner import BuildResult, CachedTask, Skip, is_up_to_date, run_cached
+from tasks.runner import BuildResult, Blocked, CachedTask, Skip, is_up_to_date, read_state, run_cached
 
 NOT_RUNNABLE = "not runnable on this host"
 
@@ -79,6 +79,17 @@ def plan_store(plan: Plan) -> Store:
     return Store(plan.cache_dir, remote=remote)
 
 
+def _require(upstream: CachedTask) -> None:
+    """Stop early, saying why, when the task this one consumes did not succeed."""
+    record = read_state(upstream.state_file)
+    if record is None or record.get("key") != upstream.key:
+        return  # not run in this checkout (another shard built it): the store lookup decides
+    if record["status"] in ("failed", "blocked"):
+        raise Blocked(f"{upstream.name} {record['status']}")
+    if record["status"] == "skipped":
+        raise Skip(f"{upstream.name} skipped: {record.get('reason', '')}")
+
+
 def _stored(store: Store, key: str, what: str) -> tuple[dict, dict]:
     hit = store.get(key)
     if hit is None:
@@ -97,6 +108,7 @@ def _run_quantize(plan: Plan, cell: Cell, store: Store) -> bool:
     def build(workdir: Path) -> BuildResult:
         from tasks.quantize import build_quantized
 
+        _require(capture_spec(plan, cell.model))
         capture, _ = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
         return build_quantized(cell, plan.root, plan.seed, capture["model.pt2"], capture["reference.npz"], workdir)
 
@@ -110,6 +122,7 @@ def _run_export(plan: Plan, cell: Cell, store: Store) -> bool:
         from tasks.export import build_export
 
         graph_task = quantize_name(cell) if cell.transform else capture_name(cell.model)
+        _require(quantize_spec(plan, cell) if cell.transform else capture_spec(plan, cell.model))
         graph, _ = _stored(store, plan.graph_key(cell), graph_task)
         return build_export(cell, graph["model.pt2"], plan.gates, workdir)
 
@@ -125,6 +138,7 @@ def _run_validate(plan: Plan, cell: Cell, store: Store) -> bool:
                        f"{'/'.join(cell.backend.delegates) or cell.backend.name}")
         from tasks.validate import build_validate
 
+        _require(export_spec(plan, cell))
         exported, info = _stored(store, plan.export_key(cell), export_name(cell))
         capture, _ = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
         return build_validate(cell, exported["program.pte"], capture["reference.npz"],
@@ -138,6 +152,8 @@ def _run_size_gate(plan: Plan, cell: Cell, store: Store) -> bool:
         from tasks.export import size_gate
 
         sibling = plan.fp32_sibling(cell)
+        for c in (cell, sibling):
+            _require(export_spec(plan, c))
         records = [store.get(plan.export_key(c)) for c in (cell, sibling)]
         if any(r is None or r[1].get("status") != "ok" for r in records):
             raise RuntimeError(f"needs both {export_name(cell)} and {export_name(sibling)} built")
@@ -198,11 +214,23 @@ def validate_tasks(plan: Plan, cells, store: Store) -> list:
             for c in cells]
 
 
+def has_size_gate(plan: Plan, cell: Cell, cells) -> bool:
+    sibling = plan.fp32_sibling(cell)
+    return sibling is not None and sibling in cells and not cell.backend.missing
+
+
+def verdict_task_names(plan: Plan, cell: Cell, cells) -> list:
+    """The tasks whose outcome decides whether ``cell`` may ship."""
+    names = [export_name(cell), validate_name(cell)]
+    if has_size_gate(plan, cell, cells):
+        names.append(size_gate_name(cell))
+    return names
+
+
 def size_gate_tasks(plan: Plan, cells, store: Store) -> list:
     """A quantized cell must be smaller than its fp32 sibling; a separate task so that
     a failing fp32 export never keeps the quantized cell from building."""
     return [_task(size_gate_spec(plan, c), store, (_run_size_gate, [plan, c, store]),
                   f"check {c.name} is smaller than {plan.fp32_sibling(c).name}",
                   task_dep=[export_name(c), export_name(plan.fp32_sibling(c))])
-            for c in cells if plan.fp32_sibling(c) is not None and plan.fp32_sibling(c) in cells
-            and not c.backend.missing]
+            for c in cells if has_size_gate(plan, c, cells)]

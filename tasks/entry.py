@@ -88,6 +88,7 @@ def doit_config(selection: Selection) -> dict:
             spec = doit_tasks.size_gate_spec(plan, cell)
             state_files[spec.name] = spec.state_file
             cells_by_task[spec.name] = cell
+    state_files["manifest"] = plan.state_dir / "manifest.json"  # tasks/manifest.py's record
     return {
         "default_tasks": ["export", "sizegate", "validate"],
         "continue": True,  # one failing cell never stops the others

@@ -187,6 +187,7 @@ class Plan:
     seed: int
     toolchain: dict
     code_digests: dict = field(repr=False)
+    manifests: dict = field(default_factory=dict)  # the `manifests:` section, read by tasks/manifest.py
 
     @property
     def artifacts_dir(self) -> Path:
@@ -537,6 +538,11 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         quants[name], quant_thresholds[name] = r.quantization(i, name)
     r.check_threshold_keys(list(quants))
     cells, rejected = r.cells(models, backends, quants, quant_thresholds)
+    from tasks.manifest import check_options  # a local import: tasks.manifest imports this module
+
+    for path, message in check_options(data.get("manifests"), list(backends), recipes.available("backend"),
+                                       list(quants)):
+        raise doc.error(("manifests",) + path, message)
     code_digests = {kind: digest({f: digests.file_digest(PACKAGE_DIR / f) for f in files})
                     for kind, files in BUILDER_MODULES.items()}
     if own_digests:
@@ -550,7 +556,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                                          or (data.get("cache") or {}).get("remote"), root),
                 cache_read_only=_env_flag("ETFORGE_CACHE_READ_ONLY", (data.get("cache") or {}).get("read_only", False)),
                 seed=(data.get("validation") or {}).get("seed", 0),
-                toolchain=toolchain_versions(), code_digests=code_digests)
+                toolchain=toolchain_versions(), code_digests=code_digests,
+                manifests=data.get("manifests") or {})
 
 
 def _remote_url(url: str | None, root: Path) -> str | None:

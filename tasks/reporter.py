@@ -25,6 +25,7 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict):
             self.touched_cells: dict = {}
             self.executed = 0
             self.up_to_date = 0
+            self.failed: list = []
 
         def initialize(self, tasks, selected_tasks):
             # Only `doit run` reaches here (not `doit list`); held until the process exits.
@@ -56,6 +57,8 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict):
                 note = failed_exc.get_msg().strip().splitlines()[-1] if failed_exc else ""
             else:
                 status = {"ok": "ok", "failed": "FAILED"}.get(record["status"], record["status"])
+                if record["status"] == "failed":
+                    self.failed.append(task.name)
                 note = "restored from cache" if record.get("cached") else ""
                 if record.get("reason"):
                     note = record["reason"]
@@ -84,6 +87,15 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict):
         def complete_run(self):
             if self.runtime_errors:
                 super().complete_run()
+            self._write_summary()
+            if self.failed:
+                # Failed tasks returned success to doit so their dependents still ran (and
+                # said why they could not); the run as a whole still fails.
+                self.write(f"etforge: {len(self.failed)} task(s) failed\n")
+                self.outstream.flush()
+                raise SystemExit(1)
+
+        def _write_summary(self):
             cells = [c for c in plan.cells if c.name in self.touched_cells]
             if not cells:
                 return

@@ -4,6 +4,10 @@ A task's state record (``artifacts/<pipeline>/.state/<task>.json``) says which
 key its working-tree outputs were made from, with their size and mtime, so
 deciding "up to date" is a JSON read and a stat per output. Failures are
 recorded but never cached: a failed task runs again next time.
+
+A failed task still returns success to doit, so that nothing downstream of it
+is dropped silently (manifests and releases list failed cells instead of not
+running); the reporter turns recorded failures into the run's exit status.
 """
 
 from __future__ import annotations
@@ -46,6 +50,10 @@ class BuildResult:
 
 class Skip(Exception):
     """Raised by a builder when the host cannot do this task; the message says why."""
+
+
+class Blocked(Exception):
+    """Raised when an upstream task failed: recorded, never up to date, not a failure itself."""
 
 
 def read_state(path: Path) -> dict | None:
@@ -95,7 +103,7 @@ def _materialize_all(task: CachedTask, blobs: dict) -> dict:
 
 
 def run_cached(task: CachedTask, store: Store, build: Callable[[Path], BuildResult]) -> bool:
-    """doit action body: True on success (including skips), False when the task failed."""
+    """doit action body. Outcomes go to the state record; False only when even that failed."""
     start = time.monotonic()
     try:
         hit = store.get(task.key)
@@ -112,12 +120,12 @@ def run_cached(task: CachedTask, store: Store, build: Callable[[Path], BuildResu
             shutil.rmtree(workdir, ignore_errors=True)
     except Exception as exc:  # the store or the working tree: a full disk, a read-only dir, the remote
         reason = first_line(exc)
+        print(f"etforge: {task.name}: {reason}", file=sys.stderr)
         try:
             _write_state(task, "failed", reason=reason, elapsed=time.monotonic() - start)
         except OSError:
-            pass  # the state dir itself is unwritable; the reporter still prints the reason
-        print(f"etforge: {task.name}: {reason}", file=sys.stderr)
-        return False
+            return False  # the state dir itself is unwritable: let doit fail the task
+        return True
 
 
 def _build_and_store(task: CachedTask, store: Store, build, workdir: Path, start: float) -> bool:
@@ -128,19 +136,22 @@ def _build_and_store(task: CachedTask, store: Store, build, workdir: Path, start
     except Skip as skip:
         _write_state(task, "skipped", reason=str(skip), elapsed=time.monotonic() - start, log=task.log_file)
         return True
+    except Blocked as blocked:
+        _write_state(task, "blocked", reason=str(blocked), elapsed=time.monotonic() - start)
+        return True
     except Exception as exc:  # any builder error fails this task only
         with open(task.log_file, "a", encoding="utf-8") as log:
             log.write(traceback.format_exc())
         _write_state(task, "failed", reason=first_line(exc), elapsed=time.monotonic() - start,
                      log=task.log_file)
-        return False
+        return True
     info = {**result.info, "status": result.status, "reason": result.reason}
     if result.status == "failed":
         # Show the evidence (e.g. numerics.json) but never cache a failure.
         outputs = _materialize_all(task, result.files)
         _write_state(task, "failed", info=info, reason=result.reason,
                      elapsed=time.monotonic() - start, outputs=outputs, log=task.log_file)
-        return False
+        return True
     stored = store.put(task.key, result.files, info)
     outputs = _materialize_all(task, stored)
     _write_state(task, result.status, info=info, reason=result.reason,

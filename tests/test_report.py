@@ -1,0 +1,283 @@
+"""The HTML report, rendered from a real run and checked in headless Chromium.
+
+One small project is built for real (linreg and the small CNN on XNNPACK and
+portable, fp32 and int8; a model whose factory raises, for a failed cell; a
+QNN cell this host cannot lower, for a skipped one and, with int8, a refused
+one). The page is then loaded in Debian's `chromium`: the test reads the DOM
+after rendering and a screenshot, not just the file.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from conftest import make_project
+from tasks import summary
+from tasks.doit_tasks import export_spec, validate_spec
+from tasks.plan import RejectedCell, resolve
+from tasks.report import bar_chart, format_ms, scatter_chart, write_report
+from tasks.runner import read_state
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars"]
+WINDOW = (1400, 2000)
+
+PIPELINE = """\
+name: t
+version: 0.0.1
+models:
+  linreg:
+    python: models.linreg:build
+    inputs: [{name: features, shape: [1, 4]}]
+  cnn:
+    python: models.small_cnn:build
+    kwargs: {num_classes: 3, width: 4}
+    inputs: [{name: image, shape: [1, 3, 8, 8]}]
+  broken:
+    python: models.broken:build
+    inputs: [{name: x, shape: [1, 4]}]
+backends:
+  xnnpack: {}
+  portable: {}
+  qnn: {}
+quantization: [fp32, int8]
+matrix:
+  exclude: [{model: broken}, {backend: qnn}]
+  include:
+    - {model: broken, backend: portable, quantization: fp32}
+    - {model: cnn, backend: qnn}
+"""
+BROKEN_FACTORY = '''\
+def build():
+    raise RuntimeError("this factory is broken on purpose")
+'''
+HOSTILE = RejectedCell("cnn", "portable", "int3", "<script>document.title='pwned'</script> & <b>no</b>")
+
+
+
+class Dom(HTMLParser):
+    """Elements of a dumped DOM: (tag, attrs) in order, and the text of each matrix row."""
+
+    def __init__(self, text: str):
+        super().__init__(convert_charrefs=True)
+        self.elements: list = []
+        self.row_text: dict = {}
+        self._row = None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.elements.append((tag, attrs))
+        if tag == "tr" and "data-cell" in attrs:
+            self._row = attrs["data-cell"]
+            self.row_text[self._row] = ""
+        elif tag == "tr":
+            self._row = None
+
+    def handle_endtag(self, tag):
+        if tag == "tr":
+            self._row = None
+
+    def handle_data(self, data):
+        if self._row is not None:
+            self.row_text[self._row] += data
+
+    def find(self, tag=None, **attrs) -> list:
+        out = []
+        for t, a in self.elements:
+            if tag and t != tag:
+                continue
+            if all((a.get(k.replace("_", "-")) == v) if v is not True else (k.replace("_", "-") in a)
+                   for k, v in attrs.items()):
+                out.append(a)
+        return out
+
+
+def chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
+    if not CHROMIUM.exists():
+        pytest.skip("needs Debian's chromium at /usr/bin/chromium (install it with .ci/install-chromium.sh)")
+    root = tmp_path_factory.mktemp("report")
+    project = make_project(root / "proj", PIPELINE)
+    (project.root / "models" / "broken.py").write_text(BROKEN_FACTORY)
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("QNN_SDK_ROOT", raising=False)  # qnn cells cannot be lowered here
+        run = project.doit("-n", "2", "-P", "process")
+        plan = resolve(project.pipeline)
+    assert run.returncode != 0, run.stdout  # the broken model fails; every other cell still ran
+    rejected = list(plan.rejected) + [HOSTILE]
+    ok_cells = [c for c in plan.cells if summary.cell_row(plan, c)["status"] == "ok"]
+    # Synthetic benchmark results (the benchmark task fills these for real) in the three shapes
+    # the report reads: {"p50_ms"}, the benchmark task's info, a bench.json. One ok cell has none.
+    shapes = (lambda v: {"p50_ms": v, "p90_ms": v * 1.3, "threads": 1},
+              lambda v: {"latency_p50_ms": v, "latency_p90_ms": v * 1.3, "peak_rss_mb": 310.5},
+              lambda v: {"latency_ms": {"p50": v, "p90": v * 1.3}, "iterations": 100})
+    bench = {c.name: shapes[i % 3](round(0.2 + 0.15 * i, 3)) for i, c in enumerate(ok_cells[1:])}
+    flags = [{"cell": ok_cells[-1].name, "baseline_p50_ms": 0.5, "current_p50_ms": 0.59,
+              "change_pct": 18.0, "threshold_pct": 10, "same_host": True, "regression": True}]
+    out = root / "report.html"
+    write_report(plan, plan.cells, rejected, out, bench=bench, baseline_flags=flags)
+    first = out.read_bytes()
+    write_report(plan, plan.cells, rejected, out, bench=bench, baseline_flags=flags)
+    dump = chromium(out.as_uri(), root / "profile-dom", "--dump-dom")
+    assert dump.returncode == 0, dump.stderr[-2000:]
+    shot = root / "report.png"
+    capture = chromium(out.as_uri(), root / "profile-shot", f"--screenshot={shot}",
+                       f"--window-size={WINDOW[0]},{WINDOW[1]}")
+    assert capture.returncode == 0, capture.stderr[-2000:]
+    print(f"report: {out}\nscreenshot: {shot}")
+    return {"plan": plan, "rejected": rejected, "bench": bench, "flags": flags, "html": out,
+            "first": first, "dom": Dom(dump.stdout), "dom_text": dump.stdout, "shot": shot}
+
+
+def test_table_has_one_row_per_cell_with_its_status_and_reason(page):
+    plan, dom = page["plan"], page["dom"]
+    rows = {a["data-cell"]: a["data-status"] for a in dom.find("tr", data_cell=True)}
+    assert len(dom.find("tr", data_cell=True)) == len(plan.cells) + len(page["rejected"])
+    expected = {c.name: summary.cell_row(plan, c)["status"] for c in plan.cells}
+    expected.update({r.name: "rejected" for r in page["rejected"]})
+    assert rows == expected
+    assert rows["cnn/xnnpack/fp32"] == "ok"
+    assert rows["cnn/xnnpack/int8"] == "ok"
+    assert rows["broken/portable/fp32"] == "failed"
+    assert rows["cnn/qnn/fp32"] == "skipped"
+    assert {"ok", "failed", "skipped", "rejected"} <= set(rows.values())
+    text = dom.row_text
+    assert "this factory is broken on purpose" in text["broken/portable/fp32"]
+    assert "QNN_SDK_ROOT" in text["cnn/qnn/fp32"]
+    for r in page["rejected"]:
+        assert r.reason in " ".join(text[r.name].split()), text[r.name]
+    # Escaped, never markup: the hostile reason is text and there is no script at all.
+    assert not dom.find("script") and not dom.find("b")
+    assert "<title>t 0.0.1" in page["dom_text"]
+
+
+def test_table_shows_size_accuracy_latency_and_delegation(page):
+    plan, dom, bench = page["plan"], page["dom"], page["bench"]
+    text = dom.row_text
+    for cell in plan.cells:
+        row = " ".join(text[cell.name].split())
+        info = (read_state(export_spec(plan, cell).state_file) or {}).get("info") or {}
+        if "size_bytes" in info:
+            assert summary.human_size(info["size_bytes"]) in row
+            total = info["delegated_ops"] + info["non_delegated_ops"]
+            if total:
+                pct = info["delegated_ops"] / total * 100
+                assert (f"{pct:.1f}%" if pct < 100 else "100%") in row, row
+        if cell.name in bench:
+            p50 = [v for k, v in sorted(bench[cell.name].items()) if k in ("p50_ms", "latency_p50_ms")]
+            p50 = p50[0] if p50 else bench[cell.name]["latency_ms"]["p50"]
+            assert format_ms(p50) in row, row
+        else:
+            assert " ms" not in row  # missing benchmark: "-"
+    for cell in plan.cells:
+        sqnr = ((read_state(validate_spec(plan, cell).state_file) or {}).get("info") or {}).get("sqnr_db")
+        if sqnr is not None:
+            assert f"{sqnr:.1f}" in text[cell.name]
+    assert "random inputs" in text["cnn/xnnpack/int8"]  # validated on seeded random tensors
+    assert dom.find("div", id="random-inputs")
+    assert "regression" in text[page["flags"][0]["cell"]]
+    assert "+18% vs baseline (baseline p50 0.500 ms), threshold 10%" in page["dom_text"]
+
+
+def test_charts_have_one_bar_per_measured_cell_and_one_point_per_quantized_cell(page):
+    plan, dom, bench = page["plan"], page["dom"], page["bench"]
+    sized = {c.name for c in plan.cells
+             if "size_bytes" in ((read_state(export_spec(plan, c).state_file) or {}).get("info") or {})}
+    size_bars = {a["data-cell"] for a in dom.find("rect", data_metric="size", data_cell=True)}
+    latency_bars = {a["data-cell"] for a in dom.find("rect", data_metric="latency", data_cell=True)}
+    assert len(dom.find("rect", data_metric="size", data_cell=True)) == len(sized)
+    assert size_bars == sized
+    assert latency_bars == set(bench)
+    assert {"cnn/xnnpack/fp32", "cnn/xnnpack/int8", "linreg/portable/int8"} <= size_bars
+    charts = dom.find("svg", data_metric=True)
+    models_with_cells = {c.model.name for c in plan.cells}
+    assert len(charts) == 2 * len(models_with_cells)
+
+    quantized = set()
+    for c in plan.cells:
+        vinfo = (read_state(validate_spec(plan, c).state_file) or {}).get("info") or {}
+        if c.transform is not None and vinfo.get("sqnr_db") is not None and c.name in sized:
+            quantized.add(c.name)
+    points = [a["data-cell"] for a in dom.find("path", data_cell=True)]
+    assert sorted(points) == sorted(quantized)
+    assert {"cnn/xnnpack/int8", "cnn/portable/int8", "linreg/xnnpack/int8"} <= set(points)
+    labels = {a["data-label-for"] for a in dom.find("text", data_label_for=True)}
+    assert labels == quantized
+
+
+def test_report_is_deterministic_and_self_contained(page):
+    html = page["html"].read_text(encoding="utf-8")
+    assert page["first"] == page["html"].read_bytes()
+    for needle in ("http://", "https://", "<link", "<script", "@import", "url("):
+        assert needle not in html.replace('xmlns="http://www.w3.org/2000/svg"', ""), needle
+
+
+def test_screenshot_shows_a_rendered_page(page):
+    from PIL import Image
+
+    shot = page["shot"]
+    assert shot.is_file() and shot.stat().st_size > 10_000
+    with Image.open(shot) as img:
+        assert img.size == WINDOW
+        rgb = img.convert("RGB")
+        colours = rgb.getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 50
+    present = {c for _, c in colours}
+    assert (0x00, 0x72, 0xB2) in present  # fp32 bars
+    assert (0xE6, 0x9F, 0x00) in present  # int8 bars
+    assert (0xDA, 0xFB, 0xE1) in present  # "ok" badge
+    assert (0xFF, 0xEB, 0xE9) in present  # "failed" badge
+    assert (0xFF, 0xF1, 0xC2) in present  # "skipped" badge
+    assert (0xEF, 0xE6, 0xFF) in present  # "rejected" badge
+    # Mostly white page, but far from blank.
+    white = next((n for n, c in colours if c == (255, 255, 255)), 0)
+    assert white < 0.97 * WINDOW[0] * WINDOW[1]
+
+
+def _row(cell: str, size, sqnr, p50=None, status="ok") -> dict:
+    model, backend, quant = cell.split("/")
+    return {"cell": cell, "model": model, "backend": backend, "quant": quant, "quantized": quant != "fp32",
+            "status": status, "size_bytes": size, "size_text": summary.human_size(size),
+            "sqnr_db": sqnr, "sqnr_text": "-" if sqnr is None else f"{sqnr:.1f}",
+            "p50_ms": p50, "latency_text": "-" if p50 is None else f"{p50} ms", "regression": None}
+
+
+def test_chart_geometry_without_a_browser():
+    colours = {"fp32": "#0072B2", "int8": "#E69F00", "8da4w": "#009E73"}
+    markers = {"xnnpack": "circle", "portable": "square"}
+    rows = [_row("big/xnnpack/fp32", 9_000_000, 120.0, 3.5), _row("big/xnnpack/int8", 2_400_000, 31.2, 1.9),
+            _row("big/xnnpack/8da4w", 1_300_000, 24.0, None), _row("tiny/portable/int8", 3_000, 40.5),
+            _row("tiny/portable/8da4w", 2_000, None, status="skipped")]
+    scatter = scatter_chart(rows, colours, markers)
+    assert scatter["xlabel"] == "program size (log scale)"  # KB and MB on one axis
+    assert sorted(p["cell"] for p in scatter["points"]) == ["big/xnnpack/8da4w", "big/xnnpack/int8",
+                                                             "tiny/portable/int8"]
+    assert scatter["omitted"] == ["tiny/portable/8da4w"]
+    plot = scatter["plot"]
+    for p in scatter["points"]:
+        x, y = (float(v) for v in re.match(r"M(-?[\d.]+),(-?[\d.]+)", p["path"]).groups())
+        assert plot["x"] - 8 <= x <= plot["x"] + plot["w"] and plot["y"] - 8 <= y <= plot["y"] + plot["h"]
+    big = [r for r in rows if r["model"] == "big"]
+    size = bar_chart("big: size", big, "size", ["xnnpack"], ["fp32", "int8", "8da4w"], colours)
+    assert [b["cell"] for b in size["bars"]] == [r["cell"] for r in big]
+    assert size["ylabel"] == "program size (MB)"
+    heights = [b["h"] for b in size["bars"]]
+    assert heights[0] > heights[1] > heights[2] > 0
+    latency = bar_chart("big: latency", big, "latency", ["xnnpack"], ["fp32", "int8", "8da4w"], colours)
+    assert [b["cell"] for b in latency["bars"]] == ["big/xnnpack/fp32", "big/xnnpack/int8"]
+    assert [m["cell"] for m in latency["missing"]] == ["big/xnnpack/8da4w"]
+    empty = bar_chart("tiny: latency", rows[3:], "latency", ["portable"], ["int8", "8da4w"], colours)
+    assert empty["empty"] and not empty["bars"]
