@@ -44,6 +44,18 @@ def task_validate():
     yield from doit_tasks.validate_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
 
 
+def task_benchmark():
+    """time each host-runnable .pte (run with -n 1 for comparable figures)"""
+    yield from doit_tasks.benchmark_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)
+
+
+def task_report():
+    """write the self-contained HTML report of the selected cells"""
+    from tasks.report import report_task
+
+    yield report_task(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)
+
+
 def task_manifest():
     """write Dart, pubspec, CMake and JSON manifests of the built cells"""
     from tasks.manifest import manifest_task  # appended on its own; the import stays local

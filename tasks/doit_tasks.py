@@ -36,6 +36,10 @@ def validate_name(cell: Cell) -> str:
     return f"validate:{cell.name}"
 
 
+def benchmark_name(cell: Cell) -> str:
+    return f"benchmark:{cell.name}"
+
+
 def size_gate_name(cell: Cell) -> str:
     return f"sizegate:{cell.name}"
 
@@ -63,6 +67,10 @@ def export_spec(plan: Plan, cell: Cell) -> CachedTask:
 def validate_spec(plan: Plan, cell: Cell) -> CachedTask:
     return _spec(plan, validate_name(cell), plan.validate_key(cell),
                  {"numerics.json": plan.numerics_path(cell)})
+
+
+def benchmark_spec(plan: Plan, cell: Cell, host: dict) -> CachedTask:
+    return _spec(plan, benchmark_name(cell), plan.benchmark_key(cell, host), {"bench.json": plan.bench_path(cell)})
 
 
 def size_gate_spec(plan: Plan, cell: Cell) -> CachedTask:
@@ -145,6 +153,22 @@ def _run_validate(plan: Plan, cell: Cell, store: Store) -> bool:
                               info.get("input_dtypes", []), workdir)
 
     return run_cached(validate_spec(plan, cell), store, build)
+
+
+def _run_benchmark(plan: Plan, cell: Cell, store: Store, host: dict) -> bool:
+    def build(workdir: Path) -> BuildResult:
+        if cell.backend.missing or not cell.backend.host_runnable:
+            raise Skip(NOT_RUNNABLE)
+        from tasks.benchmark import build_benchmark
+
+        _require(export_spec(plan, cell))
+        exported, info = _stored(store, plan.export_key(cell), export_name(cell))
+        capture, _ = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
+        options = {k: v for k, v in plan.benchmark.items() if k not in ("baseline", "regression_pct")}
+        return build_benchmark(cell, exported["program.pte"], capture["reference.npz"],
+                               info.get("input_dtypes", []), options, workdir)
+
+    return run_cached(benchmark_spec(plan, cell, host), store, build)
 
 
 def _run_size_gate(plan: Plan, cell: Cell, store: Store) -> bool:
@@ -234,3 +258,11 @@ def size_gate_tasks(plan: Plan, cells, store: Store) -> list:
                   f"check {c.name} is smaller than {plan.fp32_sibling(c).name}",
                   task_dep=[export_name(c), export_name(plan.fp32_sibling(c))])
             for c in cells if has_size_gate(plan, c, cells)]
+
+
+def benchmark_tasks(plan: Plan, cells, store: Store, host: dict) -> list:
+    """Host benchmark of each host-runnable cell; keyed by the host, so never served across machines."""
+    return [_task(benchmark_spec(plan, c, host), store, (_run_benchmark, [plan, c, store, host]),
+                  f"time {plan.pte_path(c).name} in the ExecuTorch runtime (p50, p90, memory)",
+                  task_dep=[export_name(c), capture_name(c.model)])
+            for c in cells if c.backend.host_runnable and not c.backend.missing]

@@ -11,6 +11,7 @@ from pathlib import Path
 from tasks import doit_tasks
 from tasks.cache import Store
 from tasks.errors import PipelineError
+from tasks.hostinfo import host_fingerprint
 from tasks.plan import Plan, digest_cache_for, resolve
 from tasks.reporter import make_reporter
 
@@ -22,6 +23,7 @@ class Selection:
     plan: Plan
     cells: tuple
     store: Store
+    host: dict  # tasks.hostinfo.host_fingerprint(): benchmark results are only valid on it
 
 
 def pipeline_path(get_var, initial_workdir: str | None) -> Path:
@@ -57,7 +59,7 @@ def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
     if not cells:
         sys.stderr.write("etforge: error: the command-line selection matches no cell of the matrix\n")
         raise SystemExit(3)
-    return Selection(plan=plan, cells=cells, store=doit_tasks.plan_store(plan))
+    return Selection(plan=plan, cells=cells, store=doit_tasks.plan_store(plan), host=host_fingerprint())
 
 
 def ensure_writable(directory: Path) -> None:
@@ -74,7 +76,8 @@ def doit_config(selection: Selection) -> dict:
     plan = selection.plan
     state_files, cells_by_task = {}, {}
     for cell in selection.cells:
-        for spec in (doit_tasks.export_spec(plan, cell), doit_tasks.validate_spec(plan, cell)):
+        for spec in (doit_tasks.export_spec(plan, cell), doit_tasks.validate_spec(plan, cell),
+                     doit_tasks.benchmark_spec(plan, cell, selection.host)):
             state_files[spec.name] = spec.state_file
             cells_by_task[spec.name] = cell
     for model in {c.model.name: c.model for c in selection.cells}.values():
@@ -89,8 +92,9 @@ def doit_config(selection: Selection) -> dict:
             state_files[spec.name] = spec.state_file
             cells_by_task[spec.name] = cell
     state_files["manifest"] = plan.state_dir / "manifest.json"  # tasks/manifest.py's record
+    state_files["report"] = plan.state_dir / "report.json"
     return {
-        "default_tasks": ["export", "sizegate", "validate"],
+        "default_tasks": ["export", "sizegate", "validate", "benchmark", "manifest", "report"],
         "continue": True,  # one failing cell never stops the others
         "dep_file": str(plan.artifacts_dir / ".doit.db"),
         "backend": "json",

@@ -40,6 +40,7 @@ import re
 import sys
 from pathlib import Path
 
+from tasks import cpp_header
 from tasks.atomic import atomic_write_text
 from tasks.cache import Store
 from tasks.doit_tasks import (capture_spec, export_name, export_spec, quantize_spec, size_gate_spec, validate_spec,
@@ -51,8 +52,9 @@ from tasks.runner import BuildResult, CachedTask, is_up_to_date, read_state, run
 TASK_NAME = "manifest"
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 DART, PUBSPEC, CMAKE, INDEX = "models.g.dart", "pubspec_assets.yaml", "models.cmake", "index.json"
+HEADER = "etforge_models.h"  # read by cpp/runner (tasks/cpp_header.py renders it)
 TEMPLATES = {DART: "models.g.dart.j2", PUBSPEC: "pubspec_assets.yaml.j2", CMAKE: "models.cmake.j2"}
-FILES = (DART, PUBSPEC, CMAKE, INDEX)
+FILES = (DART, PUBSPEC, CMAKE, INDEX, HEADER)
 INDEX_FORMAT = "1.0"  # the community Flutter model store's index.json "version"
 
 # Fallback order per platform (Dart's Platform.operatingSystem names), best first.
@@ -62,8 +64,8 @@ DEFAULT_PLATFORMS = {
     "android": ["qnn", "vulkan", "xnnpack", "portable"],
     "ios": ["coreml", "mps", "xnnpack", "portable"],
     "macos": ["coreml", "mps", "xnnpack", "portable"],
-    "linux": ["vulkan", "xnnpack", "portable"],
-    "windows": ["vulkan", "xnnpack", "portable"],
+    "linux": ["vulkan", "openvino", "xnnpack", "portable"],
+    "windows": ["vulkan", "openvino", "xnnpack", "portable"],
     "default": ["xnnpack", "portable"],
 }
 DEFAULT_OPTIONS = {"assets_dir": "assets/models", "base_url": "", "install_dir": "share/etforge/models"}
@@ -428,6 +430,9 @@ def build_context(plan: Plan) -> dict:
         "models": models,
         "excluded": excluded,
         "delegate_targets": {d: [t for t in DELEGATE_TARGETS.get(d, (None, None))[::-1] if t] for d in delegates},
+        # The C++ runner's header, in the desktop Linux fallback order of the Dart manifest.
+        "cpp_header": cpp_header.header_context(plan, order=tuple(options["platforms"].get(
+            "linux", DEFAULT_PLATFORMS["linux"]))),
     }
 
 
@@ -503,6 +508,7 @@ def render(context: dict) -> dict:
     by_id = {v["id"]: v for v in context["variants"]}
     out = {name: env.get_template(template).render(**context, by_id=by_id) for name, template in TEMPLATES.items()}
     out[INDEX] = json.dumps(index_document(context), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    out[HEADER] = cpp_header.render_context(context["cpp_header"])
     return out
 
 
@@ -522,8 +528,8 @@ def manifest_dir(plan: Plan) -> Path:
 
 
 def manifest_key(context: dict) -> str:
-    templates = {t: sha256_file(TEMPLATE_DIR / t) for t in sorted(TEMPLATES.values())}
-    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
+    templates = {t: sha256_file(TEMPLATE_DIR / t) for t in sorted([*TEMPLATES.values(), cpp_header.TEMPLATE])}
+    code = [hashlib.sha256(Path(m.__file__).read_bytes()).hexdigest() for m in (sys.modules[__name__], cpp_header)]
     return digest({"task": TASK_NAME, "context": context, "templates": templates, "code": code})
 
 

@@ -24,7 +24,10 @@ BUILDER_MODULES = {
     "quantize": ("quantize.py", "quantizers.py", "calibration.py", "model_loading.py"),
     "export": ("export.py", "partitioners.py"),
     "validate": ("validate.py", "numerics.py"),
+    "benchmark": ("benchmark.py", "hostinfo.py"),
 }
+# Small enough that `doit` benchmarks every host-runnable cell in seconds.
+DEFAULT_BENCHMARK = {"warmup": 5, "iterations": 50, "threads": None, "max_seconds": 10.0, "regression_pct": 10.0}
 DEFAULT_GATES = {"min_delegated_ops": 1, "max_size_ratio": 1.0}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
@@ -184,6 +187,7 @@ class Plan:
     gates: dict
     cache_remote: str | None  # fsspec URL of the shared cache
     cache_read_only: bool
+    benchmark: dict  # options of tasks/benchmark.py, plus baseline (path) and regression_pct
     seed: int
     toolchain: dict
     code_digests: dict = field(repr=False)
@@ -216,6 +220,13 @@ class Plan:
 
     def numerics_path(self, cell: Cell) -> Path:
         return self.cell_dir(cell) / f"{cell.stem}.numerics.json"
+
+    def bench_path(self, cell: Cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.bench.json"
+
+    @property
+    def report_path(self) -> Path:
+        return self.out_dir / "report.html"
 
     def log_path(self, task_name: str) -> Path:
         return self.out_dir / "logs" / (task_name.replace(":", "__").replace("/", "__") + ".log")
@@ -270,6 +281,11 @@ class Plan:
             raise PipelineError(f"shard={spec!r} on the command line: expected k/n with 1 <= k <= n, e.g. 2/4",
                                 file=self.display) from None
         return tuple(c for c in cells if int(digest(c.name)[:8], 16) % n == k - 1)
+
+    def benchmark_key(self, cell: Cell, host: dict) -> str:
+        options = {k: v for k, v in self.benchmark.items() if k not in ("baseline", "regression_pct")}
+        return digest({"task": "benchmark", "export": self.export_key(cell), "capture": self.capture_key(cell.model),
+                       "options": options, "host": host, "code": self.code_digests["benchmark"]})
 
     def select(self, model=None, backend=None, quantization=None) -> tuple:
         """Cells matching comma-separated name lists (None matches all)."""
@@ -555,6 +571,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 cache_remote=_remote_url(os.environ.get("ETFORGE_CACHE_REMOTE")
                                          or (data.get("cache") or {}).get("remote"), root),
                 cache_read_only=_env_flag("ETFORGE_CACHE_READ_ONLY", (data.get("cache") or {}).get("read_only", False)),
+                benchmark={**DEFAULT_BENCHMARK, **(data.get("benchmark") or {})},
                 seed=(data.get("validation") or {}).get("seed", 0),
                 toolchain=toolchain_versions(), code_digests=code_digests,
                 manifests=data.get("manifests") or {})

@@ -13,6 +13,7 @@ This module must not import torch or executorch.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -482,3 +483,80 @@ def write_report(plan, cells, rejected, out_path: Path, bench: dict | None = Non
     Both may be None: latency then shows "-" and no latency bars are drawn.
     """
     atomic_write_text(Path(out_path), render_report(plan, cells, rejected, bench, baseline_flags))
+
+
+# ---------------------------------------------------------------- the doit task
+
+def benchmark_results(plan, cells, host: dict) -> dict:
+    """Cell name -> benchmark info of the cells whose benchmark ran ok under the current key."""
+    from tasks.doit_tasks import benchmark_spec
+
+    out = {}
+    for cell in cells:
+        spec = benchmark_spec(plan, cell, host)
+        record = read_state(spec.state_file)
+        if record and record.get("key") == spec.key and record.get("status") == "ok":
+            out[cell.name] = record["info"]
+    return out
+
+
+def baseline_regressions(plan, bench: dict) -> list:
+    """Rows of benchmark.compare_with_baseline against the pipeline's baseline file, if any."""
+    baseline = plan.benchmark.get("baseline")
+    if not baseline or not (plan.root / baseline).is_file():
+        return []
+    from tasks.benchmark import compare_with_baseline, load_baseline
+
+    return compare_with_baseline(bench, load_baseline(plan.root / baseline), plan.benchmark["regression_pct"])
+
+
+def _render_current(plan, cells, host: dict) -> str:
+    models = {c.model.name for c in cells}
+    bench = benchmark_results(plan, cells, host)
+    return render_report(plan, cells, [r for r in plan.rejected if r.model in models], bench,
+                         baseline_regressions(plan, bench))
+
+
+def _spec(plan, html: str):
+    from tasks.runner import CachedTask
+
+    key = hashlib.sha256(html.encode("utf-8")).hexdigest()  # the page is a pure function of its inputs
+    return CachedTask(name="report", key=key, outputs={"report.html": plan.report_path},
+                      state_file=plan.state_dir / "report.json", log_file=plan.log_path("report"))
+
+
+def report_up_to_date(plan, cells, store, host: dict) -> bool:
+    """doit ``uptodate``: evaluated after the cells' tasks ran, so it sees their records."""
+    from tasks.runner import is_up_to_date
+
+    try:
+        return is_up_to_date(_spec(plan, _render_current(plan, cells, host)), store)
+    except Exception:  # the action reports it
+        return False
+
+
+def run_report(plan, cells, store, host: dict) -> bool:
+    from tasks.runner import BuildResult, run_cached
+
+    html = _render_current(plan, cells, host)
+
+    def build(workdir: Path) -> BuildResult:
+        (workdir / "report.html").write_text(html, encoding="utf-8")
+        return BuildResult(files={"report.html": workdir / "report.html"}, info={"cells": len(cells)})
+
+    return run_cached(_spec(plan, html), store, build)
+
+
+def report_task(plan, cells, store, host: dict) -> dict:
+    from tasks.doit_tasks import benchmark_name, verdict_task_names
+
+    deps = [t for c in cells for t in verdict_task_names(plan, c, cells)]
+    deps += [benchmark_name(c) for c in cells if c.backend.host_runnable and not c.backend.missing]
+    return {
+        "basename": "report",
+        "doc": f"write {plan.report_path.relative_to(plan.root)}: matrix, charts, numerics and latency",
+        "actions": [(run_report, [plan, cells, store, host])],
+        "uptodate": [(report_up_to_date, [plan, cells, store, host])],
+        "task_dep": list(dict.fromkeys(deps)),
+        "verbosity": 2,
+    }

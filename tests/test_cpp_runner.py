@@ -1,0 +1,342 @@
+"""cpp/runner: the C++ multi-backend runner, built with CMake against the pip wheel's runtime.
+
+One small project (linreg and the small CNN on xnnpack and portable, fp32) is
+exported once per module; its etforge_models.h (tasks/cpp_header.py) is rendered
+with two hand-made additions: a `vulkan` variant (delegate VulkanBackend, which
+this runtime lacks) pointing at the linreg XNNPACK program, and a model whose
+only variant records a wrong sha256. The runner is configured and built once
+(Release, in a temp dir), run on each model with an input file written here, and
+its outputs are compared with executorch.runtime's on the same input.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, make_project
+from tasks import cpp_header
+from tasks.doit_tasks import export_spec
+from tasks.plan import resolve
+from tasks.runner import read_state
+
+MODELS = {"linreg": (1, 4), "cnn": (1, 3, 8, 8)}
+BACKENDS = ("xnnpack", "portable")
+FAKE_VULKAN = "linreg/vulkan/fp32"
+TAMPERED = "linreg_tampered"
+RTOL, ATOL = 1e-5, 1e-6
+RUN_ARGS = ("--warmup", "3", "--iterations", "20", "--values", "-1")
+
+pytestmark = pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("c++") is None,
+                                reason="cmake and a C++ compiler are needed to build cpp/runner")
+
+
+# ---------------------------------------------------------------- helpers
+
+def parse(stdout: str) -> list:
+    """The runner's records: (kind, {key: value}) per stdout line."""
+    records = []
+    for line in stdout.splitlines():
+        kind, *fields = line.split("\t")
+        records.append((kind, dict(f.split("=", 1) for f in fields)))
+    return records
+
+
+def of_kind(records: list, kind: str) -> list:
+    return [fields for k, fields in records if k == kind]
+
+
+def run_runner(binary: Path, models_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary), "--models-dir", str(models_dir), *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def cmake(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["cmake", *args], capture_output=True, text=True, timeout=600)
+
+
+# ---------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    start = time.monotonic()
+    project = make_project(tmp_path_factory.mktemp("cpp_runner") / "proj")
+    run = project.doit("-n", "2", "-P", "process", "export")
+    assert run.returncode == 0, run.stdout + run.stderr
+    project.plan = resolve(project.pipeline)
+    project.export_s = time.monotonic() - start
+    return project
+
+
+@pytest.fixture(scope="module")
+def context(built) -> dict:
+    """The real header context plus the hand-made variants described in the module docstring."""
+    ctx = cpp_header.header_context(built.plan)
+    linreg = next(m for m in ctx["models"] if m["name"] == "linreg")
+    xnnpack = next(v for v in linreg["variants"] if v["backend"] == "xnnpack")
+    vulkan = copy.deepcopy(xnnpack)
+    vulkan.update(id=FAKE_VULKAN, backend="vulkan", recipe="vulkan", delegates=["VulkanBackend"])
+    linreg["variants"].insert(0, vulkan)  # vulkan comes first in the desktop order
+    tampered = copy.deepcopy(next(v for v in linreg["variants"] if v["backend"] == "portable"))
+    tampered.update(id=f"{TAMPERED}/portable/fp32", model=TAMPERED, sha256="0" * 64)
+    ctx["models"].append({"name": TAMPERED, "variants": [tampered]})
+    return ctx
+
+
+@pytest.fixture(scope="module")
+def runner(context, tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("runner_build")
+    header = work / cpp_header.HEADER_NAME
+    header.write_text(cpp_header.render_context(context))
+    build = work / "build"
+    generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+    start = time.monotonic()
+    configure = cmake("-S", str(REPO / "cpp" / "runner"), "-B", str(build), *generator,
+                      "-DCMAKE_BUILD_TYPE=Release", f"-DETFORGE_MODELS_HEADER={header}",
+                      f"-DETFORGE_PYTHON={sys.executable}")
+    assert configure.returncode == 0, configure.stdout + configure.stderr
+    compiled = cmake("--build", str(build), "--parallel", "2")
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    binary = build / "etforge_runner"
+    assert binary.is_file()
+    print(f"\nrunner configured and built in {time.monotonic() - start:.1f}s")
+    return binary
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> dict:
+    """model -> (array, .bin path): seeded float32, raw little-endian, C order."""
+    work = tmp_path_factory.mktemp("inputs")
+    rng = np.random.default_rng(1234)
+    out = {}
+    for model, shape in MODELS.items():
+        x = rng.standard_normal(shape).astype("<f4")
+        path = work / f"{model}.bin"
+        path.write_bytes(x.tobytes(order="C"))
+        out[model] = (x, path)
+    return out
+
+
+@pytest.fixture(scope="module")
+def python_runtime():
+    from executorch.runtime import Runtime
+
+    return Runtime.get()
+
+
+def python_outputs(runtime, pte: Path, x: np.ndarray) -> list:
+    import torch
+
+    program = runtime.load_program(pte.read_bytes())  # kept alive while the method runs
+    method = program.load_method("forward")
+    return [t.detach().numpy().copy() for t in method.execute([torch.from_numpy(x.copy()).contiguous()])]
+
+
+# ---------------------------------------------------------------- the header
+
+def test_header_lists_built_cells_in_fallback_order_from_the_state_records(built):
+    plan = built.plan
+    text = cpp_header.render_header(plan)
+    assert text == cpp_header.render_header(plan, plan.cells)  # deterministic
+    assert str(built.root) not in text and "artifacts/t" not in text  # no absolute paths
+    ctx = cpp_header.header_context(plan)
+    assert [m["name"] for m in ctx["models"]] == list(MODELS)
+    for model in ctx["models"]:
+        assert [v["backend"] for v in model["variants"]] == ["xnnpack", "portable"]  # desktop order
+        for v in model["variants"]:
+            cell = next(c for c in plan.cells if c.name == v["id"])
+            info = read_state(export_spec(plan, cell).state_file)["info"]
+            assert (v["sha256"], v["size"]) == (info["sha256"], info["size_bytes"])
+            assert v["sha256"] in text and f"{v['size']}u" in text
+            assert v["file"] == f"{cell.model.name}/{cell.stem}.pte"
+            assert (built.out / v["file"]).stat().st_size == v["size"]
+            assert v["delegates"] == (["XnnpackBackend"] if v["backend"] == "xnnpack" else [])
+            assert v["inputs"] == [{"name": i.name, "shape": list(i.shape), "dtype": "float32"}
+                                   for i in cell.model.inputs]
+            assert v["num_outputs"] == 1 and v["listed"] is True
+    # A configurable order; unlisted variants follow (or are left out).
+    swapped = cpp_header.header_context(plan, order=["portable/fp32", "xnnpack"])
+    assert [v["backend"] for v in swapped["models"][0]["variants"]] == ["portable", "xnnpack"]
+    only = cpp_header.header_context(plan, order=["xnnpack"], append_unlisted=False)
+    assert [v["id"] for m in only["models"] for v in m["variants"]] == ["linreg/xnnpack/fp32", "cnn/xnnpack/fp32"]
+    tail = cpp_header.header_context(plan, order=["xnnpack"])
+    assert [(v["backend"], v["listed"]) for v in tail["models"][1]["variants"]] == [("xnnpack", True),
+                                                                                     ("portable", False)]
+    flat = cpp_header.header_context(plan, [c for c in plan.cells if c.model.name == "cnn"], layout="flat")
+    assert [v["file"] for m in flat["models"] for v in m["variants"]] == ["cnn_xnnpack_fp32.pte",
+                                                                          "cnn_portable_fp32.pte"]
+    with pytest.raises(cpp_header.HeaderError, match="unknown quantization 'int4'"):
+        cpp_header.header_context(plan, order=["xnnpack/int4"])
+
+
+def test_header_leaves_out_unbuilt_cells_and_escapes_strings(built, tmp_path):
+    plan = built.plan
+    cnn_xnnpack = next(c for c in plan.cells if c.name == "cnn/xnnpack/fp32")
+    state = export_spec(plan, cnn_xnnpack).state_file
+    saved = state.read_bytes()
+    try:
+        state.unlink()
+        ctx = cpp_header.header_context(plan)
+    finally:
+        state.write_bytes(saved)
+    assert [v["id"] for m in ctx["models"] for v in m["variants"]] == [
+        "linreg/xnnpack/fp32", "linreg/portable/fp32", "cnn/portable/fp32"]
+    assert ctx["excluded"] == [{"cell": "cnn/xnnpack/fp32", "reason": "not built (run `doit export:cnn/xnnpack/fp32`)"}]
+    assert cpp_header.c_string('a"b\\c?\n\u00e9') == '"a\\"b\\\\c\\?\\012\\303\\251"'
+    assert cpp_header.c_comment("x\ny\\") == "x y"
+
+
+# ---------------------------------------------------------------- the runner
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_runner_runs_each_runnable_variant_and_matches_the_python_runtime(model, built, runner, inputs,
+                                                                          python_runtime, context):
+    x, path = inputs[model]
+    proc = run_runner(runner, built.out, "--input", str(path), *RUN_ARGS, model)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = parse(proc.stdout)
+    assert records[0][0] == "etforge-runner" and records[0][1]["pipeline"] == "t"
+    registered = set(of_kind(records, "runtime")[0]["registered"].split(","))
+    python_registered = set(python_runtime.backend_registry.registered_backend_names)
+    assert "XnnpackBackend" in registered and "VulkanBackend" not in registered
+
+    expected = next(m for m in context["models"] if m["name"] == model)["variants"]
+    variants = of_kind(records, "variant")
+    assert [v["id"] for v in variants] == [v["id"] for v in expected]  # fallback order, every variant tried
+    outputs = of_kind(records, "output")
+    ran = []
+    for spec, got in zip(expected, variants):
+        if spec["id"] == FAKE_VULKAN:
+            assert got["status"] == "skipped"
+            assert got["reason"].startswith("delegate VulkanBackend is not registered in this runtime")
+            continue
+        # Skipped none wrongly: every variant whose delegates the runtime has, ran.
+        assert set(spec["delegates"]) <= python_registered
+        assert got["status"] == "ok", got
+        assert got["repeatable"] == "1" and int(got["iterations"]) == 20
+        assert got["delegates"] == ",".join(spec["delegates"])
+        assert 0 < float(got["min_ms"]) <= float(got["mean_ms"]) <= float(got["max_ms"])
+        ran.append(got["id"])
+        mine = [o for o in outputs if o["id"] == spec["id"]]
+        reference = python_outputs(python_runtime, built.out / spec["file"], x)
+        assert len(mine) == len(reference) == spec["num_outputs"]
+        for out, ref in zip(mine, reference):
+            assert out["dtype"] == "float32" and out["shape"] == ",".join(map(str, ref.shape))
+            assert int(out["numel"]) == int(out["shown"]) == ref.size
+            values = np.array([float(v) for v in out["values"].split(",")], dtype=np.float32)
+            np.testing.assert_allclose(values, ref.reshape(-1), rtol=RTOL, atol=ATOL)
+    assert ran == [f"{model}/{b}/fp32" for b in BACKENDS]
+
+    ranking = of_kind(records, "rank")
+    assert [r["position"] for r in ranking] == [str(i + 1) for i in range(len(ran))]
+    assert sorted(r["id"] for r in ranking) == sorted(ran)
+    means = [float(r["mean_ms"]) for r in ranking]
+    assert means == sorted(means) and ranking[0]["vs_fastest"] == "1.00x"
+    by_id = {v["id"]: v for v in variants}
+    assert all(r["mean_ms"] == by_id[r["id"]]["mean_ms"] for r in ranking)
+    summary = of_kind(records, "summary")[0]
+    skipped = 1 if model == "linreg" else 0
+    assert (summary["ok"], summary["skipped"], summary["failed"]) == (str(len(ran)), str(skipped), "0")
+    assert summary["chosen"] == f"{model}/xnnpack/fp32" and summary["fastest"] == ranking[0]["id"]
+
+
+def test_first_stops_at_the_first_variant_that_runs(built, runner):
+    proc = run_runner(runner, built.out, "--first", "--warmup", "0", "--iterations", "1", "linreg")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    statuses = [(v["id"], v["status"]) for v in of_kind(parse(proc.stdout), "variant")]
+    assert statuses == [(FAKE_VULKAN, "skipped"), ("linreg/xnnpack/fp32", "ok"), ("linreg/portable/fp32", "not-tried")]
+
+
+def test_a_changed_file_fails_its_sha256_check_unless_only_the_size_is_checked(built, runner):
+    proc = run_runner(runner, built.out, "--warmup", "0", "--iterations", "1", TAMPERED)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (variant,) = of_kind(parse(proc.stdout), "variant")
+    assert variant["status"] == "failed" and f"the header says {'0' * 64}" in variant["reason"]
+    assert of_kind(parse(proc.stdout), "rank") == []
+    sized = run_runner(runner, built.out, "--verify", "size", "--warmup", "0", "--iterations", "1", TAMPERED)
+    assert sized.returncode == 0, sized.stdout + sized.stderr
+    assert of_kind(parse(sized.stdout), "variant")[0]["status"] == "ok"
+
+
+def test_bad_input_file_unknown_model_and_missing_models_dir(built, runner, inputs):
+    wrong = run_runner(runner, built.out, "--input", str(inputs["cnn"][1]), "--iterations", "1", "linreg")
+    assert wrong.returncode == 1
+    reasons = [v.get("reason", "") for v in of_kind(parse(wrong.stdout), "variant") if v["status"] == "failed"]
+    assert len(reasons) == 2 and all("holds 768 bytes, the input takes 16" in r for r in reasons)
+    unknown = run_runner(runner, built.out, "nosuchmodel")
+    assert unknown.returncode == 2 and "unknown model 'nosuchmodel'; the header has: linreg, cnn, linreg_tampered" in unknown.stderr
+    missing = run_runner(runner, built.root / "nowhere", "--iterations", "1", "cnn")
+    assert missing.returncode == 1
+    assert all(v["status"] == "failed" and "cannot open" in v["reason"] for v in of_kind(parse(missing.stdout), "variant"))
+
+
+# ---------------------------------------------------------------- order rules, without exporting
+
+CHAIN_PIPELINE = """\
+name: c
+version: 0.0.1
+models:
+  linreg:
+    python: models.linreg:build
+    inputs: [{name: features, shape: [1, 4]}]
+backends:
+  vk_xnn: {chain: [vulkan, xnnpack]}
+  portable: {}
+  fast: {recipe: xnnpack}
+quantization: [fp32]
+"""
+
+
+def fake_export(plan, cell, status="ok"):
+    """A state record for ``cell``'s export under its current key, as run_cached writes it."""
+    import hashlib
+    import json
+
+    spec = export_spec(plan, cell)
+    info = {"size_bytes": 100 + len(cell.name), "sha256": hashlib.sha256(cell.name.encode()).hexdigest(),
+            "delegates": list(cell.backend.delegates), "input_dtypes": ["float32"]}
+    spec.state_file.parent.mkdir(parents=True, exist_ok=True)
+    spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": status,
+                                           "info": info if status == "ok" else {}, "outputs": {}}))
+
+
+def test_chains_are_ordered_by_their_own_name_and_odd_strings_compile(tmp_path):
+    project = make_project(tmp_path / "proj", CHAIN_PIPELINE)
+    plan = resolve(project.pipeline)
+    for cell in plan.cells:
+        fake_export(plan, cell, status="failed" if cell.backend.name == "portable" else "ok")
+    ctx = cpp_header.header_context(plan)  # default order: vulkan, openvino, xnnpack, portable
+    (model,) = ctx["models"]
+    # `fast` is an xnnpack recipe: listed as xnnpack. The chain starts with vulkan but is not `vulkan`.
+    assert [(v["backend"], v["listed"]) for v in model["variants"]] == [("fast", True), ("vk_xnn", False)]
+    assert model["variants"][1]["delegates"] == ["VulkanBackend", "XnnpackBackend"]
+    assert model["variants"][1]["num_outputs"] == -1  # no capture record: unknown
+    assert ctx["excluded"] == [{"cell": "linreg/portable/fp32", "reason": "export failed"}]
+    named = cpp_header.header_context(plan, order=["vk_xnn", "fast"], append_unlisted=False)
+    assert [v["backend"] for v in named["models"][0]["variants"]] == ["vk_xnn", "fast"]
+
+    # Strings that would break a naive template, compiled by the real compiler.
+    odd = copy.deepcopy(ctx)
+    odd["pipeline"] = 'a "quoted" \\ name ??/ */ \u00e9\n'
+    odd["models"][0]["variants"][0]["inputs"][0]["name"] = "in\\"
+    odd["excluded"].append({"cell": "x", "reason": "ends with a backslash \\"})
+    header = tmp_path / "etforge_models.h"
+    header.write_text(cpp_header.render_context(odd))
+    probe = tmp_path / "probe.cpp"
+    probe.write_text('#include "etforge_models.h"\n#include <cstdio>\n'
+                     "int main() { std::printf(\"%s|%s|%zu|%d\\n\", etforge::models::kPipeline,\n"
+                     "  etforge::models::kModels[0].variants[0].inputs[0].name,\n"
+                     "  etforge::models::kModels[0].num_variants, etforge::models::kModels[0].variants[1].num_outputs); }\n")
+    exe = tmp_path / "probe"
+    compiled = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I", str(tmp_path),
+                               str(probe), "-o", str(exe)], capture_output=True, text=True, timeout=120)
+    assert compiled.returncode == 0, compiled.stderr
+    printed = subprocess.run([str(exe)], capture_output=True, timeout=30).stdout.decode("utf-8")
+    assert printed == 'a "quoted" \\ name ??/ */ \u00e9\n|in\\|2|-1\n'
