@@ -56,6 +56,13 @@ def task_report():
     yield report_task(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)
 
 
+def task_release():
+    """pack artifacts/release/<name>-<version>.tar.gz (allow_failures=1 packs despite failed cells)"""
+    from tasks.release import release_task
+
+    yield release_task(SELECTION.plan, SELECTION.cells, SELECTION.host, get_var("allow_failures", "0") == "1")
+
+
 def task_manifest():
     """write Dart, pubspec, CMake and JSON manifests of the built cells"""
     from tasks.manifest import manifest_task  # appended on its own; the import stays local

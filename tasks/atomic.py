@@ -8,9 +8,17 @@ import tempfile
 from pathlib import Path
 
 
+def _default_mode() -> int:
+    """0o666 less the umask: what a plain open() would have given (mkstemp gives 0o600)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _replace_from_temp(target: Path, write) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    os.chmod(tmp, _default_mode())
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

@@ -357,6 +357,8 @@ class _Resolver:
             file = self.factory_file(spec["python"], path + ("python",))
             source = {"python": spec["python"], "file": self.rel(file),
                       "sha256": self.file_digest(file, path + ("python",))}
+            if spec.get("packages"):
+                source["packages"] = self.package_versions(spec["packages"], path + ("packages",))
         else:
             source = {"torchvision": spec["torchvision"], "bn_recalibration": 1}
         weights = None
@@ -385,6 +387,17 @@ class _Resolver:
                          calibration=self.calibration(spec.get("calibration"), path + ("calibration",)),
                          validation=self.calibration(spec.get("validation"), path + ("validation",)),
                          task=spec.get("task", "other"))
+
+    def package_versions(self, names: list, path: tuple) -> dict:
+        from importlib import metadata
+
+        versions = {}
+        for i, name in enumerate(names):
+            try:
+                versions[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                raise self.doc.error(path + (i,), f"package {name!r} is not installed (pip install {name})") from None
+        return versions
 
     def calibration(self, spec: dict | None, path: tuple) -> dict | None:
         if spec is None:
@@ -461,9 +474,12 @@ class _Resolver:
             overrides = (entry or {}).get("backend_options") or {}
             members.append(replace(member, options={**member.options, **overrides}) if overrides else member)
         transform = None
+        options = quant.options
+        if primary.get("with_backend_options"):  # e.g. an Ethos-U quantizer needs the target
+            options = {**members[0].options, **quant.options}
         for method in ("pt2e", "torchao", "dtype"):
             if method in primary:
-                transform = Transform(method=method, ref=primary[method], options=quant.options,
+                transform = Transform(method=method, ref=primary[method], options=options,
                                       calibrated=quant.calibrated and method == "pt2e")
         return replace(backend, members=tuple(members)), transform
 

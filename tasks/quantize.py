@@ -33,12 +33,14 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
 
         # check_guards=False: the Arm quantizer's passes fail on the guard nodes.
         graph = torch.export.load(capture_program).module(check_guards=False)
-        prepared = prepare_pt2e(graph, load_callable(transform.ref)(dict(transform.options)))
+        factory = load_callable(transform.ref)
+        prepared = prepare_pt2e(graph, factory(dict(transform.options)))
         batches, source = calibration_batches(cell.model, root, seed)
         with torch.no_grad():
             for batch in batches:
                 prepared(*(torch.from_numpy(x) for x in batch))
-        model = convert_pt2e(prepared)
+        # OpenVINO wants float weights followed by quantize/dequantize (no folding).
+        model = convert_pt2e(prepared, fold_quantize=getattr(factory, "fold_quantize", True))
         info.update(calibration=source, calibration_samples=len(batches))
     elif transform.method == "torchao":
         from torchao.quantization import quantize_

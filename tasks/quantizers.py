@@ -8,9 +8,14 @@ Two flows, told apart by what a factory returns:
   ``torch.export.export`` again -> lower with the backend's partitioners
   (see ``pt2e_quantize``). Quantize/dequantize ops left outside a delegate
   need ``import executorch.kernels.quantized`` before ``to_executorch()``.
+  A factory with a ``fold_quantize = False`` attribute (OpenVINO) must be
+  converted with ``convert_pt2e(gm, fold_quantize=False)``.
 * **torchao** (``fn(options) -> AOBaseConfig``): ``quantize_(model, config)``
   on the eager model, ``unwrap_tensor_subclass``, then export and lower as a
   float model (see ``torchao_quantize``). No calibration.
+  ``unwrap_tensor_subclass`` matters: without it ``IntxWeightOnlyConfig``
+  lowers on XNNPACK and silently computes garbage (SQNR -50..-180 dB); with it
+  XNNPACK refuses (``Missing out variants: {'torchao::dequantize_affine'}``).
 
 Every factory imports its backend lazily; importing this module imports
 nothing heavy. Options not given fall back to the defaults written here.
@@ -112,6 +117,30 @@ def vgf_int8(options: dict):
     return VgfQuantizer(spec).set_global(config)
 
 
+def ethos_u85_int8(options: dict):
+    """PT2E, Arm Ethos-U85: ``ethos_u_int8`` with the ethos-u85-256 default target."""
+    return ethos_u_int8({"target": "ethos-u85-256", **options})
+
+
+# --------------------------------------------------------------------------- PT2E: OpenVINO
+
+
+def openvino_int8(options: dict):
+    """PT2E, OpenVINO: NNCF's ``OpenVINOQuantizer`` (``mode`` int8_sym default,
+    int8_mixed, int8_transformer).
+
+    Convert with ``convert_pt2e(gm, fold_quantize=False)`` (this function's
+    ``fold_quantize`` attribute): OpenVINO's frontend wants float weights
+    followed by quantize/dequantize, and with folded int8 weights lowering
+    fails with ``OpConversionFailure ... is_conversion_successful``."""
+    from executorch.backends.openvino.quantizer import OpenVINOQuantizer, QuantizationMode
+
+    return OpenVINOQuantizer(mode=QuantizationMode(options.get("mode", "int8_sym")))
+
+
+openvino_int8.fold_quantize = False
+
+
 # --------------------------------------------------------------------------- torchao
 
 
@@ -141,9 +170,10 @@ def coreml_weight_only(options: dict):
     """torchao, Core ML: weight-only linear quantization with
     ``IntxWeightOnlyConfig`` (what ExecuTorch's Core ML recipes use);
     ``bits`` 8 (default) or 4, per-channel unless ``group_size`` is set.
-    Core ML only: on XNNPACK this config runs but drops the weight scales
-    (wrong outputs). Needs minimum_deployment_target iOS17 or later (iOS18
-    for per-group/int4 blockwise)."""
+    int8 lowers at minimum_deployment_target iOS17+; int4 (per-channel or
+    per-group) needs iOS18 (at iOS17: ``constexpr_affine_dequantize expects
+    ... uint8, int8 but got ... int4``). Core ML only: on XNNPACK this config
+    computes wrong outputs or fails to lower."""
     import torch
     from torchao.quantization.granularity import PerAxis, PerGroup
     from torchao.quantization.quant_api import IntxWeightOnlyConfig
@@ -170,9 +200,10 @@ def coreml_palettize(options: dict):
 # --------------------------------------------------------------------------- flows
 
 
-def pt2e_quantize(model, example_inputs: tuple, quantizer, calibration) -> object:
+def pt2e_quantize(model, example_inputs: tuple, quantizer, calibration, fold_quantize: bool = True) -> object:
     """Prepare, calibrate (``calibration``: iterable of input tuples) and
-    convert; returns the converted GraphModule, to be exported again."""
+    convert; returns the converted GraphModule, to be exported again.
+    ``fold_quantize``: pass ``getattr(factory, "fold_quantize", True)``."""
     import torch
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -182,7 +213,7 @@ def pt2e_quantize(model, example_inputs: tuple, quantizer, calibration) -> objec
     with torch.no_grad():
         for batch in calibration:
             gm(*batch)
-    return convert_pt2e(gm)
+    return convert_pt2e(gm, fold_quantize=fold_quantize)
 
 
 def torchao_quantize(model, config, filter_fn=None):

@@ -1,0 +1,221 @@
+"""Backend recipes: real lowering on this host, and refusal of SDK-gated ones.
+
+Every backend recipe that lowers here is driven through its own partitioner
+factory, loaded from recipes/backends/<name>.yaml with its default options,
+on one small CNN exported once for the module. Ethos-U is int8-only, so it is
+tested on a PT2E int8 program. SDK-gated recipes must report their missing
+requirement from ``needs`` without importing the backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "recipes" / "backends"
+
+# Lower here (fp32): recipe name -> whether the pip runtime runs the program here.
+FP32_LOWERABLE = ["xnnpack", "portable", "coreml", "vulkan", "openvino", "arm_tosa", "arm_vgf"]
+INT8_ONLY = ["ethos_u55", "ethos_u85"]
+# Need an SDK, another platform or a source build of executorch.
+SDK_GATED = ["qnn", "mediatek", "nxp_neutron", "samsung_exynos", "cadence", "cuda", "metal", "mlx", "mps"]
+PLATFORM_WORDS = {"darwin": "macOS", "linux": "Linux", "win32": "Windows"}
+
+
+def recipe(name: str) -> dict:
+    return yaml.safe_load((RECIPES / f"{name}.yaml").read_text())
+
+
+def defaults(doc: dict) -> dict:
+    return {k: v["default"] for k, v in (doc.get("options") or {}).items() if "default" in v}
+
+
+def factory(doc: dict):
+    module_name, func_name = doc["partitioner"].split(":")
+    return getattr(importlib.import_module(module_name), func_name)
+
+
+def partitioners(name: str) -> list:
+    doc = recipe(name)
+    return [] if doc["partitioner"] is None else list(factory(doc)(defaults(doc)))
+
+
+def missing(needs: dict) -> list[tuple[str, str]]:
+    """(kind, what) for each unmet requirement, found without importing anything."""
+    out = [("env", var) for var in needs.get("env", []) if not os.environ.get(var)]
+    for module in needs.get("modules", []):
+        top, *rest = module.split(".")
+        spec = importlib.util.find_spec(top)
+        found = spec is not None
+        if found and rest:
+            found = any(Path(loc).joinpath(*rest).is_dir()
+                        or Path(loc).joinpath(*rest).with_suffix(".py").is_file()
+                        or any(Path(loc).joinpath(*rest[:-1]).glob(rest[-1] + ".*.so"))
+                        for loc in spec.submodule_search_locations or ())
+        if not found:
+            out.append(("module", module))
+    platforms = needs.get("platforms") or []
+    if platforms and sys.platform not in platforms:
+        out.append(("platform", platforms[0]))
+    return out
+
+
+# --------------------------------------------------------------------------- recipe files
+
+
+def test_every_backend_recipe_is_covered_and_well_formed():
+    names = sorted(p.stem for p in RECIPES.glob("*.yaml"))
+    assert sorted(FP32_LOWERABLE + INT8_ONLY + SDK_GATED) == names
+    for name in names:
+        doc = recipe(name)
+        assert doc["name"] == name and doc["kind"] == "backend" and doc["description"]
+        assert set(doc["runtime"]) == {"delegates", "host_runnable"}
+        for option, schema in (doc.get("options") or {}).items():
+            assert "default" in schema, f"{name}.{option} has no default"
+            if "enum" in schema:
+                assert schema["default"] in schema["enum"], f"{name}.{option} default not in enum"
+        if doc["partitioner"] is not None:
+            module_name, func_name = doc["partitioner"].split(":")
+            assert callable(getattr(importlib.import_module(module_name), func_name))
+        if doc.get("needs"):
+            assert set(doc["needs"]) <= {"modules", "env", "platforms", "hint"}
+            assert doc["needs"].get("hint"), f"{name}: needs without a hint"
+
+
+def test_importing_the_factories_imports_no_backend():
+    import subprocess
+
+    code = ("import sys, tasks.partitioners, tasks.quantizers; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch', 'coremltools')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", SDK_GATED)
+def test_sdk_gated_recipe_is_unmet_here_and_its_hint_names_the_missing_piece(name):
+    doc = recipe(name)
+    unmet = missing(doc["needs"])
+    assert unmet, f"{name}: every need is met on this host; move it to the lowering tests"
+    hint = doc["needs"]["hint"]
+    for kind, what in unmet:
+        if kind == "platform":
+            assert PLATFORM_WORDS.get(what, what) in hint or what in hint, (name, what, hint)
+        elif kind == "module":
+            # the module itself, or (for a generated/compiled submodule) its package
+            assert what in hint or what.rsplit(".", 1)[0] in hint, (name, what, hint)
+        else:
+            assert what in hint, (name, what, hint)
+
+
+def test_host_checker_agrees_with_recipe_needs():
+    host = pytest.importorskip("tasks.host")
+    for name in SDK_GATED:
+        assert host.missing_requirement(recipe(name)["needs"]), name
+    for name in FP32_LOWERABLE + INT8_ONLY:
+        assert host.missing_requirement(recipe(name).get("needs")) is None, name
+
+
+def test_qnn_factory_refuses_without_sdk_and_never_imports_qualcomm(monkeypatch):
+    monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
+    from tasks import partitioners as P
+
+    with pytest.raises(RuntimeError, match="QNN_SDK_ROOT"):
+        P.qnn(defaults(recipe("qnn")))
+    assert not any(m.startswith("executorch.backends.qualcomm") for m in sys.modules)
+
+
+# --------------------------------------------------------------------------- lowering
+
+
+class SmallCNN:
+    @staticmethod
+    def build():
+        import torch
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+        for m in model.modules():  # meaningful BN statistics (random init collapses outputs)
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.momentum = None
+        model.train()
+        with torch.no_grad():
+            for _ in range(4):
+                model(torch.randn(4, 3, 16, 16))
+        return model.eval(), (torch.randn(1, 3, 16, 16),)
+
+
+@pytest.fixture(scope="module")
+def cnn():
+    import torch
+
+    model, x = SmallCNN.build()
+    with torch.no_grad():
+        ref = model(*x)
+    return model, x, ref, torch.export.export(model, x)
+
+
+def lower(program, parts):
+    from executorch.devtools.backend_debug import get_delegation_info
+    from executorch.exir import to_edge_transform_and_lower
+
+    edge = to_edge_transform_and_lower(program, partitioner=parts)
+    delegated = get_delegation_info(edge.exported_program().graph_module).num_delegated_nodes
+    return delegated, edge.to_executorch().buffer
+
+
+def run(pte: bytes, x):
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(pte)  # keep alive while the method runs
+    return program.load_method("forward").execute([t.contiguous() for t in x])[0]
+
+
+@pytest.mark.parametrize("name", FP32_LOWERABLE)
+def test_fp32_lowers(name, cnn):
+    import torch
+
+    _, x, ref, program = cnn
+    doc = recipe(name)
+    delegated, pte = lower(program, partitioners(name))
+    assert len(pte) > 1000
+    if doc["runtime"]["delegates"]:
+        assert delegated > 0, f"{name} took no op"
+    else:
+        assert delegated == 0
+    if doc["runtime"]["host_runnable"]:
+        out = run(pte, x)
+        # OpenVINO computes in bf16 on CPUs that have it
+        torch.testing.assert_close(out, ref, atol=1e-2 if name == "openvino" else 1e-5, rtol=1e-2)
+
+
+@pytest.mark.parametrize("name", INT8_ONLY)
+def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
+    import torch
+
+    import executorch.kernels.quantized  # noqa: F401  (q/dq ops left outside the delegate)
+    from tasks.quantizers import ethos_u_int8, pt2e_quantize
+
+    model, x, _, program = cnn
+    options = defaults(recipe(name))
+    calibration = [(torch.randn(1, 3, 16, 16),) for _ in range(4)]
+    quantized = torch.export.export(pt2e_quantize(model, x, ethos_u_int8(options), calibration), x)
+    delegated, pte = lower(quantized, partitioners(name))
+    assert delegated > 0 and len(pte) > 1000
+    float_delegated, _ = lower(program, partitioners(name))
+    assert float_delegated == 0
+
+
+def test_fallback_chain_coreml_then_xnnpack(cnn):
+    _, _, _, program = cnn
+    delegated, pte = lower(program, partitioners("coreml") + partitioners("xnnpack"))
+    assert delegated > 0 and len(pte) > 1000
