@@ -104,7 +104,11 @@ class Store:
         entry = self.entry_dir(key)
         entry.parent.mkdir(parents=True, exist_ok=True)
         if entry.exists():
-            self.discard(key)  # a stale or corrupt entry; ours is verified fresh
+            try:
+                read_entry(entry)
+                return entry  # another task built the same key first: keep theirs, readers may be using it
+            except (CorruptEntry, ValueError, KeyError, OSError):
+                self.discard(key)
         try:
             os.rename(staging, entry)
         except OSError:

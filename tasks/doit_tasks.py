@@ -65,8 +65,11 @@ def export_spec(plan: Plan, cell: Cell) -> CachedTask:
 
 
 def validate_spec(plan: Plan, cell: Cell) -> CachedTask:
-    return _spec(plan, validate_name(cell), plan.validate_key(cell),
-                 {"numerics.json": plan.numerics_path(cell)})
+    if cell.backend.host_runnable:
+        outputs = {"numerics.json": plan.numerics_path(cell)}
+    else:  # the device checks itself: a BundledProgram with the eager outputs and tolerances
+        outputs = {"program.bpte": plan.bundled_path(cell), "bundled.json": plan.bundled_info_path(cell)}
+    return _spec(plan, validate_name(cell), plan.validate_key(cell), outputs)
 
 
 def benchmark_spec(plan: Plan, cell: Cell, host: dict) -> CachedTask:
@@ -141,16 +144,18 @@ def _run_validate(plan: Plan, cell: Cell, store: Store) -> bool:
     def build(workdir: Path) -> BuildResult:
         if cell.backend.missing:
             raise Skip("not built on this host")
-        if not cell.backend.host_runnable:
-            raise Skip(f"{NOT_RUNNABLE}: the ExecuTorch runtime here has no "
-                       f"{'/'.join(cell.backend.delegates) or cell.backend.name}")
-        from tasks.validate import build_validate
-
         _require(export_spec(plan, cell))
         exported, info = _stored(store, plan.export_key(cell), export_name(cell))
         capture, _ = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
+        if not cell.backend.host_runnable:
+            from tasks.bundled import build_bundled
+
+            return build_bundled(cell, exported["program.pte"], capture["reference.npz"],
+                                 info.get("input_dtypes", []), workdir)
+        from tasks.validate import build_validate
+
         return build_validate(cell, exported["program.pte"], capture["reference.npz"],
-                              info.get("input_dtypes", []), workdir)
+                              info.get("input_dtypes", []), workdir, program=capture["model.pt2"])
 
     return run_cached(validate_spec(plan, cell), store, build)
 
@@ -212,7 +217,9 @@ def quantize_tasks(plan: Plan, cells, store: Store) -> list:
     unique = {}
     for c in cells:
         if c.transform is not None and not c.backend.missing:
-            unique.setdefault(quantize_name(c), c)  # cells with one config share one task
+            first = unique.setdefault(quantize_name(c), c)  # cells with one config share one task
+            if plan.quantize_key(first) != plan.quantize_key(c):
+                raise RuntimeError(f"{quantize_name(c)} names two quantizer configs ({first.name}, {c.name})")
     return [_task(quantize_spec(plan, c), store, (_run_quantize, [plan, c, store]),
                   f"{c.transform.method} {c.quant.name} of {c.model.name} with {c.transform.ref}",
                   task_dep=[capture_name(c.model)])

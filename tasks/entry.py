@@ -98,6 +98,6 @@ def doit_config(selection: Selection) -> dict:
         "continue": True,  # one failing cell never stops the others
         "dep_file": str(plan.artifacts_dir / ".doit.db"),
         "backend": "json",
-        "reporter": make_reporter(plan, state_files, cells_by_task),
+        "reporter": make_reporter(plan, state_files, cells_by_task, selection.host),
         "verbosity": 2,
     }

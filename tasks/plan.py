@@ -20,10 +20,10 @@ from tasks.yamlfile import LoadedYaml, load_yaml
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Modules whose code runs inside each kind of task: editing them changes keys.
 BUILDER_MODULES = {
-    "capture": ("model_loading.py", "torchvision_compat.py", "capture.py"),
+    "capture": ("model_loading.py", "torchvision_compat.py", "capture.py", "calibration.py"),
     "quantize": ("quantize.py", "quantizers.py", "calibration.py", "model_loading.py"),
     "export": ("export.py", "partitioners.py"),
-    "validate": ("validate.py", "numerics.py"),
+    "validate": ("validate.py", "numerics.py", "debug_numerics.py", "bundled.py"),
     "benchmark": ("benchmark.py", "hostinfo.py"),
 }
 # Small enough that `doit` benchmarks every host-runnable cell in seconds.
@@ -124,12 +124,9 @@ class Transform:
     ref: str  # dotted factory, or the dtype name
     options: dict
     calibrated: bool
+    label: str  # names the quantize task; unique per distinct config of a model and scheme
 
-    @property
-    def label(self) -> str:
-        return self.ref.split(":")[-1]
-
-    def canonical(self) -> dict:
+    def canonical(self) -> dict:  # the label only names the task: not part of the content
         return {"method": self.method, "ref": self.ref, "options": self.options, "calibrated": self.calibrated}
 
 
@@ -220,6 +217,12 @@ class Plan:
 
     def numerics_path(self, cell: Cell) -> Path:
         return self.cell_dir(cell) / f"{cell.stem}.numerics.json"
+
+    def bundled_path(self, cell: Cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.bpte"
+
+    def bundled_info_path(self, cell: Cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.bundled.json"
 
     def bench_path(self, cell: Cell) -> Path:
         return self.cell_dir(cell) / f"{cell.stem}.bench.json"
@@ -479,8 +482,11 @@ class _Resolver:
             options = {**members[0].options, **quant.options}
         for method in ("pt2e", "torchao", "dtype"):
             if method in primary:
+                label = primary[method].split(":")[-1]
+                if primary.get("with_backend_options"):  # one graph per backend configuration
+                    label += f"-{backend.name}"
                 transform = Transform(method=method, ref=primary[method], options=options,
-                                      calibrated=quant.calibrated and method == "pt2e")
+                                      calibrated=quant.calibrated and method == "pt2e", label=label)
         return replace(backend, members=tuple(members)), transform
 
     def check_pattern(self, pattern: dict, path: tuple, known: dict) -> None:

@@ -13,7 +13,7 @@ from tasks.atomic import atomic_write_text
 from tasks.runner import read_state
 
 
-def make_reporter(plan, state_files: dict, cells_by_task: dict):
+def make_reporter(plan, state_files: dict, cells_by_task: dict, host: dict):
     """A ConsoleReporter subclass bound to this plan (doit instantiates it)."""
 
     class EtforgeReporter(ConsoleReporter):
@@ -100,6 +100,7 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict):
             if not cells:
                 return
             rows = [summary.cell_row(plan, c) for c in cells]
+            summary.add_benchmarks(plan, cells, host, rows)
             models = {c.model.name for c in cells}
             rows += [summary.rejected_row(r) for r in plan.rejected if r.model in models]
             self.write(f"\n{plan.name}: {self.executed} task(s) run, {self.up_to_date} up to date\n")

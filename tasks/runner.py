@@ -68,6 +68,8 @@ def is_up_to_date(spec: CachedTask, store: Store) -> bool:
     record = read_state(spec.state_file)
     if not record or record.get("key") != spec.key or record.get("status") not in DONE:
         return False
+    if record["status"] == "skipped":
+        return True  # nothing was written; the key already covers what this host lacks
     for name, target in spec.outputs.items():
         if target is None:
             if not store.has(spec.key):

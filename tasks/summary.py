@@ -35,7 +35,7 @@ def cell_row(plan: Plan, cell: Cell) -> dict:
         status, note = "skipped", export.get("reason", "")
     elif export_status == "ok":
         status = "ok" if validate_status in ("ok", "-") else validate_status
-        note = validate.get("reason", "") if validate_status == "skipped" else ""
+        note = validate.get("reason", "") if validate_status in ("skipped", "not-runnable") else ""
         if str((quantize.get("info") or {}).get("calibration", "")).startswith("random"):
             note = "; ".join(filter(None, [note, "random calibration data (name some in pipeline.yaml)"]))
     else:
@@ -52,18 +52,43 @@ def cell_row(plan: Plan, cell: Cell) -> dict:
         "size": human_size(info.get("size_bytes")),
         "sqnr_db": sqnr_text,
         "time": f"{info['lowering_s']:.1f}s" if "lowering_s" in info else "-",
+        "p50_ms": "-",  # add_benchmarks fills it in
         "note": note,
     }
 
 
+def add_benchmarks(plan: Plan, cells, host: dict, rows: list) -> None:
+    """Fill each row's p50 latency, and flag cells slower than the pipeline's baseline."""
+    from tasks.report import baseline_regressions, benchmark_results
+
+    bench = benchmark_results(plan, cells, host)
+    for row in rows:
+        p50 = (bench.get(row["cell"]) or {}).get("latency_p50_ms")
+        row["p50_ms"] = "-" if p50 is None else f"{p50:.3f}"
+    if not plan.benchmark.get("baseline"):
+        return
+    try:
+        flags = baseline_regressions(plan, bench)
+    except ValueError as exc:  # a malformed baseline file: say so, once
+        rows[0]["note"] = "; ".join(filter(None, [rows[0]["note"], f"baseline not read: {exc}"]))
+        return
+    by_cell = {f["cell"]: f for f in flags}
+    for row in rows:
+        flag = by_cell.get(row["cell"])
+        if flag:
+            text = (f"REGRESSION: p50 {flag['current_p50_ms']:.3f} ms is {flag['change_pct']:+.0f}% vs baseline "
+                    f"{flag['baseline_p50_ms']:.3f} ms" + (" (different host)" if flag.get("same_host") is False else ""))
+            row["note"] = "; ".join(filter(None, [row["note"], text]))
+
+
 def rejected_row(rejected) -> dict:
     return {"cell": rejected.name, "status": "rejected", "export": "-", "validate": "-",
-            "size": "-", "sqnr_db": "-", "time": "-", "note": rejected.reason}
+            "size": "-", "sqnr_db": "-", "time": "-", "p50_ms": "-", "note": rejected.reason}
 
 
 def render(rows: list) -> str:
     columns = [("cell", "cell"), ("status", "status"), ("size", "size"), ("sqnr_db", "SQNR dB"),
-               ("time", "lower"), ("note", "")]
+               ("p50_ms", "p50 ms"), ("time", "lower"), ("note", "")]
     widths = {k: max([len(title)] + [len(str(r[k])) for r in rows]) for k, title in columns}
     lines = ["  ".join(title.ljust(widths[k]) for k, title in columns).rstrip()]
     lines.append("  ".join("-" * widths[k] for k, _ in columns[:-1]))
