@@ -72,10 +72,12 @@ def naive_model(pipeline: Path, model_name: str, out_dir: Path) -> None:
         if t is not None and t.method == "pt2e":
             from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
-            prepared = prepare_pt2e(program.module(check_guards=False), load_callable(t.ref)(dict(t.options)))
+            factory = load_callable(t.ref)
+            prepared = prepare_pt2e(program.module(check_guards=False), factory(dict(t.options)))
             for batch in calibration_batches(cell.model, plan.root, plan.seed)[0]:
                 prepared(*(torch.from_numpy(x) for x in batch))
-            program = torch.export.export(convert_pt2e(prepared), inputs, strict=False)
+            converted = convert_pt2e(prepared, fold_quantize=getattr(factory, "fold_quantize", True))
+            program = torch.export.export(converted, inputs, strict=False)
             import executorch.kernels.quantized  # noqa: F401
         edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
         (out_dir / f"{cell.stem}.pte").write_bytes(edge.to_executorch().buffer)

@@ -204,7 +204,7 @@ def _kind(value) -> str:
 
 def options_for(plan: Plan) -> dict:
     """The resolved ``manifests:`` options: defaults, then the pipeline's section."""
-    raw = getattr(plan, "manifests", None) or {}  # Plan.manifests, once the plan carries it
+    raw = plan.manifests
     from tasks import recipes
 
     problems = check_options(raw, list(plan.backends), recipes.available("backend"), list(plan.quantizations))

@@ -56,15 +56,16 @@ def test_ci_shards_upload_and_a_fresh_checkout_downloads_everything(remote_env, 
         shard = make_project(tmp_path / f"shard{k}")
         run = shard.doit(f"shard={k}/2", extra_env=remote_env)
         assert run.returncode == 0, run.stdout + run.stderr
-    built = {p.name: p.read_bytes() for k in (1, 2) for p in (tmp_path / f"shard{k}").rglob("*.pte")}
+    built = {p.name: p.read_bytes() for k in (1, 2) for p in (tmp_path / f"shard{k}" / "artifacts" / "t").rglob("*.pte")}
     assert len(built) == 4
 
     laptop = make_project(tmp_path / "laptop")
     run = laptop.doit(extra_env={**remote_env, "ETFORGE_CACHE_READ_ONLY": "1"})
     assert run.returncode == 0, run.stdout + run.stderr
     records = states(laptop)
-    assert records and all(r["cached"] for r in records.values()), \
-        [name for name, r in records.items() if not r["cached"]]
+    # Every cell task comes from the remote; only the matrix-wide manifests and report
+    # (each shard saw half the matrix) are rendered here, from the downloaded records.
+    assert {name for name, r in records.items() if not r["cached"]} == {"manifest", "report"}
     assert {p.name: p.read_bytes() for p in laptop.out.rglob("*.pte")} == built
     assert not list((laptop.out / "logs").glob("export__*")) if (laptop.out / "logs").exists() else True
 
