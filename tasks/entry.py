@@ -12,6 +12,7 @@ from tasks import doit_tasks
 from tasks.cache import Store
 from tasks.errors import PipelineError
 from tasks.hostinfo import host_fingerprint
+from tasks.remote import RemoteError
 from tasks.plan import Plan, digest_cache_for, resolve
 from tasks.reporter import make_reporter
 
@@ -59,7 +60,12 @@ def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
     if not cells:
         sys.stderr.write("etforge: error: the command-line selection matches no cell of the matrix\n")
         raise SystemExit(3)
-    return Selection(plan=plan, cells=cells, store=doit_tasks.plan_store(plan), host=host_fingerprint())
+    try:
+        store = doit_tasks.plan_store(plan)
+    except RemoteError as exc:  # e.g. gs:// without gcsfs installed
+        sys.stderr.write(f"etforge: error: {exc}\n")
+        raise SystemExit(3) from None
+    return Selection(plan=plan, cells=cells, store=store, host=host_fingerprint())
 
 
 def ensure_writable(directory: Path) -> None:
