@@ -162,7 +162,7 @@ def _run_validate(plan: Plan, cell: Cell, store: Store) -> bool:
 
 def _run_benchmark(plan: Plan, cell: Cell, store: Store, host: dict) -> bool:
     def build(workdir: Path) -> BuildResult:
-        if cell.backend.missing or not cell.backend.host_runnable:
+        if not runs_here(cell):
             raise Skip(NOT_RUNNABLE)
         from tasks.benchmark import build_benchmark
 
@@ -258,6 +258,18 @@ def verdict_task_names(plan: Plan, cell: Cell, cells) -> list:
     return names
 
 
+def runs_here(cell: Cell) -> bool:
+    """This host can lower the cell and its runtime can execute the program (benchmarks)."""
+    return cell.backend.host_runnable and not cell.backend.missing
+
+
+def matrix_task_deps(plan: Plan, cells) -> list:
+    """What a matrix-wide task (report, release) waits for: every verdict and benchmark."""
+    deps = [t for c in cells for t in verdict_task_names(plan, c, cells)]
+    deps += [benchmark_name(c) for c in cells if runs_here(c)]
+    return list(dict.fromkeys(deps))
+
+
 def size_gate_tasks(plan: Plan, cells, store: Store) -> list:
     """A quantized cell must be smaller than its fp32 sibling; a separate task so that
     a failing fp32 export never keeps the quantized cell from building."""
@@ -272,4 +284,4 @@ def benchmark_tasks(plan: Plan, cells, store: Store, host: dict) -> list:
     return [_task(benchmark_spec(plan, c, host), store, (_run_benchmark, [plan, c, store, host]),
                   f"time {plan.pte_path(c).name} in the ExecuTorch runtime (p50, p90, memory)",
                   task_dep=[export_name(c), capture_name(c.model)])
-            for c in cells if c.backend.host_runnable and not c.backend.missing]
+            for c in cells if runs_here(c)]

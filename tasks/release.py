@@ -28,7 +28,7 @@ from pathlib import Path
 import tasks
 from tasks import summary
 from tasks.atomic import atomic_write_bytes, atomic_write_text
-from tasks.doit_tasks import export_spec, validate_spec, verdict_task_names
+from tasks.doit_tasks import export_spec, matrix_task_deps, validate_spec
 from tasks.keys import canonical_json, sha256_file
 from tasks.runner import read_state
 
@@ -195,15 +195,11 @@ def run_release(plan, cells, host: dict, allow_failures: bool) -> bool:
 
 
 def release_task(plan, cells, host: dict, allow_failures: bool) -> dict:
-    from tasks.doit_tasks import benchmark_name
-
-    deps = [t for c in cells for t in verdict_task_names(plan, c, cells)]
-    deps += [benchmark_name(c) for c in cells if c.backend.host_runnable and not c.backend.missing]
     return {
         "basename": "release",
         "doc": f"pack {archive_path(plan).relative_to(plan.root)} (refuses when a cell failed; allow_failures=1)",
         "actions": [(run_release, [plan, cells, host, allow_failures])],
-        "task_dep": list(dict.fromkeys(deps + ["manifest"])),
+        "task_dep": matrix_task_deps(plan, cells) + ["manifest"],
         "uptodate": [False],  # cheap, and it re-checks the gates every time
         "verbosity": 2,
     }

@@ -548,15 +548,13 @@ def run_report(plan, cells, store, host: dict) -> bool:
 
 
 def report_task(plan, cells, store, host: dict) -> dict:
-    from tasks.doit_tasks import benchmark_name, verdict_task_names
+    from tasks.doit_tasks import matrix_task_deps
 
-    deps = [t for c in cells for t in verdict_task_names(plan, c, cells)]
-    deps += [benchmark_name(c) for c in cells if c.backend.host_runnable and not c.backend.missing]
     return {
         "basename": "report",
         "doc": f"write {plan.report_path.relative_to(plan.root)}: matrix, charts, numerics and latency",
         "actions": [(run_report, [plan, cells, store, host])],
         "uptodate": [(report_up_to_date, [plan, cells, store, host])],
-        "task_dep": list(dict.fromkeys(deps)),
+        "task_dep": matrix_task_deps(plan, cells),
         "verbosity": 2,
     }
