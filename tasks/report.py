@@ -164,8 +164,8 @@ def cell_data(plan, cell, bench: dict, flags: dict) -> dict:
     sqnr = _num(vinfo.get("sqnr_db"))
     if sqnr is not None:
         sqnr_text = f"{sqnr:.1f}"
-    elif validated and vinfo.get("passed") is not None:
-        sqnr_text = "exact"  # no error at all: SQNR is infinite
+    elif validated and vinfo.get("passed") is not None and vinfo.get("sqnr_db") is None:
+        sqnr_text = "exact"  # no error at all: SQNR is infinite (a NaN one is not exact)
     else:
         sqnr_text = "-"
     top1, top5 = _num(vinfo.get("top1_agreement")), _num(vinfo.get("top5_agreement"))
