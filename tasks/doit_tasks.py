@@ -135,7 +135,7 @@ def _run_export(plan: Plan, cell: Cell, store: Store) -> bool:
         graph_task = quantize_name(cell) if cell.transform else capture_name(cell.model)
         _require(quantize_spec(plan, cell) if cell.transform else capture_spec(plan, cell.model))
         graph, _ = _stored(store, plan.graph_key(cell), graph_task)
-        return build_export(cell, graph["model.pt2"], plan.gates, workdir)
+        return build_export(cell, graph["model.pt2"], workdir)
 
     return run_cached(export_spec(plan, cell), store, build)
 
@@ -186,8 +186,8 @@ def _run_size_gate(plan: Plan, cell: Cell, store: Store) -> bool:
         records = [store.get(plan.export_key(c)) for c in (cell, sibling)]
         if any(r is None or r[1].get("status") != "ok" for r in records):
             raise RuntimeError(f"needs both {export_name(cell)} and {export_name(sibling)} built")
-        ratio, failure = size_gate(records[0][1]["size_bytes"], records[1][1]["size_bytes"], plan.gates)
-        info = {"size_vs_fp32": round(ratio, 4)}
+        _, capture_info = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
+        info, failure = size_gate(cell, records[0][1], records[1][1], capture_info["weight_bytes"])
         return BuildResult(info=info, status="failed" if failure else "ok", reason=failure or "")
 
     return run_cached(size_gate_spec(plan, cell), store, build)
@@ -271,11 +271,11 @@ def matrix_task_deps(plan: Plan, cells) -> list:
 
 
 def size_gate_tasks(plan: Plan, cells, store: Store) -> list:
-    """A quantized cell must be smaller than its fp32 sibling; a separate task so that
-    a failing fp32 export never keeps the quantized cell from building."""
+    """A quantized cell must save what its scheme declares against its fp32 sibling (tasks/export.py
+    size_gate); a separate task so that a failing fp32 export never keeps the quantized cell from building."""
     return [_task(size_gate_spec(plan, c), store, (_run_size_gate, [plan, c, store]),
-                  f"check {c.name} is smaller than {plan.fp32_sibling(c).name}",
-                  task_dep=[export_name(c), export_name(plan.fp32_sibling(c))])
+                  f"check {c.name} saves what {c.quant.name} should against {plan.fp32_sibling(c).name}",
+                  task_dep=[export_name(c), export_name(plan.fp32_sibling(c)), capture_name(c.model)])
             for c in cells if has_size_gate(plan, c, cells)]
 
 

@@ -200,7 +200,7 @@ def built(tmp_path_factory):
     capture_dir.mkdir(parents=True)
     export_dir.mkdir()
     capture = build_capture(cell.model, plan.root, plan.seed, capture_dir)
-    export = build_export(cell, capture.files["model.pt2"], plan.gates, export_dir)
+    export = build_export(cell, capture.files["model.pt2"], export_dir)
     assert export.status == "ok", export.reason
     return {"project": project, "plan": plan, "cell": cell, "capture": capture, "export": export, "work": work}
 
