@@ -52,7 +52,7 @@ def copy_project(project: Project, target: Path) -> Project:
 
 # --------------------------------------------------------------------------- the built project
 
-BLOCKS = '''"""A layer two of the models share."""
+LAYERS = '''"""A layer two of the models share."""
 
 import torch
 from torch import nn
@@ -67,7 +67,7 @@ class Scale(nn.Module):
 
 DIRECT = '''from torch import nn
 
-from models.blocks import Scale
+from models.layers import Scale
 
 
 def build():
@@ -75,9 +75,9 @@ def build():
 '''
 
 MIDDLE = '''def make():
-    from . import blocks  # imported inside a function: still a dependency
+    from . import layers  # imported inside a function: still a dependency
 
-    return blocks.Scale()
+    return layers.Scale()
 '''
 
 INDIRECT = '''import torch.nn as nn
@@ -98,7 +98,7 @@ def build():
 
 # One project for both concerns, so that each change is also seen to leave the
 # other concern's cells alone: linreg on xnnpack and openvino (tools), three
-# models on xnnpack of which two import models/blocks.py (model code).
+# models on xnnpack of which two import models/layers.py (model code).
 PIPELINE = """\
 name: t
 version: 0.0.1
@@ -134,7 +134,7 @@ def model_cells(*models: str) -> set:
 
 
 def write_models(project: Project) -> None:
-    for name, text in (("blocks", BLOCKS), ("direct", DIRECT), ("middle", MIDDLE), ("indirect", INDIRECT),
+    for name, text in (("layers", LAYERS), ("direct", DIRECT), ("middle", MIDDLE), ("indirect", INDIRECT),
                        ("plain", PLAIN)):
         (project.root / "models" / f"{name}.py").write_text(text)
 
@@ -178,8 +178,8 @@ def test_upgraded_compiler_and_commented_helper_rebuild_exactly_their_cells(buil
     assert outdated_tasks(project, before, upgraded) == cell_tasks("linreg/openvino/fp32") | PIPELINE_TASKS
 
     # A comment in the helper: keys are over bytes, so its models rebuild (and nothing breaks).
-    blocks = project.root / "models" / "blocks.py"
-    blocks.write_text(blocks.read_text() + "\n# a comment changes the bytes, not the program\n")
+    layers = project.root / "models" / "layers.py"
+    layers.write_text(layers.read_text() + "\n# a comment changes the bytes, not the program\n")
     assert outdated_tasks(project, before) == model_cells("direct", "indirect") | PIPELINE_TASKS
 
     run = project.doit(extra_env=upgraded)
@@ -310,8 +310,8 @@ def test_edited_helper_module_rebuilds_exactly_the_models_that_import_it(built, 
     import torch
 
     project = copy_project(built, tmp_path / "proj")
-    blocks = project.root / "models" / "blocks.py"
-    blocks.write_text(blocks.read_text().replace("SCALE = 2.0", "SCALE = -3.0"))
+    layers = project.root / "models" / "layers.py"
+    layers.write_text(layers.read_text().replace("SCALE = 2.0", "SCALE = -3.0"))
     run = project.doit()
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.started - PIPELINE_TASKS == model_cells("direct", "indirect")
@@ -363,6 +363,6 @@ def test_model_key_names_each_imported_module(tmp_path):
     plan = resolve(project.pipeline, DigestCache(tmp_path / "digests.json"))
     modules = {name: set(m.source["modules"]) for name, m in plan.models.items()}
     assert modules == {"linreg": {"models/__init__.py"},
-                       "direct": {"models/__init__.py", "models/blocks.py"},
-                       "indirect": {"models/__init__.py", "models/blocks.py", "models/middle.py"},
+                       "direct": {"models/__init__.py", "models/layers.py"},
+                       "indirect": {"models/__init__.py", "models/layers.py", "models/middle.py"},
                        "plain": {"models/__init__.py"}}
