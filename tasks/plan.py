@@ -12,9 +12,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tasks import recipes, schema
+from tasks.code_deps import ImportGraph
 from tasks.errors import PipelineError
 from tasks.host import missing_requirement
 from tasks.keys import DigestCache, digest, toolchain_versions
+from tasks.tools import ToolVersions, stage_tools
 from tasks.yamlfile import LoadedYaml, load_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -74,10 +76,12 @@ class BackendMember:
     delegates: tuple
     host_runnable: bool
     missing: str | None  # what this host lacks to lower it, or None
+    tools: dict = field(default_factory=dict)  # versions of its lowering tools (tasks/tools.py)
+    runtime_tools: dict = field(default_factory=dict)  # versions of what runs its programs here
 
     def canonical(self) -> dict:
         return {"recipe": self.recipe, "partitioner": self.partitioner, "options": self.options,
-                "delegates": list(self.delegates), "missing": self.missing}
+                "delegates": list(self.delegates), "missing": self.missing, "tools": self.tools}
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,10 @@ class BackendSpec:
     @property
     def missing(self) -> str | None:
         return next((f"{m.recipe}: {m.missing}" for m in self.members if m.missing), None)
+
+    @property
+    def runtime_tools(self) -> dict:
+        return {name: v for m in self.members for name, v in m.runtime_tools.items()}
 
     def canonical(self) -> dict:
         return {"members": [m.canonical() for m in self.members]}
@@ -125,9 +133,11 @@ class Transform:
     options: dict
     calibrated: bool
     label: str  # names the quantize task; unique per distinct config of a model and scheme
+    tools: dict = field(default_factory=dict)  # versions of the quantizer's tools (tasks/tools.py)
 
     def canonical(self) -> dict:  # the label only names the task: not part of the content
-        return {"method": self.method, "ref": self.ref, "options": self.options, "calibrated": self.calibrated}
+        return {"method": self.method, "ref": self.ref, "options": self.options, "calibrated": self.calibrated,
+                "tools": self.tools}
 
 
 @dataclass(frozen=True)
@@ -269,9 +279,11 @@ class Plan:
                        "fp32": self.export_key(sibling), "max_size_ratio": self.gates["max_size_ratio"]})
 
     def validate_key(self, cell: Cell) -> str:
+        # Only a cell that runs here uses its runtime tools; the others get a .bpte.
+        runtime = cell.backend.runtime_tools if cell.backend.host_runnable else {}
         return digest({"task": "validate", "export": self.export_key(cell),
                        "capture": self.capture_key(cell.model), "thresholds": cell.thresholds,
-                       "host_runnable": cell.backend.host_runnable,
+                       "host_runnable": cell.backend.host_runnable, "runtime_tools": runtime,
                        "toolchain": self.toolchain, "code": self.code_digests["validate"]})
 
     def shard(self, cells: tuple, spec: str) -> tuple:
@@ -288,7 +300,8 @@ class Plan:
     def benchmark_key(self, cell: Cell, host: dict) -> str:
         options = {k: v for k, v in self.benchmark.items() if k not in ("baseline", "regression_pct")}
         return digest({"task": "benchmark", "export": self.export_key(cell), "capture": self.capture_key(cell.model),
-                       "options": options, "host": host, "code": self.code_digests["benchmark"]})
+                       "options": options, "host": host, "runtime_tools": cell.backend.runtime_tools,
+                       "code": self.code_digests["benchmark"]})
 
     def select(self, model=None, backend=None, quantization=None) -> tuple:
         """Cells matching comma-separated name lists (None matches all)."""
@@ -322,11 +335,13 @@ def _merge_thresholds(*layers) -> dict:
 
 
 class _Resolver:
-    def __init__(self, doc: LoadedYaml, root: Path, digests: DigestCache):
+    def __init__(self, doc: LoadedYaml, root: Path, digests: DigestCache, versions: ToolVersions):
         self.doc = doc
         self.data = doc.data
         self.root = root
         self.digests = digests
+        self.versions = versions
+        self.imports = ImportGraph(root, digests)  # parses a project file once, memoised by content
 
     def inside_root(self, rel: str, path: tuple) -> Path:
         full = (self.root / rel).resolve()
@@ -359,7 +374,10 @@ class _Resolver:
         if "python" in spec:
             file = self.factory_file(spec["python"], path + ("python",))
             source = {"python": spec["python"], "file": self.rel(file),
-                      "sha256": self.file_digest(file, path + ("python",))}
+                      "sha256": self.file_digest(file, path + ("python",)),
+                      # every project module the factory imports, directly or not (tasks/code_deps.py)
+                      "modules": {self.rel(f): self.file_digest(f, path + ("python",))
+                                  for f in sorted(self.imports.reach([file])) if f != file}}
             if spec.get("packages"):
                 source["packages"] = self.package_versions(spec["packages"], path + ("packages",))
         else:
@@ -392,14 +410,11 @@ class _Resolver:
                          task=spec.get("task", "other"))
 
     def package_versions(self, names: list, path: tuple) -> dict:
-        from importlib import metadata
-
         versions = {}
         for i, name in enumerate(names):
-            try:
-                versions[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                raise self.doc.error(path + (i,), f"package {name!r} is not installed (pip install {name})") from None
+            versions[name] = self.versions.distribution(name)
+            if versions[name] is None:
+                raise self.doc.error(path + (i,), f"package {name!r} is not installed (pip install {name})")
         return versions
 
     def calibration(self, spec: dict | None, path: tuple) -> dict | None:
@@ -431,7 +446,9 @@ class _Resolver:
                              options={**recipe.defaults(), **options},
                              delegates=tuple(runtime.get("delegates", ())),
                              host_runnable=bool(runtime.get("host_runnable", False)),
-                             missing=missing_requirement(recipe.data.get("needs")))
+                             missing=missing_requirement(recipe.data.get("needs")),
+                             tools=self.versions.versions(stage_tools(recipe.data, "lowering")),
+                             runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")))
 
     def backend(self, name: str, spec: dict) -> BackendSpec:
         if "chain" in spec:
@@ -467,6 +484,7 @@ class _Resolver:
         table = quant.recipe.data.get("backends") or {}
         entries = [table.get(m.recipe, table.get("*")) for m in backend.members]
         primary = entries[0]
+        primary_name = backend.primary.recipe if backend.primary.recipe in table else "*"
         if primary is None:
             usable = ", ".join(sorted(k for k, v in table.items() if "rejected" not in v)) or "none"
             return None, f"{quant.name} is not available for {backend.primary.recipe} (available for: {usable})"
@@ -485,8 +503,9 @@ class _Resolver:
                 label = primary[method].split(":")[-1]
                 if primary.get("with_backend_options"):  # one graph per backend configuration
                     label += f"-{backend.name}"
+                tools = self.versions.versions(stage_tools(quant.recipe.data, "quantize", primary_name))
                 transform = Transform(method=method, ref=primary[method], options=options,
-                                      calibrated=quant.calibrated and method == "pt2e", label=label)
+                                      calibrated=quant.calibrated and method == "pt2e", label=label, tools=tools)
         return replace(backend, members=tuple(members)), transform
 
     def check_pattern(self, pattern: dict, path: tuple, known: dict) -> None:
@@ -567,7 +586,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     own_digests = digests is None
     if own_digests:
         digests = digest_cache_for(pipeline_file)
-    r = _Resolver(doc, root, digests)
+    versions = ToolVersions()  # one metadata lookup per distribution for this resolution
+    r = _Resolver(doc, root, digests, versions)
     data = doc.data
     models = {name: r.model(name, spec) for name, spec in data["models"].items()}
     backends = {name: r.backend(name, spec) for name, spec in data["backends"].items()}
@@ -595,7 +615,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 cache_read_only=_env_flag("ETFORGE_CACHE_READ_ONLY", (data.get("cache") or {}).get("read_only", False)),
                 benchmark={**DEFAULT_BENCHMARK, **(data.get("benchmark") or {})},
                 seed=(data.get("validation") or {}).get("seed", 0),
-                toolchain=toolchain_versions(), code_digests=code_digests,
+                toolchain=toolchain_versions(versions.distribution), code_digests=code_digests,
                 manifests=data.get("manifests") or {})
 
 
