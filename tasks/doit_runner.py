@@ -46,7 +46,7 @@ from doit.runner import (ERROR, FAILURE, JobTask, JobTaskPickle, MRunner, MThrea
 from doit.task import DelayedLoaded
 
 from tasks import runlock
-from tasks.lifecycle import RunLifecycle
+from tasks.lifecycle import RunLifecycle, say
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -76,10 +76,13 @@ class LifecycleMixin:
         try:
             lock = self.lifecycle.begin()
         except OSError as exc:
-            self.lifecycle.say(f"etforge: error: cannot take the run lock: {exc}")
+            say(f"etforge: error: cannot take the run lock: {exc}")
             return ERROR
         try:
-            return super().run_all(task_dispatcher)
+            return super().run_all(task_dispatcher)  # (its finish() runs even when interrupted)
+        except KeyboardInterrupt:
+            say("etforge: interrupted; the next run finishes the job")
+            return 130  # the shell's code for SIGINT, instead of doit's traceback
         finally:
             runlock.release(lock)
 

@@ -84,16 +84,16 @@ def ensure_writable(plan: Plan) -> None:
 def check_links(plan: Plan) -> None:
     """Refuse to write through a directory symlink that leaves the project (unless the pipeline opts in).
 
-    Checked: ``artifacts`` and every entry directly in it (``<pipeline>``, ``cache``,
-    ``release``, ``.etforge``) and in ``artifacts/<pipeline>`` (model dirs, ``.state``,
-    ``logs``, ``manifests``). Files need no check: atomic writes replace a file symlink
-    rather than write through it.
+    Checked: ``artifacts``, ``artifacts/<pipeline>`` and every directory directly in
+    them (``cache``, ``release``, ``.etforge``, model dirs, ``.state``, ``logs``,
+    ``manifests``). File symlinks need no check: atomic writes replace a link rather
+    than write through it.
     """
     root = plan.root.resolve()
-    candidates = [plan.artifacts_dir]
+    candidates = [plan.artifacts_dir, plan.out_dir]
     for directory in (plan.artifacts_dir, plan.out_dir):
         try:
-            candidates += [Path(e.path) for e in os.scandir(directory) if e.is_symlink()]
+            candidates += [Path(e.path) for e in os.scandir(directory) if e.is_symlink() and e.is_dir()]
         except OSError:
             pass  # not there yet (or not a directory: ensure_writable says so)
     for link in candidates:

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import doit_db, runlock, summary
+from tasks import doit_db, doit_tasks, runlock, summary
 from tasks.atomic import atomic_write_text
 from tasks.plan import Plan
 from tasks.runner import CachedTask, read_state, record_failure
@@ -45,8 +45,6 @@ class RunLifecycle:
     host: dict  # tasks.hostinfo.host_fingerprint(): benchmark rows are read for it
     specs: dict  # task name -> CachedTask whose state record says how the task ended (key None: any key)
     cells_by_task: dict  # task name -> the Cell it belongs to (cell tasks only)
-
-    say = staticmethod(say)
 
     @property
     def lock_file(self) -> Path:
@@ -170,8 +168,6 @@ def _inside(path: Path, directory: Path) -> bool:
 
 def task_specs(plan: Plan, cells, host: dict) -> tuple[dict, dict]:
     """(task name -> CachedTask, task name -> Cell) of every task of ``cells`` that keeps a state record."""
-    from tasks import doit_tasks
-
     specs, cells_by_task = {}, {}
     for cell in cells:
         for spec in (doit_tasks.export_spec(plan, cell), doit_tasks.validate_spec(plan, cell),

@@ -233,6 +233,12 @@ def test_killing_only_the_main_process_kills_its_workers_and_frees_the_lock(tmp_
         time.sleep(0.05)
     proc.stdout.close()
     assert lock_holder(project) == f"held by pid {proc.pid}"
+    leftovers = [project.root / "artifacts" / "cache" / "tmp" / "build-x1y2z3" / "model.pt2",  # what a kill
+                 project.root / "artifacts" / "release" / ".release-x1y2z3" / "SHA256SUMS",  # leaves behind
+                 project.out / ".state" / ".export__linreg__portable__fp32.json.x1y2z3_9.tmp"]
+    for path in leftovers:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half")
     began = time.monotonic()
     run = project.doit()
     assert run.returncode == 0, run.stdout + run.stderr
@@ -241,6 +247,7 @@ def test_killing_only_the_main_process_kills_its_workers_and_frees_the_lock(tmp_
     assert "waiting" not in run.stderr
     assert "1 ok" in run.stdout
     assert time.monotonic() - began < 300
+    assert not any(path.exists() for path in leftovers) and not leftovers[0].parent.exists()
     assert_nothing_half_done(project)
 
 
@@ -325,13 +332,15 @@ def test_a_symlink_inside_the_project_is_followed(tmp_path):
     assert (project.root / "build" / ".etforge" / "digests.json").is_file()
 
 
-def test_a_dangling_artifacts_symlink_gets_its_own_message(tmp_path):
+@pytest.mark.parametrize("link", ["artifacts", "artifacts/t"])
+def test_a_dangling_artifacts_symlink_gets_its_own_message(tmp_path, link):
     project = make_project(tmp_path / "proj")
-    (project.root / "artifacts").symlink_to(tmp_path / "gone")
+    (project.root / link).parent.mkdir(parents=True, exist_ok=True)
+    (project.root / link).symlink_to(tmp_path / "gone")
     run = project.doit("list")
     assert run.returncode == 3
-    assert run.stderr.splitlines() == [
-        f"etforge: error: {project.root / 'artifacts'} is a symlink to {tmp_path / 'gone'}, which does not exist: "
+    assert run.stderr.splitlines() == [  # it used to say "File exists"
+        f"etforge: error: {project.root / link} is a symlink to {tmp_path / 'gone'}, which does not exist: "
         "create that directory or remove the link"]
 
 
