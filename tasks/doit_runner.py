@@ -36,7 +36,7 @@ import os
 import pickle
 import signal
 import sys
-from multiprocessing import Pipe, Process
+from multiprocessing import get_context
 from multiprocessing.connection import wait
 
 import doit.cmd_run
@@ -49,6 +49,10 @@ from tasks import runlock
 from tasks.lifecycle import RunLifecycle, say
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Workers are forks of the main process (which has not imported torch): they share its
+# tasks without pickling them, as doit's MRunner does on Linux, on macOS too (where
+# the default would be spawn, which cannot pickle the runner classes made below).
+FORK = get_context("fork")
 
 
 def install(lifecycle: RunLifecycle) -> None:
@@ -73,18 +77,20 @@ class LifecycleMixin:
 
     def run_all(self, task_dispatcher):
         self.ran, self.touched = set(), set()  # names: executed / considered in this run
+        lock = None
         try:
-            lock = self.lifecycle.begin()
-        except OSError as exc:
-            say(f"etforge: error: cannot take the run lock: {exc}")
-            return ERROR
-        try:
+            try:
+                lock = self.lifecycle.begin()
+            except OSError as exc:
+                say(f"etforge: error: cannot take the run lock: {exc}")
+                return ERROR
             return super().run_all(task_dispatcher)  # (its finish() runs even when interrupted)
         except KeyboardInterrupt:
             say("etforge: interrupted; the next run finishes the job")
             return 130  # the shell's code for SIGINT, instead of doit's traceback
         finally:
-            runlock.release(lock)
+            if lock is not None:
+                runlock.release(lock)
 
     def select_task(self, node, tasks_dict):
         self.touched.add(node.task.name)
@@ -152,8 +158,8 @@ class _PipeReporter:
 
 class _Worker:
     def __init__(self, runner: "WorkerRunner"):
-        self.conn, child_conn = Pipe(duplex=True)
-        self.process = Process(target=runner.worker_main,
+        self.conn, child_conn = FORK.Pipe(duplex=True)
+        self.process = FORK.Process(target=runner.worker_main,
                                args=(child_conn, os.getpid(), runner.reporter.__class__))
         self.process.start()
         child_conn.close()  # only the worker writes to its end: its death closes the pipe
