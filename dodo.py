@@ -7,16 +7,20 @@
     doit pipeline=other.yaml  another pipeline file (or $ETFORGE_PIPELINE)
 
 torch and executorch are imported only inside task actions, so loading this
-file and deciding that nothing changed stays fast.
+file and deciding that nothing changed stays fast. Loading it also installs
+etforge's doit runners (tasks/doit_runner.py): the run lock, cleanup after
+killed runs, worker-death handling and the exit status, whatever the reporter.
 """
 
 from doit import get_initial_workdir, get_var
 
-from tasks import doit_tasks
-from tasks.entry import doit_config, load_selection
+from tasks import doit_runner, doit_tasks
+from tasks.entry import doit_config, load_selection, run_lifecycle
 
 SELECTION = load_selection(get_var, get_initial_workdir())
-DOIT_CONFIG = doit_config(SELECTION)
+LIFECYCLE = run_lifecycle(SELECTION)
+doit_runner.install(LIFECYCLE)
+DOIT_CONFIG = doit_config(SELECTION, LIFECYCLE)
 
 
 def task_capture():

@@ -199,6 +199,7 @@ class Plan:
     toolchain: dict
     code_digests: dict = field(repr=False)
     manifests: dict = field(default_factory=dict)  # the `manifests:` section, read by tasks/manifest.py
+    artifacts_allow_outside: bool = False  # `artifacts: {allow_outside: true}`: follow links out of the project
 
     @property
     def artifacts_dir(self) -> Path:
@@ -616,7 +617,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 benchmark={**DEFAULT_BENCHMARK, **(data.get("benchmark") or {})},
                 seed=(data.get("validation") or {}).get("seed", 0),
                 toolchain=toolchain_versions(versions.distribution), code_digests=code_digests,
-                manifests=data.get("manifests") or {})
+                manifests=data.get("manifests") or {},
+                artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False))
 
 
 def _remote_url(url: str | None, root: Path) -> str | None:

@@ -7,7 +7,7 @@ recorded but never cached: a failed task runs again next time.
 
 A failed task still returns success to doit, so that nothing downstream of it
 is dropped silently (manifests and releases list failed cells instead of not
-running); the reporter turns recorded failures into the run's exit status.
+running); tasks/lifecycle.py turns recorded failures into the run's exit status.
 """
 
 from __future__ import annotations
@@ -91,6 +91,11 @@ def _write_state(task: CachedTask, status: str, *, info=None, reason="", cached=
               "cached": cached, "elapsed_s": round(elapsed, 3), "info": info or {},
               "outputs": outputs or {}, "log": str(log) if log else None}
     atomic_write_text(task.state_file, canonical_json(record))
+
+
+def record_failure(task: CachedTask, reason: str) -> None:
+    """Fail ``task`` from outside its action (its worker process died running it)."""
+    _write_state(task, "failed", reason=reason, log=task.log_file)
 
 
 def _materialize_all(task: CachedTask, blobs: dict) -> dict:
