@@ -8,7 +8,7 @@ import time
 
 from doit.reporter import ConsoleReporter
 
-from tasks import runlock, summary
+from tasks import outcome, runlock, summary
 from tasks.atomic import atomic_write_text
 from tasks.runner import read_state
 
@@ -26,6 +26,7 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict, host: dict):
             self.executed = 0
             self.up_to_date = 0
             self.failed: list = []
+            self.release_accepts: set = set()  # failing cells a release packed around (allow_failures=1)
 
         def initialize(self, tasks, selected_tasks):
             # Only `doit run` reaches here (not `doit list`); held until the process exits.
@@ -69,6 +70,10 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict, host: dict):
         def add_success(self, task):
             if task.name in self.started:
                 self._finish_line(task)
+            if task.name == "release":
+                from tasks.release import accepted_failures
+
+                self.release_accepts = accepted_failures(plan)
 
         def add_failure(self, task, fail):
             self._touch(task)
@@ -87,21 +92,34 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict, host: dict):
         def complete_run(self):
             if self.runtime_errors:
                 super().complete_run()
-            self._write_summary()
-            if self.failed:
-                # Failed tasks returned success to doit so their dependents still ran (and
-                # said why they could not); the run as a whole still fails.
-                self.write(f"etforge: {len(self.failed)} task(s) failed\n")
+            results = self._outcomes()
+            self._write_summary(results)
+            # Failed tasks returned success to doit so their dependents still ran (and said
+            # why they could not); the cells' outcomes decide whether the run fails.
+            failing = [o for o in outcome.failing(results) if o.cell not in self.release_accepts]
+            other = [t for t in self.failed if not outcome.is_cell_task(t)]
+            for o in failing:
+                if o.status == "unexpectedly-passing":
+                    self.write(f"etforge: {o.cell} is unexpectedly passing: {o.reason}\n")
+            if failing or other:
+                parts = [f"{len(failing)} cell(s) failing"] if failing else []
+                parts += [f"{len(other)} task(s) failed ({', '.join(other)})"] if other else []
+                self.write(f"etforge: {'; '.join(parts)}\n")
                 self.outstream.flush()
                 raise SystemExit(1)
 
-        def _write_summary(self):
-            cells = [c for c in plan.cells if c.name in self.touched_cells]
-            if not cells:
+        def _outcomes(self) -> list:
+            """Outcomes of the cells this run touched, and of those a failed task belongs to."""
+            selected = {c.name: c for c in cells_by_task.values()}
+            names = set(self.touched_cells)
+            names.update(c.name for c in outcome.cells_of_tasks(plan, self.failed, selected.values()))
+            return outcome.outcomes(plan, [c for c in plan.cells if c.name in names], host)
+
+        def _write_summary(self, results: list):
+            if not results:
                 return
-            rows = [summary.cell_row(plan, c) for c in cells]
-            summary.add_benchmarks(plan, cells, host, rows)
-            models = {c.model.name for c in cells}
+            rows = summary.rows(plan, results)
+            models = {r.cell.split("/")[0] for r in results}
             rows += [summary.rejected_row(r) for r in plan.rejected if r.model in models]
             self.write(f"\n{plan.name}: {self.executed} task(s) run, {self.up_to_date} up to date\n")
             self.write(summary.render(rows) + "\n")
