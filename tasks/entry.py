@@ -99,6 +99,7 @@ def doit_config(selection: Selection) -> dict:
             cells_by_task[spec.name] = cell
     state_files["manifest"] = plan.state_dir / "manifest.json"  # tasks/manifest.py's record
     state_files["report"] = plan.state_dir / "report.json"
+    state_files["release"] = plan.state_dir / "release.json"  # tasks/release.py's record: its one-line reason
     return {
         "default_tasks": ["export", "sizegate", "validate", "benchmark", "manifest", "report"],
         "continue": True,  # one failing cell never stops the others

@@ -59,6 +59,7 @@ from tasks.runner import CachedTask, read_state
 
 SHIPS = ("ok", "provisional", "on-device")
 FAILS_RUN = ("failed", "unexpectedly-passing")
+PENDING = ("blocked", "not built", "not validated")  # no current verdict yet
 # Every status, in the order tables list their counts.
 STATUSES = ("ok", "provisional", "on-device", "failed", "unexpectedly-passing", "expected-failure",
             "skipped", "blocked", "not built", "not validated", "rejected")
