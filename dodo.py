@@ -61,14 +61,16 @@ def task_report():
 
 
 def task_release():
-    """pack artifacts/release/<name>-<version>.tar.gz (allow_failures=1 packs despite failed cells)"""
+    """pack artifacts/release/<name>-<version>.tar.gz (allow_failures=1 packs despite failed cells,
+    strict=1 refuses provisional ones)"""
     from tasks.release import release_task
 
-    yield release_task(SELECTION.plan, SELECTION.cells, SELECTION.host, get_var("allow_failures", "0") == "1")
+    yield release_task(SELECTION.plan, SELECTION.cells, SELECTION.host, get_var("allow_failures", "0") == "1",
+                       strict=get_var("strict", "0") == "1")
 
 
 def task_manifest():
     """write Dart, pubspec, CMake and JSON manifests of the built cells"""
     from tasks.manifest import manifest_task  # appended on its own; the import stays local
 
-    yield manifest_task(SELECTION.plan, SELECTION.cells, SELECTION.store)
+    yield manifest_task(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)

@@ -3,9 +3,9 @@
     begin  take the run lock (tasks/runlock.py), then clean the scratch left by
            killed runs: build dirs in artifacts/cache/tmp, release staging dirs,
            temp files of interrupted atomic writes.
-    end    write summary.json and decide the exit status: a task run in this
-           invocation whose current-key state record says failed fails the run
-           (:func:`run_failures`, the one place that decides it).
+    end    write summary.json and decide the exit status (:func:`run_failures`, the
+           one place that decides it): the outcomes of the cells this run touched
+           (tasks/outcome.py) and the pipeline-wide tasks it ran.
 
 tasks/doit_runner.py calls these from doit's runner, the only object every
 ``doit run`` creates whichever reporter (``-r json``, ``--reporter=...``) or
@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import doit_db, doit_tasks, runlock, summary
+from tasks import doit_db, doit_tasks, outcome, release, runlock, summary
 from tasks.atomic import atomic_write_text
 from tasks.plan import Plan
 from tasks.runner import CachedTask, read_state, record_failure
@@ -63,24 +63,27 @@ class RunLifecycle:
 
     def end(self, ran: set, touched: set) -> bool:
         """After the last task: write summary.json, say what failed; True when the run failed."""
-        ok = self.write_summary(touched)
-        failures = run_failures(self.specs, ran)
+        results = self.outcomes(touched | set(ran))
+        ok = self.write_summary(results)
+        failures = run_failures(self.plan, self.specs, ran, results)
+        for o in results:
+            if o.status == "unexpectedly-passing":
+                say(f"etforge: {o.cell} is unexpectedly passing: {o.reason}")
         if failures:
             listed = ", ".join(failures[:5]) + (f" (+{len(failures) - 5} more)" if len(failures) > 5 else "")
-            say(f"etforge: {len(failures)} task(s) failed: {listed}")
+            say(f"etforge: {len(failures)} failing: {listed}")
         return bool(failures) or not ok
 
-    def touched_cells(self, task_names) -> list:
-        names = {self.cells_by_task[t].name for t in task_names if t in self.cells_by_task}
-        return [c for c in self.plan.cells if c.name in names]
+    def outcomes(self, task_names) -> list:
+        """Outcomes of the cells the tasks belong to (a capture belongs to every cell of its model)."""
+        return outcome.outcomes(self.plan, touched_cells(self.plan, self.cells_by_task, task_names), self.host)
 
-    def write_summary(self, touched: set) -> bool:
-        cells = self.touched_cells(touched)
-        if not cells:
+    def write_summary(self, results: list) -> bool:
+        if not results:
             return True
         path = self.plan.out_dir / "summary.json"
         try:
-            atomic_write_text(path, json.dumps(summary_rows(self.plan, cells, self.host), indent=2) + "\n")
+            atomic_write_text(path, json.dumps(summary_rows(self.plan, results), indent=2) + "\n")
         except OSError as exc:
             say(f"etforge: error: cannot write {path}: {exc.strerror or exc}; the next run writes it")
             return False
@@ -104,17 +107,20 @@ class RunLifecycle:
         return True
 
 
-def run_failures(specs: dict, ran) -> list:
-    """Names of the tasks run in this invocation whose current state record says failed.
+def run_failures(plan: Plan, specs: dict, ran, results: list) -> list:
+    """What fails this run (non-zero exit when not empty); the one rule for the exit status.
 
-    The one rule for the exit status (non-zero when this is not empty). A record
-    with another key is some earlier run's and never counts.
+    - every cell whose outcome fails the run (failed, unexpectedly-passing), except
+      those a release run in this invocation packed around with ``allow_failures=1``;
+    - every pipeline-wide task run here (manifest, report, release) whose state record
+      says failed; a record with another key is an earlier run's and never counts.
     """
-    failed = []
+    accepted = release.accepted_failures(plan) if "release" in ran else set()
+    failed = [o.cell for o in outcome.failing(results) if o.cell not in accepted]
     for name in sorted(ran):
         spec = specs.get(name)
-        if spec is None:
-            continue  # no state record: doit's own result decides (release, a task that raised)
+        if spec is None or outcome.is_cell_task(name):
+            continue  # cells are judged by their outcome; no record: doit's own result decides
         record = read_state(spec.state_file)
         if record is None or record.get("status") != "failed":
             continue
@@ -124,11 +130,19 @@ def run_failures(specs: dict, ran) -> list:
     return failed
 
 
-def summary_rows(plan: Plan, cells, host: dict) -> list:
-    """The summary's rows: one per cell, then the refused combinations of their models."""
-    rows = [summary.cell_row(plan, c) for c in cells]
-    summary.add_benchmarks(plan, cells, host, rows)
-    models = {c.model.name for c in cells}
+def touched_cells(plan: Plan, cells_by_task: dict, task_names) -> list:
+    """The selected cells that ``task_names`` belong to, in plan order."""
+    selected = list({c.name: c for c in cells_by_task.values()}.values())
+    names = {cells_by_task[t].name for t in task_names if t in cells_by_task}
+    names.update(c.name for c in outcome.cells_of_tasks(plan, [t for t in task_names if t not in cells_by_task],
+                                                        selected))
+    return [c for c in plan.cells if c.name in names]
+
+
+def summary_rows(plan: Plan, results: list) -> list:
+    """The summary's rows: one per cell outcome, then the refused combinations of their models."""
+    rows = summary.rows(plan, results)
+    models = {o.cell.split("/")[0] for o in results}
     return rows + [summary.rejected_row(r) for r in plan.rejected if r.model in models]
 
 
@@ -184,7 +198,7 @@ def task_specs(plan: Plan, cells, host: dict) -> tuple[dict, dict]:
     for model in {c.model.name: c.model for c in cells}.values():
         spec = doit_tasks.capture_spec(plan, model)
         specs[spec.name] = spec
-    for name in ("manifest", "report"):  # their keys depend on what the run builds
+    for name in ("manifest", "report", "release"):  # their keys depend on what the run builds
         specs[name] = CachedTask(name=name, key=None, outputs={}, state_file=plan.state_dir / f"{name}.json",
                                  log_file=plan.log_path(name))
     return specs, cells_by_task

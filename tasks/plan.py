@@ -17,7 +17,7 @@ from tasks.errors import PipelineError
 from tasks.host import missing_requirement
 from tasks.keys import DigestCache, digest, toolchain_versions
 from tasks.tools import ToolVersions, stage_tools
-from tasks.yamlfile import LoadedYaml, load_yaml
+from tasks.yamlfile import LoadedYaml, format_path, load_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Modules whose code runs inside each kind of task: editing them changes keys.
@@ -179,6 +179,25 @@ class RejectedCell:
 
 
 @dataclass(frozen=True)
+class ExpectedFailure:
+    """An entry of ``matrix.expected_failures``: cells known to fail, with why and where it is tracked.
+
+    A dimension left out (None) matches every value of it, as in ``exclude``.
+    """
+
+    model: str | None
+    backend: str | None
+    quantization: str | None
+    reason: str
+    link: str
+    where: str  # "pipeline.yaml:31: matrix.expected_failures[0]", for messages
+
+    def matches(self, cell: Cell) -> bool:
+        return all(want is None or want == _cell_dim(cell, dim) for dim, want in
+                   (("model", self.model), ("backend", self.backend), ("quantization", self.quantization)))
+
+
+@dataclass(frozen=True)
 class Plan:
     file: Path
     display: str  # the file as errors name it
@@ -200,6 +219,7 @@ class Plan:
     code_digests: dict = field(repr=False)
     manifests: dict = field(default_factory=dict)  # the `manifests:` section, read by tasks/manifest.py
     artifacts_allow_outside: bool = False  # `artifacts: {allow_outside: true}`: follow links out of the project
+    expected_failures: tuple = ()  # of ExpectedFailure; never part of a key (they change no output)
 
     @property
     def artifacts_dir(self) -> Path:
@@ -286,6 +306,10 @@ class Plan:
                        "capture": self.capture_key(cell.model), "thresholds": cell.thresholds,
                        "host_runnable": cell.backend.host_runnable, "runtime_tools": runtime,
                        "toolchain": self.toolchain, "code": self.code_digests["validate"]})
+
+    def expected_failure(self, cell: Cell) -> ExpectedFailure | None:
+        """The first ``matrix.expected_failures`` entry that names ``cell``, or None."""
+        return next((e for e in self.expected_failures if e.matches(cell)), None)
 
     def shard(self, cells: tuple, spec: str) -> tuple:
         """Cells of shard ``k/n`` (1-based): a stable split by cell name, the same on every machine."""
@@ -558,6 +582,26 @@ class _Resolver:
                                  + "; ".join(f"{r.name}: {r.reason}" for r in rejected[:3]))
         return tuple(cells), tuple(rejected)
 
+    def expected_failures(self, cells: tuple, rejected: tuple, known: dict) -> tuple:
+        """``matrix.expected_failures``; an entry that names no buildable cell is a mistake."""
+        entries = []
+        for i, spec in enumerate((self.data.get("matrix") or {}).get("expected_failures", [])):
+            path = ("matrix", "expected_failures", i)
+            self.check_pattern(spec, path, known)
+            line = self.doc.line_of(path)
+            entry = ExpectedFailure(model=spec.get("model"), backend=spec.get("backend"),
+                                    quantization=spec.get("quantization"), reason=" ".join(spec["reason"].split()),
+                                    link=spec["link"], where=f"{self.doc.file}:{line}: {format_path(path)}")
+            if not any(entry.matches(c) for c in cells):
+                refused = [r.name for r in rejected if all(
+                    getattr(entry, d) in (None, v) for d, v in
+                    (("model", r.model), ("backend", r.backend), ("quantization", r.quantization)))]
+                raise self.doc.error(path, "names no cell of the matrix" + (
+                    f" (only refused combinations, which never build: {', '.join(refused[:3])})"
+                    if refused else "") + "; remove the entry")
+            entries.append(entry)
+        return tuple(entries)
+
     def check_threshold_keys(self, quant_names) -> None:
         sections = [("thresholds",)] + [("models", m, "thresholds") for m in self.data["models"]]
         for section in sections:
@@ -597,6 +641,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         quants[name], quant_thresholds[name] = r.quantization(i, name)
     r.check_threshold_keys(list(quants))
     cells, rejected = r.cells(models, backends, quants, quant_thresholds)
+    expected_failures = r.expected_failures(
+        cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})
     from tasks.manifest import check_options  # a local import: tasks.manifest imports this module
 
     for path, message in check_options(data.get("manifests"), list(backends), recipes.available("backend"),
@@ -617,7 +663,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 benchmark={**DEFAULT_BENCHMARK, **(data.get("benchmark") or {})},
                 seed=(data.get("validation") or {}).get("seed", 0),
                 toolchain=toolchain_versions(versions.distribution), code_digests=code_digests,
-                manifests=data.get("manifests") or {},
+                manifests=data.get("manifests") or {}, expected_failures=expected_failures,
                 artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False))
 
 

@@ -11,6 +11,7 @@ import time
 from doit.reporter import ConsoleReporter
 
 from tasks import summary
+from tasks import outcome
 from tasks.lifecycle import summary_rows
 from tasks.runner import read_state
 
@@ -87,10 +88,10 @@ def make_reporter(plan, specs: dict, cells_by_task: dict, host: dict):
             self.outstream.flush()
 
         def _write_table(self):
-            cells = [c for c in plan.cells if c.name in self.touched_cells]
-            if not cells:
+            results = outcome.outcomes(plan, [c for c in plan.cells if c.name in self.touched_cells], host)
+            if not results:
                 return
             self.write(f"\n{plan.name}: {self.executed} task(s) run, {self.up_to_date} up to date\n")
-            self.write(summary.render(summary_rows(plan, cells, host)) + "\n")
+            self.write(summary.render(summary_rows(plan, results)) + "\n")
 
     return EtforgeReporter

@@ -23,7 +23,7 @@ from typing import Callable
 
 from tasks.atomic import atomic_write_text
 from tasks.cache import Store, materialize
-from tasks.keys import canonical_json
+from tasks.keys import canonical_json, sha256_file
 from tasks.output_capture import output_to
 
 DONE = ("ok", "skipped", "not-runnable")
@@ -105,7 +105,9 @@ def _materialize_all(task: CachedTask, blobs: dict) -> dict:
             continue
         materialize(blobs[name], target)
         st = target.stat()
-        outputs[name] = {"path": str(target), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        # sha256: what the release checks a file against before packing it (size and mtime can lie).
+        outputs[name] = {"path": str(target), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                         "sha256": sha256_file(target)}
     return outputs
 
 

@@ -64,7 +64,7 @@ def test_every_scheme_lowers_and_matches_eager_within_its_threshold(built):
     table = rows(project)
     for quant in ("fp32",) + SCHEMES:
         cell = f"cnn/xnnpack/{quant}"
-        assert table[cell]["status"] == "ok", table[cell]
+        assert table[cell]["status"] == "provisional", table[cell]  # no validation data: seeded random inputs
         report = numerics(project, cell)
         assert report["passed"] is True
         sqnr = report["outputs"][0]["sqnr_db"]
