@@ -173,7 +173,7 @@ def test_any_reporter_takes_the_lock_and_a_failed_cell_fails_the_run(tmp_path, a
     # A failed task returns success to doit (so that its dependents run and say they are
     # blocked): the exit status comes from the state records.
     assert {t["name"]: t["result"] for t in report["tasks"]}["capture:boom"] == "success"
-    assert out_first.endswith("etforge: 1 task(s) failed: capture:boom\n")
+    assert out_first.endswith("etforge: 1 failing: boom/portable/fp32\n")
     row = summary_rows(project)["boom/portable/fp32"]  # written whatever the reporter
     assert row["status"] == "failed" and "boom: this factory always fails" in row["note"]
     assert lock_holder(project) == ""  # released cleanly: the next run has nothing to take over
@@ -194,7 +194,7 @@ def test_a_worker_killed_mid_task_fails_its_cell_and_the_run_goes_on(tmp_path):
     rows = summary_rows(project)
     assert rows["suicide/portable/fp32"]["status"] == "failed"
     assert "SIGKILL" in rows["suicide/portable/fp32"]["note"] and str(log) in rows["suicide/portable/fp32"]["note"]
-    assert rows["linreg/portable/fp32"]["status"] == "ok"  # a replacement worker finished the rest
+    assert rows["linreg/portable/fp32"]["status"] == "provisional"  # a replacement worker finished the rest
     export = json.loads((project.out / ".state" / "export__suicide__portable__fp32.json").read_text())
     assert export["status"] == "blocked"  # its dependents ran and said why they could not
 
@@ -245,7 +245,7 @@ def test_killing_only_the_main_process_kills_its_workers_and_frees_the_lock(tmp_
     assert (f"etforge: took over the run lock of {project.root / 'artifacts'} from pid {proc.pid}, which ended without "
             "releasing it (killed); cleaning up after it") in run.stderr
     assert "waiting" not in run.stderr
-    assert "1 ok" in run.stdout
+    assert "1 provisional" in run.stdout
     assert time.monotonic() - began < 300
     assert not any(path.exists() for path in leftovers) and not leftovers[0].parent.exists()
     assert_nothing_half_done(project)
@@ -356,10 +356,10 @@ def test_a_build_under_a_file_size_limit_fails_cleanly_and_the_next_run_finishes
     assert limited.returncode == 1, output
     assert "Traceback" not in output
     assert "FAILED  export:linreg/portable/fp32" in limited.stdout and "File too large" in limited.stdout
-    assert limited.stderr.splitlines() == ["etforge: 1 task(s) failed: export:linreg/portable/fp32"]
+    assert limited.stderr.splitlines() == ["etforge: 1 failing: linreg/portable/fp32"]
     run = project.doit()  # room again
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "1 ok" in run.stdout
+    assert "1 provisional" in run.stdout
     assert_nothing_half_done(project)
     assert project.doit().started == set()
 

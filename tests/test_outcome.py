@@ -212,7 +212,7 @@ def test_an_unexpectedly_passing_cell_fails_the_run_until_its_entry_is_removed(c
     assert not {t for t in run.started if t.split(":")[0] in ("capture", "export", "validate")}  # keys unchanged
     assert re.search(r"^etforge: linreg/portable/fp32 is unexpectedly passing: passed \(provisional\) but "
                      r"\S*pipeline\.yaml:\d+: matrix\.expected_failures\[1\] declares it an expected failure "
-                     r"\(thought broken\); remove that entry$", run.stdout, re.M), run.stdout
+                     r"\(thought broken\); remove that entry$", run.stderr, re.M), run.stderr
     assert rows(copy)["linreg/portable/fp32"]["status"] == "unexpectedly-passing"
     index = json.loads((copy.out / "manifests" / "index.json").read_text())
     assert "linreg_portable_fp32.pte" not in [e["name"] for e in index["models"]]
