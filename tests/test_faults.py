@@ -1,7 +1,8 @@
-"""Faults: real SIGKILLs of real runs, concurrent runs, unwritable outputs, sharding."""
+"""Faults: real SIGKILLs of real runs, concurrent runs, unwritable outputs, sharding, a damaged cache."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Project, make_project
+from conftest import LINREG_PIPELINE, REPO, Project, copy_project, make_project, state
 from tasks.cache import read_entry
 
 
@@ -360,6 +361,37 @@ def test_a_build_under_a_file_size_limit_fails_cleanly_and_the_next_run_finishes
     run = project.doit()  # room again
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 provisional" in run.stdout
+
+# --- a damaged store heals in the run that finds it --------------------------------------
+
+CELL = "linreg/xnnpack/fp32"
+STRICTER = "thresholds: {fp32: {sqnr_db: 55}}\n"  # a new validation key; exports stay as they are
+
+
+def flip_one_byte(path, keep_mtime: bool) -> None:
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    if keep_mtime:  # same size, same mtime: only reading the bytes can tell
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+
+
+def test_a_deleted_cache_and_a_changed_threshold_heal_in_one_run(built_linreg, tmp_path):
+    project = copy_project(built_linreg, tmp_path / "proj")
+    shutil.rmtree(project.root / "artifacts" / "cache")
+    project.write_pipeline(LINREG_PIPELINE + STRICTER)
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    # The graph comes back by running capture again; the program from the working tree,
+    # whose bytes the export's record names; then validation runs on it.
+    assert {"capture:linreg", f"export:{CELL}", f"validate:{CELL}"} <= run.started
+    assert "missing from the cache" not in run.stdout + run.stderr
+    validate = state(project, f"validate:{CELL}")
+    assert validate["status"] == "ok" and validate["cached"] is False
+    pte = project.out / "linreg" / "linreg_xnnpack_fp32.pte"
+    assert validate["info"]["program_sha256"] == hashlib.sha256(pte.read_bytes()).hexdigest()
     assert_nothing_half_done(project)
     assert project.doit().started == set()
 
@@ -393,3 +425,33 @@ def test_a_kill_during_the_final_writes_leaves_a_state_the_next_run_accepts(buil
     assert "Traceback" not in run.stdout + run.stderr and "warning" not in run.stderr
     json.loads((project.out / "summary.json").read_text())
     assert_nothing_half_done(project)
+
+@pytest.mark.parametrize("task, blob, keep_mtime, workers", [
+    (f"export:{CELL}", "program.pte", False, ()),
+    # Validation and benchmark both read the bad entry at once: one of them rebuilds it.
+    (f"export:{CELL}", "program.pte", True, ("-n", "2", "-P", "process")),
+    ("capture:linreg", "reference.npz", True, ()),  # in the store only: capture runs again
+], ids=["program", "program-same-mtime-2-workers", "reference-same-mtime"])
+def test_a_flipped_byte_in_a_cached_blob_is_rebuilt_in_the_same_run(built_linreg, tmp_path, task, blob,
+                                                                     keep_mtime, workers):
+    project = copy_project(built_linreg, tmp_path / "proj")
+    key = state(project, task)["key"]
+    entry = project.root / "artifacts" / "cache" / key[:2] / key
+    flip_one_byte(entry / blob, keep_mtime)
+    # A new validation key (and with two workers a new benchmark key): those tasks read the entry.
+    readers = ("validate", "benchmark") if workers else ("validate",)
+    project.write_pipeline(LINREG_PIPELINE + STRICTER + ("benchmark: {warmup: 2}\n" if workers else ""))
+    run = project.doit(*workers)
+    assert run.returncode == 0, run.stdout + run.stderr
+    read_entry(entry)  # whole again
+    healed = f"etforge: {task}: its cache entry is missing or corrupt; running it again"
+    assert run.stderr.count(healed) == (1 if keep_mtime else 0), run.stderr
+    if keep_mtime:
+        assert task not in run.started  # up to date by its record; healed by the task that read it
+    for kind in readers:
+        record = state(project, f"{kind}:{CELL}")
+        assert record["status"] == "ok" and record["cached"] is False, record
+        pte = project.out / "linreg" / "linreg_xnnpack_fp32.pte"
+        assert record["info"]["program_sha256"] == hashlib.sha256(pte.read_bytes()).hexdigest()
+    assert_nothing_half_done(project)
+    assert project.doit().started == set()
