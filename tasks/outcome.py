@@ -11,10 +11,9 @@ Inputs are the state records of the cell's tasks (capture, quantize, export, siz
 gate, validate, benchmark) whose key is the task's CURRENT key. A record with any
 other key (made before a threshold changed, hand-edited, left by another
 revision) does not exist here: the cell is then "not built" or "not validated",
-never shown with a stale verdict. A verdict (validate, or the benchmark) that
-names the sha256 of the program it judged (``program_sha256``) counts only when
-that is the export's current sha256; see ``UNBOUND_VERDICTS_COUNT`` for records
-that name none. ``host`` (tasks.hostinfo.host_fingerprint()) selects the
+never shown with a stale verdict. A verdict (validate, or the benchmark) counts
+only when the sha256 of the program it judged (``program_sha256``) is the
+export's current sha256; one that names none counts for nothing. ``host`` (tasks.hostinfo.host_fingerprint()) selects the
 benchmark record; without it benchmarks are not read.
 
 The state machine, first rule that applies:
@@ -65,9 +64,6 @@ STATUSES = ("ok", "provisional", "on-device", "failed", "unexpectedly-passing", 
             "skipped", "blocked", "not built", "not validated", "rejected")
 METRICS = ("sqnr_db", "cosine", "max_abs_error", "top1_agreement", "top5_agreement")
 TOLERANCES = ("rtol", "atol", "tolerance_rule", "test_cases", "not_checked_on_device")
-# A verdict record without ``program_sha256`` (written before validation recorded the bytes
-# it judged) counts. Set to False once every validate/bundled/benchmark record carries it.
-UNBOUND_VERDICTS_COUNT = True
 # Task kinds whose records belong to cells (capture and quantize to every cell that uses them).
 CELL_TASK_KINDS = ("capture", "quantize", "export", "sizegate", "validate", "benchmark")
 
@@ -189,10 +185,9 @@ def _judged(record: dict | None) -> str | None:
 
 
 def _bound(record: dict | None, sha256: str | None) -> bool:
+    """A verdict counts only for the bytes it judged; one that names none counts for nothing."""
     judged = _judged(record)
-    if judged is None:
-        return UNBOUND_VERDICTS_COUNT
-    return judged == sha256
+    return judged is not None and judged == sha256
 
 
 def _records(plan: Plan, cell: Cell, host: dict | None) -> list:
