@@ -7,16 +7,20 @@
     doit pipeline=other.yaml  another pipeline file (or $ETFORGE_PIPELINE)
 
 torch and executorch are imported only inside task actions, so loading this
-file and deciding that nothing changed stays fast.
+file and deciding that nothing changed stays fast. Loading it also installs
+etforge's doit runners (tasks/doit_runner.py): the run lock, cleanup after
+killed runs, worker-death handling and the exit status, whatever the reporter.
 """
 
 from doit import get_initial_workdir, get_var
 
-from tasks import doit_tasks
-from tasks.entry import doit_config, load_selection
+from tasks import doit_runner, doit_tasks
+from tasks.entry import doit_config, load_selection, run_lifecycle
 
 SELECTION = load_selection(get_var, get_initial_workdir())
-DOIT_CONFIG = doit_config(SELECTION)
+LIFECYCLE = run_lifecycle(SELECTION)
+doit_runner.install(LIFECYCLE)
+DOIT_CONFIG = doit_config(SELECTION, LIFECYCLE)
 
 
 def task_capture():
@@ -57,14 +61,16 @@ def task_report():
 
 
 def task_release():
-    """pack artifacts/release/<name>-<version>.tar.gz (allow_failures=1 packs despite failed cells)"""
+    """pack artifacts/release/<name>-<version>.tar.gz (allow_failures=1 packs despite failed cells,
+    strict=1 refuses provisional ones)"""
     from tasks.release import release_task
 
-    yield release_task(SELECTION.plan, SELECTION.cells, SELECTION.host, get_var("allow_failures", "0") == "1")
+    yield release_task(SELECTION.plan, SELECTION.cells, SELECTION.host, get_var("allow_failures", "0") == "1",
+                       strict=get_var("strict", "0") == "1")
 
 
 def task_manifest():
     """write Dart, pubspec, CMake and JSON manifests of the built cells"""
     from tasks.manifest import manifest_task  # appended on its own; the import stays local
 
-    yield manifest_task(SELECTION.plan, SELECTION.cells, SELECTION.store)
+    yield manifest_task(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)

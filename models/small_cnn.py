@@ -3,22 +3,16 @@
 import torch
 from torch import nn
 
-
-def _block(cin: int, cout: int, stride: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(cout),
-        nn.ReLU(inplace=True),
-    )
+from models.blocks import conv_bn_relu
 
 
 class SmallCNN(nn.Module):
     def __init__(self, num_classes: int = 10, width: int = 16):
         super().__init__()
         self.features = nn.Sequential(
-            _block(3, width, 1),
-            _block(width, width * 2, 2),
-            _block(width * 2, width * 4, 2),
+            conv_bn_relu(3, width, 1),
+            conv_bn_relu(width, width * 2, 2),
+            conv_bn_relu(width * 2, width * 4, 2),
         )
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.head = nn.Linear(width * 4, num_classes)

@@ -25,11 +25,14 @@ def _replace_from_temp(target: Path, write) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.filename in (None, tmp) and exc.errno is not None:
+            # Name the file the user knows ("No space left on device: .../summary.json"), not the temp file.
+            raise OSError(exc.errno, exc.strerror, str(target)) from exc
         raise
 
 

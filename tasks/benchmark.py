@@ -351,6 +351,7 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         "host": host_label(host),
         "host_id": host["host_id"],
         "load_average_1m": (record["load_average"]["after"] or [None])[0],
+        "program_sha256": record["program"]["sha256"],  # the bytes timed (the result counts only for them)
     }
     if note:
         info["note"] = note

@@ -27,6 +27,7 @@ harness that computes them can apply them to the outputs it gets.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -129,6 +130,7 @@ def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir:
                                         or (k == "sqnr_db" and "max_abs_error" in cell.thresholds)),
         "delegates": list(cell.backend.delegates),
         "size_bytes": out.stat().st_size,
+        "program_sha256": hashlib.sha256(pte_bytes).hexdigest(),  # the program bundled and judged
     }
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")

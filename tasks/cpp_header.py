@@ -11,24 +11,26 @@ flagged ``listed = false``, so a runner still sees every program it could load
 (it skips those whose delegate its runtime lacks); ``append_unlisted=False``
 leaves them out.
 
-A variant is a cell whose export task recorded ``ok`` under the cell's current
-key and that did not fail its size gate or its validation (the rule the other
-manifests follow); the rest are named in a comment. Everything comes from the
-state records: size, sha256, delegates and input dtypes from the export's,
-output shapes from the capture's. The text is deterministic (plan order, no
-timestamps, no absolute paths).
+A variant is a cell whose outcome ships (tasks/outcome.py: ok, provisional or
+on-device, the rule every manifest and the release follow); the rest are named
+in a comment with their status. Everything comes from the outcome's evidence:
+size, sha256, delegates and input dtypes from the export's record, output
+shapes from the capture's, and the verdict (validated here with its SQNR and
+the data it was measured on, or to be checked on device with its .bpte and
+tolerances). The text is deterministic (plan order, no timestamps, no absolute
+paths).
 
 This module must not import torch or executorch; jinja2 is imported only to render.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
+from tasks import outcome
 from tasks.atomic import atomic_write_text
-from tasks.doit_tasks import capture_spec, export_name, export_spec, size_gate_spec, validate_spec
-from tasks.runner import read_state
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE = "etforge_models.h.j2"
@@ -42,33 +44,9 @@ class HeaderError(Exception):
     """The header cannot be written (bad order entry, unknown layout)."""
 
 
-def _current(spec) -> dict | None:
-    record = read_state(spec.state_file)
-    if record and record.get("key") == spec.key:
-        return record
-    return None
-
-
 def _one_line(text, limit: int = 160) -> str:
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _exclusion(plan, cell) -> str | None:
-    """Why ``cell`` has no variant in the header, or None when it has one."""
-    export = _current(export_spec(plan, cell))
-    if export is None:
-        return f"not built (run `doit {export_name(cell)}`)"
-    if export.get("status") != "ok":
-        return f"export {export.get('status') or 'unknown'}"
-    if plan.fp32_sibling(cell) is not None:
-        gate = _current(size_gate_spec(plan, cell))
-        if gate and gate.get("status") == "failed":
-            return "failed size gate"
-    validate = _current(validate_spec(plan, cell))
-    if validate and validate.get("status") == "failed":
-        return "failed validation"
-    return None
 
 
 def _check_order(plan, order) -> list:
@@ -103,14 +81,15 @@ def _ordered(variants: list, order: list, append_unlisted: bool) -> list:
 
 
 def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree",
-                   append_unlisted: bool = True) -> dict:
+                   append_unlisted: bool = True, host: dict | None = None, outcomes=None) -> dict:
     """Everything the header is rendered from (plain JSON-serializable data).
 
     ``cells``: the cells to consider (default: every cell of the plan);
     ``order``: fallback order, best first; ``layout``: how ``file`` is spelled,
     relative to the models directory a runner is given (``tree``: that directory is
     artifacts/<pipeline>/; ``flat``: the .pte files side by side, as models.cmake
-    installs them).
+    installs them); ``host``: read the benchmark records too (tasks.outcome); ``outcomes``:
+    the cells' outcomes when the caller has them already (name -> CellOutcome).
     """
     if layout not in LAYOUTS:
         raise HeaderError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
@@ -118,17 +97,18 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
     cells = plan.cells if cells is None else tuple(cells)
     variants, excluded = [], []
     for cell in cells:
-        reason = _exclusion(plan, cell)
-        if reason:
-            excluded.append({"cell": cell.name, "reason": reason})
+        result = (outcomes or {}).get(cell.name) or outcome.cell_outcome(plan, cell, host)
+        if not result.ships:
+            excluded.append({"cell": cell.name,
+                             "reason": f"{result.status}: {outcome.listing_reason(result, plan.out_dir)}"})
             continue
-        info = _current(export_spec(plan, cell)).get("info") or {}
-        capture = _current(capture_spec(plan, cell.model))
-        outputs = (capture.get("info") or {}).get("outputs") if capture else None
-        dtypes = list(info.get("input_dtypes") or [])
+        ev = result.evidence
+        outputs = list(ev.outputs) or None
+        dtypes = list(ev.input_dtypes)
         if len(dtypes) != len(cell.model.inputs):
             dtypes = [i.dtype for i in cell.model.inputs]
         stem = f"{cell.stem}.pte"
+        verdict = outcome.verdict(result)
         variants.append({
             "id": cell.name,
             "model": cell.model.name,
@@ -137,15 +117,24 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
             "chain": [m.recipe for m in cell.backend.members] if len(cell.backend.members) > 1 else [],
             "quantization": cell.quant.name,
             "file": stem if layout == "flat" else f"{cell.model.name}/{stem}",
-            "sha256": str(info["sha256"]),
-            "size": int(info["size_bytes"]),
-            "delegates": [str(d) for d in info.get("delegates", cell.backend.delegates)],
+            "sha256": str(ev.sha256),
+            "size": int(ev.size_bytes),
+            "delegates": [str(d) for d in ev.delegates],
             "inputs": [{"name": i.name, "shape": [int(d) for d in i.shape], "dtype": str(d)}
                        for i, d in zip(cell.model.inputs, dtypes)],
             # -1: unknown (no current capture record); the runner then takes the program's count.
             "num_outputs": len(outputs) if outputs is not None else -1,
             "outputs": [{"shape": [int(d) for d in o.get("shape", [])], "dtype": str(o.get("dtype", ""))}
                         for o in (outputs or [])],
+            "verdict": verdict["status"],
+            "validated_on": verdict["inputs"] or "",
+            # +inf: identical to eager; None (NaN in C++): not measured here
+            "sqnr_db": math.inf if verdict.get("exact") else verdict.get("sqnr_db"),
+            "max_abs_error": verdict.get("max_abs_error"),
+            "bundle_file": verdict.get("bundle") or "",
+            "bundle_sha256": verdict.get("bundle_sha256") or "",
+            "rtol": verdict.get("rtol"),
+            "atol": verdict.get("atol"),
         })
     excluded += [{"cell": r.name, "reason": f"rejected: {_one_line(r.reason)}"} for r in plan.rejected
                  if cells is plan.cells or any(c.model.name == r.model for c in cells)]
@@ -186,6 +175,15 @@ def c_string(value) -> str:
     return '"' + "".join(out) + '"'
 
 
+def c_double(value) -> str:
+    """A C++ double expression: a finite number, infinity, or NaN for None (not measured)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "std::numeric_limits<double>::quiet_NaN()"
+    if math.isinf(value):
+        return ("-" if value < 0 else "") + "std::numeric_limits<double>::infinity()"
+    return repr(float(value))
+
+
 def c_comment(value) -> str:
     """Text safe inside a // comment: one line, no trailing backslash (a line splice)."""
     text = _one_line(value)
@@ -197,7 +195,7 @@ def _environment():
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
                              autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(cstr=c_string, ccomment=c_comment)
+    env.filters.update(cstr=c_string, ccomment=c_comment, cdouble=c_double)
     return env
 
 
@@ -206,9 +204,10 @@ def render_context(context: dict) -> str:
 
 
 def render_header(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree",
-                  append_unlisted: bool = True) -> str:
+                  append_unlisted: bool = True, host: dict | None = None) -> str:
     """The text of etforge_models.h for ``cells`` (default: all) of ``plan``; see header_context."""
-    return render_context(header_context(plan, cells, order, layout=layout, append_unlisted=append_unlisted))
+    return render_context(header_context(plan, cells, order, layout=layout, append_unlisted=append_unlisted,
+                                         host=host))
 
 
 def write_header(plan, path: Path, cells=None, order=DEFAULT_ORDER, **kwargs) -> Path:
@@ -240,10 +239,12 @@ def main(argv=None) -> int:
     parser.add_argument("--listed-only", action="store_true", help="leave out variants the order does not name")
     args = parser.parse_args(argv)
     try:
+        from tasks.hostinfo import host_fingerprint
+
         plan = resolve(Path(args.pipeline))
         out = Path(args.output) if args.output else plan.out_dir / "manifests" / HEADER_NAME
         write_header(plan, out, order=[e.strip() for e in args.order.split(",") if e.strip()],
-                     layout=args.layout, append_unlisted=not args.listed_only)
+                     layout=args.layout, append_unlisted=not args.listed_only, host=host_fingerprint())
     except (PipelineError, HeaderError) as exc:
         print(f"etforge: error: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, PipelineError) else 1

@@ -7,15 +7,25 @@
 
 Task actions import torch/executorch lazily (inside the builders); building
 the dicts and checking ``uptodate`` only reads state records and stats files.
+
+A task reads what its upstream tasks stored through ``_stored``: when that
+entry turns out missing or corrupt (it is verified on every read), the
+upstream task is run again right there, through its own ``run_cached`` with
+its own state record and log, and the task goes on; the same run heals the
+store.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
+from typing import Callable
 
 from tasks.cache import Store
 from tasks.plan import Cell, ModelSpec, Plan
-from tasks.runner import BuildResult, Blocked, CachedTask, Skip, is_up_to_date, read_state, run_cached
+from tasks.runner import (PROGRAM, PROGRAM_SHA256, BuildResult, Blocked, CachedTask, Skip, is_up_to_date,
+                          read_state, run_cached)
 
 NOT_RUNNABLE = "not runnable on this host"
 
@@ -44,36 +54,39 @@ def size_gate_name(cell: Cell) -> str:
     return f"sizegate:{cell.name}"
 
 
-def _spec(plan: Plan, name: str, key: str, outputs: dict) -> CachedTask:
+def _spec(plan: Plan, name: str, key: str, outputs: dict, **kw) -> CachedTask:
     safe = name.replace(":", "__").replace("/", "__")
     return CachedTask(name=name, key=key, outputs=outputs,
-                      state_file=plan.state_dir / f"{safe}.json", log_file=plan.log_path(name))
+                      state_file=plan.state_dir / f"{safe}.json", log_file=plan.log_path(name), **kw)
 
 
+# capture, quantize and export entries are read by the tasks downstream (keep_entry).
 def capture_spec(plan: Plan, model: ModelSpec) -> CachedTask:
     return _spec(plan, capture_name(model), plan.capture_key(model),
-                 {"model.pt2": None, "reference.npz": None})
+                 {"model.pt2": None, "reference.npz": None}, keep_entry=True)
 
 
 def quantize_spec(plan: Plan, cell: Cell) -> CachedTask:
-    return _spec(plan, quantize_name(cell), plan.quantize_key(cell), {"model.pt2": None})
+    return _spec(plan, quantize_name(cell), plan.quantize_key(cell), {"model.pt2": None}, keep_entry=True)
 
 
 def export_spec(plan: Plan, cell: Cell) -> CachedTask:
     return _spec(plan, export_name(cell), plan.export_key(cell),
-                 {"program.pte": plan.pte_path(cell), "export.json": plan.export_info_path(cell)})
+                 {PROGRAM: plan.pte_path(cell), "export.json": plan.export_info_path(cell)}, keep_entry=True)
 
 
+# A verdict counts only while the export's program is the one it judged (judges).
 def validate_spec(plan: Plan, cell: Cell) -> CachedTask:
     if cell.backend.host_runnable:
         outputs = {"numerics.json": plan.numerics_path(cell)}
     else:  # the device checks itself: a BundledProgram with the eager outputs and tolerances
         outputs = {"program.bpte": plan.bundled_path(cell), "bundled.json": plan.bundled_info_path(cell)}
-    return _spec(plan, validate_name(cell), plan.validate_key(cell), outputs)
+    return _spec(plan, validate_name(cell), plan.validate_key(cell), outputs, judges=export_spec(plan, cell))
 
 
 def benchmark_spec(plan: Plan, cell: Cell, host: dict) -> CachedTask:
-    return _spec(plan, benchmark_name(cell), plan.benchmark_key(cell, host), {"bench.json": plan.bench_path(cell)})
+    return _spec(plan, benchmark_name(cell), plan.benchmark_key(cell, host), {"bench.json": plan.bench_path(cell)},
+                 judges=export_spec(plan, cell))
 
 
 def size_gate_spec(plan: Plan, cell: Cell) -> CachedTask:
@@ -81,13 +94,26 @@ def size_gate_spec(plan: Plan, cell: Cell) -> CachedTask:
 
 
 def plan_store(plan: Plan) -> Store:
-    """The local store, backed by the shared remote when one is configured."""
+    """The local store, backed by the shared remote when one is configured.
+
+    Uploads that failed in an earlier run (the remote was down) are retried here, once
+    per doit invocation, before any task runs; when the remote is still down, that is
+    the run's one warning and the tasks go on without it.
+    """
     remote = None
     if plan.cache_remote:
         from tasks.remote import remote_from_url
 
-        remote = remote_from_url(plan.cache_remote, read_only=plan.cache_read_only)
-    return Store(plan.cache_dir, remote=remote)
+        secret = os.environ.get("ETFORGE_CACHE_KEY") or None
+        remote = remote_from_url(plan.cache_remote, read_only=plan.cache_read_only,
+                                 secret=secret.encode("utf-8") if secret else None)
+    store = Store(plan.cache_dir, remote=remote, state_dir=plan.artifacts_dir / ".etforge")
+    if remote is not None and not remote.read_only and store.has_pending():
+        uploaded = store.upload_pending()
+        if uploaded:
+            print(f"etforge: remote cache {remote.name()}: uploaded {uploaded} entr{'y' if uploaded == 1 else 'ies'} "
+                  "an earlier run could not", file=sys.stderr, flush=True)
+    return store
 
 
 def _require(upstream: CachedTask) -> None:
@@ -101,11 +127,57 @@ def _require(upstream: CachedTask) -> None:
         raise Skip(f"{upstream.name} skipped: {record.get('reason', '')}")
 
 
-def _stored(store: Store, key: str, what: str) -> tuple[dict, dict]:
-    hit = store.get(key)
+def _stored(store: Store, upstream: CachedTask, rebuild: Callable[[], bool]) -> tuple[dict, dict]:
+    """The verified store entry of ``upstream``: (blob name -> path, info).
+
+    When it is missing or fails verification, ``rebuild`` runs the upstream task again here
+    (restored from the remote or the working tree when possible, else built), one worker at
+    a time per key: another worker needing it meanwhile waits and then reads it.
+    """
+    _require(upstream)
+    hit = store.get(upstream.key)
     if hit is None:
-        raise RuntimeError(f"{what} is missing from the cache; run `doit {what}`")
+        with store.lock(upstream.key):
+            hit = store.get(upstream.key)
+            if hit is None:
+                print(f"etforge: {upstream.name}: its cache entry is missing or corrupt; running it again",
+                      file=sys.stderr, flush=True)
+                rebuild()
+                _require(upstream)
+                hit = store.get(upstream.key)
+    if hit is None:
+        raise RuntimeError(f"{upstream.name} left nothing in the cache (log: {upstream.log_file})")
     return hit
+
+
+def _capture_entry(plan: Plan, model: ModelSpec, store: Store) -> tuple[dict, dict]:
+    return _stored(store, capture_spec(plan, model), lambda: _run_capture(plan, model, store))
+
+
+def _graph_entry(plan: Plan, cell: Cell, store: Store) -> tuple[dict, dict]:
+    """The graph the cell lowers: its quantized graph, or the fp32 capture."""
+    if cell.transform is None:
+        return _capture_entry(plan, cell.model, store)
+    return _stored(store, quantize_spec(plan, cell), lambda: _run_quantize(plan, cell, store))
+
+
+def _export_entry(plan: Plan, cell: Cell, store: Store) -> tuple[dict, dict]:
+    return _stored(store, export_spec(plan, cell), lambda: _run_export(plan, cell, store))
+
+
+def _judges_current_program(plan: Plan, cell: Cell, store: Store):
+    """``accept`` of a stored validation or benchmark: it counts only for the program stored
+    under the cell's current export key (a forged or stale entry judged other bytes)."""
+    def accept(info: dict) -> str | None:
+        _export_entry(plan, cell, store)
+        current = store.blob_sha256(plan.export_key(cell), PROGRAM)
+        judged = info.get(PROGRAM_SHA256)
+        if judged is None or judged != current:
+            return (f"it judged program sha256 {str(judged)[:12]}, but {export_name(cell)}'s program is "
+                    f"{str(current)[:12]}")
+        return None
+
+    return accept
 
 
 def _run_capture(plan: Plan, model: ModelSpec, store: Store) -> bool:
@@ -116,81 +188,88 @@ def _run_capture(plan: Plan, model: ModelSpec, store: Store) -> bool:
 
 
 def _run_quantize(plan: Plan, cell: Cell, store: Store) -> bool:
-    def build(workdir: Path) -> BuildResult:
+    def build(workdir: Path, capture: dict) -> BuildResult:
         from tasks.quantize import build_quantized
 
-        _require(capture_spec(plan, cell.model))
-        capture, _ = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
         return build_quantized(cell, plan.root, plan.seed, capture["model.pt2"], capture["reference.npz"], workdir)
 
-    return run_cached(quantize_spec(plan, cell), store, build)
+    return run_cached(quantize_spec(plan, cell), store, build,
+                      inputs=lambda: _capture_entry(plan, cell.model, store)[0])
 
 
 def _run_export(plan: Plan, cell: Cell, store: Store) -> bool:
-    def build(workdir: Path) -> BuildResult:
+    def inputs() -> dict:
         if cell.backend.missing:
             raise Skip(f"cannot lower here: {cell.backend.missing}")
+        return _graph_entry(plan, cell, store)[0]
+
+    def build(workdir: Path, graph: dict) -> BuildResult:
         from tasks.export import build_export
 
-        graph_task = quantize_name(cell) if cell.transform else capture_name(cell.model)
-        _require(quantize_spec(plan, cell) if cell.transform else capture_spec(plan, cell.model))
-        graph, _ = _stored(store, plan.graph_key(cell), graph_task)
         return build_export(cell, graph["model.pt2"], workdir)
 
-    return run_cached(export_spec(plan, cell), store, build)
+    return run_cached(export_spec(plan, cell), store, build, inputs=inputs)
 
 
 def _run_validate(plan: Plan, cell: Cell, store: Store) -> bool:
-    def build(workdir: Path) -> BuildResult:
+    def inputs():
         if cell.backend.missing:
             raise Skip("not built on this host")
-        _require(export_spec(plan, cell))
-        exported, info = _stored(store, plan.export_key(cell), export_name(cell))
-        capture, _ = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
+        exported, info = _export_entry(plan, cell, store)
+        capture, _ = _capture_entry(plan, cell.model, store)
+        return exported, info, capture
+
+    def build(workdir: Path, given) -> BuildResult:
+        exported, info, capture = given
         if not cell.backend.host_runnable:
             from tasks.bundled import build_bundled
 
-            return build_bundled(cell, exported["program.pte"], capture["reference.npz"],
+            return build_bundled(cell, exported[PROGRAM], capture["reference.npz"],
                                  info.get("input_dtypes", []), workdir)
         from tasks.validate import build_validate
 
-        return build_validate(cell, exported["program.pte"], capture["reference.npz"],
+        return build_validate(cell, exported[PROGRAM], capture["reference.npz"],
                               info.get("input_dtypes", []), workdir, program=capture["model.pt2"])
 
-    return run_cached(validate_spec(plan, cell), store, build)
+    return run_cached(validate_spec(plan, cell), store, build, inputs=inputs,
+                      accept=_judges_current_program(plan, cell, store))
 
 
 def _run_benchmark(plan: Plan, cell: Cell, store: Store, host: dict) -> bool:
-    def build(workdir: Path) -> BuildResult:
+    def inputs():
         if not runs_here(cell):
             raise Skip(NOT_RUNNABLE)
+        exported, info = _export_entry(plan, cell, store)
+        capture, _ = _capture_entry(plan, cell.model, store)
+        return exported, info, capture
+
+    def build(workdir: Path, given) -> BuildResult:
         from tasks.benchmark import build_benchmark
 
-        _require(export_spec(plan, cell))
-        exported, info = _stored(store, plan.export_key(cell), export_name(cell))
-        capture, _ = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
+        exported, info, capture = given
         options = {k: v for k, v in plan.benchmark.items() if k not in ("baseline", "regression_pct")}
-        return build_benchmark(cell, exported["program.pte"], capture["reference.npz"],
+        return build_benchmark(cell, exported[PROGRAM], capture["reference.npz"],
                                info.get("input_dtypes", []), options, workdir)
 
-    return run_cached(benchmark_spec(plan, cell, host), store, build)
+    return run_cached(benchmark_spec(plan, cell, host), store, build, inputs=inputs,
+                      accept=_judges_current_program(plan, cell, store))
 
 
 def _run_size_gate(plan: Plan, cell: Cell, store: Store) -> bool:
-    def build(workdir: Path) -> BuildResult:
+    def inputs() -> tuple:
+        infos = [_export_entry(plan, c, store)[1] for c in (cell, plan.fp32_sibling(cell))]
+        return infos, _capture_entry(plan, cell.model, store)[1]["weight_bytes"]
+
+    def build(workdir: Path, entries: tuple) -> BuildResult:
         from tasks.export import size_gate
 
-        sibling = plan.fp32_sibling(cell)
-        for c in (cell, sibling):
-            _require(export_spec(plan, c))
-        records = [store.get(plan.export_key(c)) for c in (cell, sibling)]
-        if any(r is None or r[1].get("status") != "ok" for r in records):
-            raise RuntimeError(f"needs both {export_name(cell)} and {export_name(sibling)} built")
-        _, capture_info = _stored(store, plan.capture_key(cell.model), capture_name(cell.model))
-        info, failure = size_gate(cell, records[0][1], records[1][1], capture_info["weight_bytes"])
+        infos, weights = entries
+        if any(info.get("status") != "ok" for info in infos):
+            raise RuntimeError(f"needs both {export_name(cell)} and {export_name(plan.fp32_sibling(cell))} ok")
+        info, failure = size_gate(cell, infos[0], infos[1], weights)
         return BuildResult(info=info, status="failed" if failure else "ok", reason=failure or "")
 
-    return run_cached(size_gate_spec(plan, cell), store, build)
+    return run_cached(size_gate_spec(plan, cell), store, build, inputs=inputs)
 
 
 def _task(spec: CachedTask, store: Store, action, doc: str, task_dep=()) -> dict:

@@ -8,10 +8,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks import doit_tasks
+from tasks import doit_db, doit_tasks
 from tasks.cache import Store
 from tasks.errors import PipelineError
 from tasks.hostinfo import host_fingerprint
+from tasks.lifecycle import RunLifecycle, say, task_specs
 from tasks.remote import RemoteError
 from tasks.plan import Plan, digest_cache_for, resolve
 from tasks.reporter import make_reporter
@@ -52,7 +53,7 @@ def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
                             quantization=get_var("quant", None) or get_var("quantization", None))
         if get_var("shard", None):
             cells = plan.shard(cells, get_var("shard", None))
-        ensure_writable(plan.artifacts_dir)
+        ensure_writable(plan)
         digests.save()  # only once everything checked out: a bad input writes nothing
     except PipelineError as exc:
         sys.stderr.write(f"etforge: error: {exc}\n")
@@ -68,8 +69,10 @@ def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
     return Selection(plan=plan, cells=cells, store=store, host=host_fingerprint())
 
 
-def ensure_writable(directory: Path) -> None:
+def ensure_writable(plan: Plan) -> None:
     """Fail now, naming the path, rather than halfway through a build."""
+    check_links(plan)
+    directory = plan.artifacts_dir
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
@@ -78,32 +81,57 @@ def ensure_writable(directory: Path) -> None:
         raise PipelineError(f"cannot write to {exc.filename or directory}: {exc.strerror or exc}") from None
 
 
-def doit_config(selection: Selection) -> dict:
+def check_links(plan: Plan) -> None:
+    """Refuse to write through a directory symlink that leaves the project (unless the pipeline opts in).
+
+    Checked: ``artifacts``, ``artifacts/<pipeline>`` and every directory directly in
+    them (``cache``, ``release``, ``.etforge``, model dirs, ``.state``, ``logs``,
+    ``manifests``). File symlinks need no check: atomic writes replace a link rather
+    than write through it.
+    """
+    root = plan.root.resolve()
+    candidates = [plan.artifacts_dir, plan.out_dir]
+    for directory in (plan.artifacts_dir, plan.out_dir):
+        try:
+            candidates += [Path(e.path) for e in os.scandir(directory) if e.is_symlink() and e.is_dir()]
+        except OSError:
+            pass  # not there yet (or not a directory: ensure_writable says so)
+    for link in candidates:
+        if not link.is_symlink():
+            continue
+        target = os.readlink(link)
+        if not link.exists():
+            raise PipelineError(f"{link} is a symlink to {target}, which does not exist: "
+                                "create that directory or remove the link")
+        try:
+            link.resolve().relative_to(root)
+        except ValueError:
+            if not plan.artifacts_allow_outside:
+                raise PipelineError(f"{link} is a symlink to {target}, outside the project directory {root}: "
+                                    "etforge does not write through it (set `artifacts: {allow_outside: true}` "
+                                    f"in {plan.display} to follow it)") from None
+
+
+def run_lifecycle(selection: Selection) -> RunLifecycle:
+    specs, cells_by_task = task_specs(selection.plan, selection.cells, selection.host)
+    return RunLifecycle(plan=selection.plan, host=selection.host, specs=specs, cells_by_task=cells_by_task)
+
+
+def doit_config(selection: Selection, lifecycle: RunLifecycle) -> dict:
     plan = selection.plan
-    state_files, cells_by_task = {}, {}
-    for cell in selection.cells:
-        for spec in (doit_tasks.export_spec(plan, cell), doit_tasks.validate_spec(plan, cell),
-                     doit_tasks.benchmark_spec(plan, cell, selection.host)):
-            state_files[spec.name] = spec.state_file
-            cells_by_task[spec.name] = cell
-    for model in {c.model.name: c.model for c in selection.cells}.values():
-        spec = doit_tasks.capture_spec(plan, model)
-        state_files[spec.name] = spec.state_file
-    for cell in selection.cells:
-        if cell.transform is not None:
-            spec = doit_tasks.quantize_spec(plan, cell)
-            state_files[spec.name] = spec.state_file
-        if plan.fp32_sibling(cell) in selection.cells:
-            spec = doit_tasks.size_gate_spec(plan, cell)
-            state_files[spec.name] = spec.state_file
-            cells_by_task[spec.name] = cell
-    state_files["manifest"] = plan.state_dir / "manifest.json"  # tasks/manifest.py's record
-    state_files["report"] = plan.state_dir / "report.json"
+    database = doit_db.database_path(plan.artifacts_dir)
+    try:
+        warning = doit_db.prepare(database)  # before doit opens it
+    except doit_db.DatabaseUnwritable as exc:
+        sys.stderr.write(f"etforge: error: {exc}\n")
+        raise SystemExit(3) from None
+    if warning:
+        say(warning)
     return {
         "default_tasks": ["export", "sizegate", "validate", "benchmark", "manifest", "report"],
         "continue": True,  # one failing cell never stops the others
-        "dep_file": str(plan.artifacts_dir / ".doit.db"),
-        "backend": "json",
-        "reporter": make_reporter(plan, state_files, cells_by_task, selection.host),
+        "dep_file": str(database),
+        "backend": doit_db.BACKEND,
+        "reporter": make_reporter(plan, lifecycle.specs, lifecycle.cells_by_task, selection.host),
         "verbosity": 2,
     }

@@ -3,11 +3,15 @@
     doit manifest    writes artifacts/<pipeline>/manifests/{models.g.dart, pubspec_assets.yaml,
                      models.cmake, index.json}
 
-One list of variants feeds every manifest: the plan's cells whose export task
-recorded ``ok`` under the cell's current key (size, sha256, delegates and input
-dtypes from the export's state record, output shapes from the capture's). A cell
-that failed, was skipped, is not built yet, or was rejected by its scheme is left
-out of every file and listed in a comment (``excluded`` in index.json).
+One list of variants feeds every manifest: the plan's cells whose outcome ships
+(tasks/outcome.py: ok, provisional or on-device), with the outcome's evidence
+(size, sha256, delegates and input dtypes from the export's current record,
+output shapes from the capture's) and its verdict: validated here (status ok or
+provisional, the SQNR and the data it was measured on) or to be checked on the
+device (its .bpte, sha256 and tolerances). Every other cell (failed, expected
+failure, unexpectedly passing, skipped, not built or validated yet, rejected by
+its scheme) is left out of every file and listed in a comment (``excluded`` in
+index.json) with its status.
 
 The files are deterministic (plan order, sorted keys, no timestamps), so an
 unchanged plan yields byte-identical manifests. The task is cached like the
@@ -40,11 +44,10 @@ import re
 import sys
 from pathlib import Path
 
-from tasks import cpp_header
+from tasks import cpp_header, outcome
 from tasks.atomic import atomic_write_text
 from tasks.cache import Store
-from tasks.doit_tasks import (capture_spec, export_name, export_spec, quantize_spec, size_gate_spec, validate_spec,
-                              verdict_task_names)
+from tasks.doit_tasks import matrix_task_deps
 from tasks.keys import canonical_json, digest, sha256_file
 from tasks.plan import Plan
 from tasks.runner import BuildResult, CachedTask, is_up_to_date, read_state, run_cached
@@ -254,14 +257,6 @@ def _unique(names: list, make, reserved=frozenset()) -> dict:
 
 # ---------------------------------------------------------------- context
 
-def _current(spec: CachedTask) -> dict | None:
-    """The task's state record when it was made from the task's current key."""
-    record = read_state(spec.state_file)
-    if record and record.get("key") == spec.key:
-        return record
-    return None
-
-
 def _one_line(text: str, limit: int = 200) -> str:
     line = " ".join(str(text).split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
@@ -272,35 +267,6 @@ def _relative(plan: Plan, path) -> str:
         return Path(path).relative_to(plan.out_dir).as_posix()
     except ValueError:
         return Path(path).name
-
-
-def _exclusion(plan: Plan, cell, export: dict | None) -> dict | None:
-    """Why ``cell`` is not in the manifests, or None when it is."""
-    spec = export_spec(plan, cell)
-    if export is None:
-        upstream = [capture_spec(plan, cell.model)] + ([quantize_spec(plan, cell)] if cell.transform else [])
-        for dep in upstream:
-            record = _current(dep)
-            if record and record.get("status") == "failed":
-                return {"cell": cell.name, "status": "failed",
-                        "reason": f"{dep.name} failed, log: {_relative(plan, dep.log_file)}"}
-        return {"cell": cell.name, "status": "not built", "reason": f"run `doit {export_name(cell)}`"}
-    status = export.get("status")
-    if status == "failed":
-        # Only the log's path: an exception's text may name temp paths, and the
-        # manifests must not change from one identical run to the next.
-        return {"cell": cell.name, "status": "failed", "reason": f"log: {_relative(plan, spec.log_file)}"}
-    if status != "ok":
-        return {"cell": cell.name, "status": status or "unknown", "reason": _one_line(export.get("reason", ""))}
-    if plan.fp32_sibling(cell) is not None:
-        gate = _current(size_gate_spec(plan, cell))
-        if gate and gate.get("status") == "failed":
-            return {"cell": cell.name, "status": "failed size gate", "reason": _one_line(gate.get("reason", ""))}
-    validate = _current(validate_spec(plan, cell))
-    if validate and validate.get("status") == "failed":
-        return {"cell": cell.name, "status": "failed validation",
-                "reason": f"log: {_relative(plan, validate_spec(plan, cell).log_file)}"}
-    return None
 
 
 def _input_size(model, config: dict):
@@ -328,18 +294,27 @@ def _ordered(variants: list, order: list) -> list:
     return out
 
 
-def build_context(plan: Plan) -> dict:
-    """Everything the manifests are rendered from (JSON-serializable; its digest is the key)."""
+def build_context(plan: Plan, cells=None, host: dict | None = None, results: dict | None = None) -> dict:
+    """Everything the manifests are rendered from (JSON-serializable; its digest is the key).
+
+    ``cells``: the cells to describe (default: every cell of the plan); ``host``: read the
+    benchmark records too (a failed benchmark fails its cell, tasks/outcome.py); ``results``:
+    their outcomes (cell name -> CellOutcome) when the caller has them already.
+    """
     options = options_for(plan)
+    cells = plan.cells if cells is None else tuple(cells)
+    results = {c.name: (results or {}).get(c.name) or outcome.cell_outcome(plan, c, host) for c in cells}
     built, excluded = [], []
-    for cell in plan.cells:
-        export = _current(export_spec(plan, cell))
-        reason = _exclusion(plan, cell, export)
-        if reason:
-            excluded.append(reason)
+    for cell in cells:
+        result = results[cell.name]
+        if result.ships:
+            built.append((cell, result))
         else:
-            built.append((cell, export.get("info") or {}))
-    excluded += [{"cell": r.name, "status": "rejected", "reason": _one_line(r.reason)} for r in plan.rejected]
+            excluded.append({"cell": cell.name, "status": result.status,
+                             "reason": _one_line(outcome.listing_reason(result, plan.out_dir))})
+    models_of_cells = {c.model.name for c in cells}
+    excluded += [{"cell": r.name, "status": "rejected", "reason": _one_line(r.reason)} for r in plan.rejected
+                 if r.model in models_of_cells]
 
     names = [c.name for c, _ in built]
     model_names = list(dict.fromkeys(c.model.name for c, _ in built))
@@ -350,13 +325,13 @@ def build_context(plan: Plan) -> dict:
     cmake_models = _unique(model_names, cmake_identifier)
 
     variants = []
-    for cell, info in built:
-        capture = _current(capture_spec(plan, cell.model)) or {}
-        outputs = (capture.get("info") or {}).get("outputs") or []
-        dtypes = info.get("input_dtypes") or []
+    for cell, result in built:
+        ev = result.evidence
+        outputs = list(ev.outputs)
+        dtypes = list(ev.input_dtypes)
         if len(dtypes) != len(cell.model.inputs):
             dtypes = [i.dtype for i in cell.model.inputs]
-        delegates = list(info.get("delegates", cell.backend.delegates))
+        delegates = list(ev.delegates)
         file_name = f"{cell.stem}.pte"
         description = BACKEND_DESCRIPTIONS.get(cell.backend.primary.recipe, cell.backend.name)
         if len(cell.backend.members) > 1:
@@ -373,19 +348,20 @@ def build_context(plan: Plan) -> dict:
             "path": _relative(plan, plan.pte_path(cell)),  # relative to artifacts/<pipeline>/
             "asset": f"{options['assets_dir'].strip('/')}/{file_name}",
             "remote_url": _join_url(options["base_url"], file_name),
-            "sha256": info["sha256"],
-            "size": int(info["size_bytes"]),
+            "sha256": ev.sha256,  # the export record's: the release packs only a file with this hash
+            "size": int(ev.size_bytes),
             "delegates": delegates,
             "backend_targets": [DELEGATE_TARGETS[d][0] for d in delegates
                                 if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][0]],
             "package_targets": [DELEGATE_TARGETS[d][1] for d in delegates
                                 if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][1]],
-            "executorch_version": info.get("executorch_version") or plan.toolchain.get("executorch") or "",
+            "executorch_version": ev.executorch_version or plan.toolchain.get("executorch") or "",
             "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": d}
                        for i, d in zip(cell.model.inputs, dtypes)],
             "outputs": [{"name": f"output_{k}", "shape": list(o.get("shape", [])), "dtype": o.get("dtype", "")}
                         for k, o in enumerate(outputs)],
             "description": description,
+            "verdict": outcome.verdict(result),
         })
     by_file: dict = {}
     for v in variants:
@@ -431,8 +407,8 @@ def build_context(plan: Plan) -> dict:
         "excluded": excluded,
         "delegate_targets": {d: [t for t in DELEGATE_TARGETS.get(d, (None, None))[::-1] if t] for d in delegates},
         # The C++ runner's header, in the desktop Linux fallback order of the Dart manifest.
-        "cpp_header": cpp_header.header_context(plan, order=tuple(options["platforms"].get(
-            "linux", DEFAULT_PLATFORMS["linux"]))),
+        "cpp_header": cpp_header.header_context(plan, cells, order=tuple(options["platforms"].get(
+            "linux", DEFAULT_PLATFORMS["linux"])), outcomes=results),
     }
 
 
@@ -443,6 +419,11 @@ def _dart_string(value) -> str:
     for a, b in (("\\", "\\\\"), ("'", "\\'"), ("$", "\\$"), ("\n", "\\n"), ("\r", "\\r")):
         text = text.replace(a, b)
     return f"'{text}'"
+
+
+def _dart_double(value) -> str:
+    """A Dart ``double?`` literal (null: not measured)."""
+    return "null" if value is None else repr(float(value))
 
 
 def _cmake_string(value) -> str:
@@ -461,7 +442,8 @@ def _environment():
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
                              autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(dart=_dart_string, cmake=_cmake_string, yaml=_yaml_string, comment=_one_line)
+    env.filters.update(dart=_dart_string, dart_double=_dart_double, cmake=_cmake_string, yaml=_yaml_string,
+                       comment=_one_line)
     return env
 
 
@@ -487,6 +469,7 @@ def index_document(context: dict) -> dict:
             "backendDescription": v["description"],
             "platforms": v["platforms"],
             "delegates": v["delegates"],
+            "verdict": v["verdict"],
         })
     return {
         "version": INDEX_FORMAT,
@@ -538,17 +521,17 @@ def manifest_spec(plan: Plan, key: str) -> CachedTask:
                       state_file=plan.state_dir / f"{TASK_NAME}.json", log_file=plan.log_path(TASK_NAME))
 
 
-def manifest_up_to_date(plan: Plan, store: Store) -> bool:
-    """doit ``uptodate``: evaluated after the exports ran, so the key sees their records."""
+def manifest_up_to_date(plan: Plan, store: Store, host: dict | None = None) -> bool:
+    """doit ``uptodate``: evaluated after the cells' tasks ran, so the key sees their records."""
     try:
-        return is_up_to_date(manifest_spec(plan, manifest_key(build_context(plan))), store)
+        return is_up_to_date(manifest_spec(plan, manifest_key(build_context(plan, host=host))), store)
     except Exception:  # the action reports it
         return False
 
 
-def run_manifest(plan: Plan, store: Store) -> bool:
+def run_manifest(plan: Plan, store: Store, host: dict | None = None) -> bool:
     try:
-        context = build_context(plan)
+        context = build_context(plan, host=host)
     except ManifestError as exc:
         # A truthful state record for the reporter, and never up to date.
         spec = manifest_spec(plan, "")
@@ -570,15 +553,16 @@ def run_manifest(plan: Plan, store: Store) -> bool:
     return ok
 
 
-def manifest_task(plan: Plan, cells, store: Store | None = None) -> dict:
-    """The ``manifest`` task: after the selected cells' exports, manifests of every built cell."""
+def manifest_task(plan: Plan, cells, store: Store | None = None, host: dict | None = None) -> dict:
+    """The ``manifest`` task: after the selected cells' verdicts, manifests of every shippable cell."""
     store = store if store is not None else Store(plan.cache_dir)
     return {
         "basename": TASK_NAME,
-        "doc": f"write {', '.join(FILES)} of the built cells to {manifest_dir(plan).relative_to(plan.root)}/",
-        "actions": [(run_manifest, [plan, store])],
-        "uptodate": [(manifest_up_to_date, [plan, store])],
-        # After validation and the size gates too: cells that fail them are left out.
-        "task_dep": list(dict.fromkeys(t for c in cells for t in verdict_task_names(plan, c, cells))),
+        "doc": f"write {', '.join(FILES)} of the shippable cells to {manifest_dir(plan).relative_to(plan.root)}/",
+        "actions": [(run_manifest, [plan, store, host])],
+        "uptodate": [(manifest_up_to_date, [plan, store, host])],
+        # After every task that decides a cell's outcome (validation, size gates, benchmarks):
+        # cells that fail them are left out.
+        "task_dep": matrix_task_deps(plan, cells),
         "verbosity": 2,
     }

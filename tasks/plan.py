@@ -12,10 +12,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tasks import recipes, schema
+from tasks.code_deps import ImportGraph
 from tasks.errors import PipelineError
 from tasks.host import missing_requirement
 from tasks.keys import DigestCache, digest, toolchain_versions
-from tasks.yamlfile import LoadedYaml, load_yaml
+from tasks.tools import ToolVersions, stage_tools
+from tasks.yamlfile import LoadedYaml, format_path, load_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # Modules whose code runs inside each kind of task: editing them changes keys.
@@ -74,10 +76,12 @@ class BackendMember:
     host_runnable: bool
     missing: str | None  # what this host lacks to lower it, or None
     min_coverage: float | None = None  # the recipe's minimum delegation coverage; None: no delegate
+    tools: dict = field(default_factory=dict)  # versions of its lowering tools (tasks/tools.py)
+    runtime_tools: dict = field(default_factory=dict)  # versions of what runs its programs here
 
     def canonical(self) -> dict:
         return {"recipe": self.recipe, "partitioner": self.partitioner, "options": self.options,
-                "delegates": list(self.delegates), "missing": self.missing}
+                "delegates": list(self.delegates), "missing": self.missing, "tools": self.tools}
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,10 @@ class BackendSpec:
     def missing(self) -> str | None:
         return next((f"{m.recipe}: {m.missing}" for m in self.members if m.missing), None)
 
+    @property
+    def runtime_tools(self) -> dict:
+        return {name: v for m in self.members for name, v in m.runtime_tools.items()}
+
     def canonical(self) -> dict:
         return {"members": [m.canonical() for m in self.members]}
 
@@ -129,9 +137,11 @@ class Transform:
     options: dict
     calibrated: bool
     label: str  # names the quantize task; unique per distinct config of a model and scheme
+    tools: dict = field(default_factory=dict)  # versions of the quantizer's tools (tasks/tools.py)
 
     def canonical(self) -> dict:  # the label only names the task: not part of the content
-        return {"method": self.method, "ref": self.ref, "options": self.options, "calibrated": self.calibrated}
+        return {"method": self.method, "ref": self.ref, "options": self.options, "calibrated": self.calibrated,
+                "tools": self.tools}
 
 
 @dataclass(frozen=True)
@@ -176,6 +186,25 @@ class RejectedCell:
 
 
 @dataclass(frozen=True)
+class ExpectedFailure:
+    """An entry of ``matrix.expected_failures``: cells known to fail, with why and where it is tracked.
+
+    A dimension left out (None) matches every value of it, as in ``exclude``.
+    """
+
+    model: str | None
+    backend: str | None
+    quantization: str | None
+    reason: str
+    link: str
+    where: str  # "pipeline.yaml:31: matrix.expected_failures[0]", for messages
+
+    def matches(self, cell: Cell) -> bool:
+        return all(want is None or want == _cell_dim(cell, dim) for dim, want in
+                   (("model", self.model), ("backend", self.backend), ("quantization", self.quantization)))
+
+
+@dataclass(frozen=True)
 class Plan:
     file: Path
     display: str  # the file as errors name it
@@ -196,6 +225,8 @@ class Plan:
     toolchain: dict
     code_digests: dict = field(repr=False)
     manifests: dict = field(default_factory=dict)  # the `manifests:` section, read by tasks/manifest.py
+    artifacts_allow_outside: bool = False  # `artifacts: {allow_outside: true}`: follow links out of the project
+    expected_failures: tuple = ()  # of ExpectedFailure; never part of a key (they change no output)
 
     @property
     def artifacts_dir(self) -> Path:
@@ -277,10 +308,16 @@ class Plan:
                        "code": self.code_digests["export"]})
 
     def validate_key(self, cell: Cell) -> str:
+        # Only a cell that runs here uses its runtime tools; the others get a .bpte.
+        runtime = cell.backend.runtime_tools if cell.backend.host_runnable else {}
         return digest({"task": "validate", "export": self.export_key(cell),
                        "capture": self.capture_key(cell.model), "thresholds": cell.thresholds,
-                       "host_runnable": cell.backend.host_runnable,
+                       "host_runnable": cell.backend.host_runnable, "runtime_tools": runtime,
                        "toolchain": self.toolchain, "code": self.code_digests["validate"]})
+
+    def expected_failure(self, cell: Cell) -> ExpectedFailure | None:
+        """The first ``matrix.expected_failures`` entry that names ``cell``, or None."""
+        return next((e for e in self.expected_failures if e.matches(cell)), None)
 
     def shard(self, cells: tuple, spec: str) -> tuple:
         """Cells of shard ``k/n`` (1-based): a stable split by cell name, the same on every machine."""
@@ -296,7 +333,8 @@ class Plan:
     def benchmark_key(self, cell: Cell, host: dict) -> str:
         options = {k: v for k, v in self.benchmark.items() if k not in ("baseline", "regression_pct")}
         return digest({"task": "benchmark", "export": self.export_key(cell), "capture": self.capture_key(cell.model),
-                       "options": options, "host": host, "code": self.code_digests["benchmark"]})
+                       "options": options, "host": host, "runtime_tools": cell.backend.runtime_tools,
+                       "code": self.code_digests["benchmark"]})
 
     def select(self, model=None, backend=None, quantization=None) -> tuple:
         """Cells matching comma-separated name lists (None matches all)."""
@@ -337,11 +375,13 @@ def _merge_thresholds(*layers) -> dict:
 
 
 class _Resolver:
-    def __init__(self, doc: LoadedYaml, root: Path, digests: DigestCache):
+    def __init__(self, doc: LoadedYaml, root: Path, digests: DigestCache, versions: ToolVersions):
         self.doc = doc
         self.data = doc.data
         self.root = root
         self.digests = digests
+        self.versions = versions
+        self.imports = ImportGraph(root, digests)  # parses a project file once, memoised by content
 
     def inside_root(self, rel: str, path: tuple) -> Path:
         full = (self.root / rel).resolve()
@@ -374,7 +414,10 @@ class _Resolver:
         if "python" in spec:
             file = self.factory_file(spec["python"], path + ("python",))
             source = {"python": spec["python"], "file": self.rel(file),
-                      "sha256": self.file_digest(file, path + ("python",))}
+                      "sha256": self.file_digest(file, path + ("python",)),
+                      # every project module the factory imports, directly or not (tasks/code_deps.py)
+                      "modules": {self.rel(f): self.file_digest(f, path + ("python",))
+                                  for f in sorted(self.imports.reach([file])) if f != file}}
             if spec.get("packages"):
                 source["packages"] = self.package_versions(spec["packages"], path + ("packages",))
         else:
@@ -407,14 +450,11 @@ class _Resolver:
                          task=spec.get("task", "other"))
 
     def package_versions(self, names: list, path: tuple) -> dict:
-        from importlib import metadata
-
         versions = {}
         for i, name in enumerate(names):
-            try:
-                versions[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                raise self.doc.error(path + (i,), f"package {name!r} is not installed (pip install {name})") from None
+            versions[name] = self.versions.distribution(name)
+            if versions[name] is None:
+                raise self.doc.error(path + (i,), f"package {name!r} is not installed (pip install {name})")
         return versions
 
     def calibration(self, spec: dict | None, path: tuple) -> dict | None:
@@ -448,7 +488,9 @@ class _Resolver:
                              delegates=delegates,
                              host_runnable=bool(runtime.get("host_runnable", False)),
                              missing=missing_requirement(recipe.data.get("needs")),
-                             min_coverage=recipe.data.get("min_delegation_coverage") if delegates else None)
+                             min_coverage=recipe.data.get("min_delegation_coverage") if delegates else None,
+                             tools=self.versions.versions(stage_tools(recipe.data, "lowering")),
+                             runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")))
 
     def min_coverage(self, name: str, members: list) -> float | None:
         """gates.min_delegation_coverage.<name>, else the strictest member recipe's minimum."""
@@ -497,6 +539,7 @@ class _Resolver:
         table = quant.recipe.data.get("backends") or {}
         entries = [table.get(m.recipe, table.get("*")) for m in backend.members]
         primary = entries[0]
+        primary_name = backend.primary.recipe if backend.primary.recipe in table else "*"
         if primary is None:
             usable = ", ".join(sorted(k for k, v in table.items() if "rejected" not in v)) or "none"
             return None, f"{quant.name} is not available for {backend.primary.recipe} (available for: {usable})"
@@ -515,8 +558,9 @@ class _Resolver:
                 label = primary[method].split(":")[-1]
                 if primary.get("with_backend_options"):  # one graph per backend configuration
                     label += f"-{backend.name}"
+                tools = self.versions.versions(stage_tools(quant.recipe.data, "quantize", primary_name))
                 transform = Transform(method=method, ref=primary[method], options=options,
-                                      calibrated=quant.calibrated and method == "pt2e", label=label)
+                                      calibrated=quant.calibrated and method == "pt2e", label=label, tools=tools)
         return replace(backend, members=tuple(members)), transform
 
     def check_pattern(self, pattern: dict, path: tuple, known: dict) -> None:
@@ -595,6 +639,25 @@ class _Resolver:
                                            f"declared: {', '.join(declared)}")
             if name not in used:
                 raise self.doc.error(path, f"a coverage minimum for backend {name!r}, {why}")
+    def expected_failures(self, cells: tuple, rejected: tuple, known: dict) -> tuple:
+        """``matrix.expected_failures``; an entry that names no buildable cell is a mistake."""
+        entries = []
+        for i, spec in enumerate((self.data.get("matrix") or {}).get("expected_failures", [])):
+            path = ("matrix", "expected_failures", i)
+            self.check_pattern(spec, path, known)
+            line = self.doc.line_of(path)
+            entry = ExpectedFailure(model=spec.get("model"), backend=spec.get("backend"),
+                                    quantization=spec.get("quantization"), reason=" ".join(spec["reason"].split()),
+                                    link=spec["link"], where=f"{self.doc.file}:{line}: {format_path(path)}")
+            if not any(entry.matches(c) for c in cells):
+                refused = [r.name for r in rejected if all(
+                    getattr(entry, d) in (None, v) for d, v in
+                    (("model", r.model), ("backend", r.backend), ("quantization", r.quantization)))]
+                raise self.doc.error(path, "names no cell of the matrix" + (
+                    f" (only refused combinations, which never build: {', '.join(refused[:3])})"
+                    if refused else "") + "; remove the entry")
+            entries.append(entry)
+        return tuple(entries)
 
     def check_threshold_keys(self, quant_names) -> None:
         sections = [("thresholds",)] + [("models", m, "thresholds") for m in self.data["models"]]
@@ -625,7 +688,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     own_digests = digests is None
     if own_digests:
         digests = digest_cache_for(pipeline_file)
-    r = _Resolver(doc, root, digests)
+    versions = ToolVersions()  # one metadata lookup per distribution for this resolution
+    r = _Resolver(doc, root, digests, versions)
     data = doc.data
     models = {name: r.model(name, spec) for name, spec in data["models"].items()}
     backends = {name: r.backend(name, spec) for name, spec in data["backends"].items()}
@@ -636,6 +700,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     r.check_scheme_options(list(quants))
     cells, rejected = r.cells(models, backends, quants, quant_thresholds)
     r.check_backend_options(cells, rejected)
+    expected_failures = r.expected_failures(
+        cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})
     from tasks.manifest import check_options  # a local import: tasks.manifest imports this module
 
     for path, message in check_options(data.get("manifests"), list(backends), recipes.available("backend"),
@@ -655,8 +721,9 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 cache_read_only=_env_flag("ETFORGE_CACHE_READ_ONLY", (data.get("cache") or {}).get("read_only", False)),
                 benchmark={**DEFAULT_BENCHMARK, **(data.get("benchmark") or {})},
                 seed=(data.get("validation") or {}).get("seed", 0),
-                toolchain=toolchain_versions(), code_digests=code_digests,
-                manifests=data.get("manifests") or {})
+                toolchain=toolchain_versions(versions.distribution), code_digests=code_digests,
+                manifests=data.get("manifests") or {}, expected_failures=expected_failures,
+                artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False))
 
 
 def _remote_url(url: str | None, root: Path) -> str | None:

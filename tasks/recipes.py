@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tasks import schema
 from tasks.errors import PipelineError
+from tasks.tools import check_tools
 from tasks.yamlfile import load_yaml
 
 RECIPE_ROOT = Path(__file__).resolve().parent.parent / "recipes"
@@ -57,6 +58,8 @@ def load_recipe(kind: str, name: str, root: Path = RECIPE_ROOT) -> Recipe | None
     schema.validate(doc, "recipe.schema.json")
     if doc.data["kind"] != kind or doc.data["name"] != name:
         raise doc.error(("name",), f"recipe file {path.name} must declare kind {kind!r} and name {name!r}")
+    for key_path, message in check_tools(doc.data):
+        raise doc.error(key_path, message)
     return Recipe(name=name, kind=kind, description=doc.data["description"], path=path, data=doc.data)
 
 

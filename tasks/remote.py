@@ -10,12 +10,19 @@ verification to the caller (the local store), which discards a mismatch.
 Writers publish the manifest last, so a reader never sees a manifest whose
 blobs are missing; on a filesystem remote the whole entry is renamed into place.
 
+With a shared secret (``ETFORGE_CACHE_KEY``), a writer stores an HMAC-SHA256 of
+the manifest's bytes beside it (``manifest.json.hmac``) and a reader accepts only
+entries whose HMAC verifies: the manifest names every blob's sha256, so the
+HMAC vouches for the whole entry. Without the secret nothing is signed or checked.
+
 fsspec (and s3fs/gcsfs) is imported on first use, never at import time or in the
 constructor, so planning stays fast when nothing needs the remote.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import importlib.util
 import json
 import os
@@ -25,6 +32,7 @@ import uuid
 from pathlib import Path
 
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.json.hmac"  # hex HMAC-SHA256 of the manifest's bytes under the shared secret
 _KEY = re.compile(r"[A-Za-z0-9_-]{3,128}")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # Protocols whose implementation lives in a separate package: (package, pip name).
@@ -39,6 +47,10 @@ class RemoteError(Exception):
     """The remote is unreachable, misconfigured or read-only; the message is one line."""
 
 
+class UntrustedEntry(Exception):
+    """A remote entry that is unsigned, or signed with another secret (only with a secret set)."""
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
@@ -50,13 +62,14 @@ def _redact(url: str) -> str:
 
 def safe_blob_name(name) -> bool:
     """A blob name that stays inside its entry directory."""
-    return (isinstance(name, str) and name != "" and name != MANIFEST and "/" not in name
+    return (isinstance(name, str) and name not in ("", MANIFEST, SIGNATURE) and "/" not in name
             and "\\" not in name and "\0" not in name and ".." not in name
             and not name.startswith("."))
 
 
 class RemoteStore:
-    def __init__(self, url: str, read_only: bool = False, storage_options: dict | None = None):
+    def __init__(self, url: str, read_only: bool = False, storage_options: dict | None = None,
+                 secret: bytes | None = None):
         if not isinstance(url, str) or not url.strip():
             raise RemoteError("remote cache: empty URL")
         url = url.strip()
@@ -67,6 +80,7 @@ class RemoteStore:
         self.url = url
         self.read_only = bool(read_only)
         self.storage_options = dict(storage_options or {})
+        self.secret = secret or None  # signs uploads and is required of downloads; never printed
         self._fs = None
         self._root = None
         self._pid = None
@@ -76,7 +90,7 @@ class RemoteStore:
                               f"pip install {pkg[1]}")
 
     def __repr__(self) -> str:
-        return f"RemoteStore({self._name()!r}, read_only={self.read_only})"
+        return f"RemoteStore({self._name()!r}, read_only={self.read_only}, signed={self.secret is not None})"
 
     def __getstate__(self):  # picklable for process workers; the filesystem is rebuilt
         state = dict(self.__dict__)
@@ -85,6 +99,10 @@ class RemoteStore:
 
     def _name(self) -> str:
         return _redact(self.url)
+
+    def name(self) -> str:
+        """The URL with any credentials hidden, for messages."""
+        return self._name()
 
     def _error(self, what: str, exc: BaseException | None = None) -> RemoteError:
         detail = f": {type(exc).__name__}: {_one_line(exc)}" if exc is not None else ""
@@ -136,12 +154,28 @@ class RemoteStore:
             return None
         return raw, manifest
 
+    def _signature(self, raw: bytes) -> bytes:
+        return hmac.new(self.secret, raw, hashlib.sha256).hexdigest().encode("ascii")
+
+    def _signature_problem(self, fs, entry: str, raw: bytes) -> str | None:
+        """Why the entry's HMAC does not vouch for ``raw`` (None: it does, or no secret is set)."""
+        if self.secret is None:
+            return None
+        try:
+            stored = fs.cat_file(f"{entry}/{SIGNATURE}")
+        except FileNotFoundError:
+            return "is not signed"
+        if not hmac.compare_digest(bytes(stored).strip(), self._signature(raw)):
+            return "has a signature that does not match ETFORGE_CACHE_KEY"
+        return None
+
     def fetch(self, key: str, dest: Path) -> bool:
         """Download entry ``key`` (all blobs + manifest.json) into the empty local dir ``dest``.
 
         False when the remote has no complete, well-formed entry (including a manifest naming
-        a blob outside its entry). Raises RemoteError for an unreachable/misconfigured remote.
-        The caller verifies every blob's sha256 against the manifest.
+        a blob outside its entry). Raises RemoteError for an unreachable/misconfigured remote,
+        UntrustedEntry (before downloading any blob) when a secret is set and the entry's HMAC
+        does not verify. The caller verifies every blob's sha256 against the manifest.
         """
         dest = Path(dest)
         fs, _ = self._filesystem()
@@ -154,6 +188,10 @@ class RemoteStore:
             raw, manifest = found
             if manifest.get("key", key) != key:
                 return False
+            problem = self._signature_problem(fs, entry, raw)
+            if problem:
+                raise UntrustedEntry(f"remote cache {self._name()}: entry {key[:12]} {problem}; "
+                                     "treating it as a miss")
             dest.mkdir(parents=True, exist_ok=True)
             real_dest = dest.resolve()
             for name in sorted(manifest["files"]):
@@ -170,14 +208,17 @@ class RemoteStore:
         except (FileNotFoundError, _Refused):
             _remove(written)
             return False
+        except UntrustedEntry:
+            raise
         except Exception as exc:
             _remove(written)
             raise self._error(f"cannot fetch {key[:12]}", exc) from exc
 
     def _complete(self, fs, entry: str, files: dict) -> bool:
-        """Whether the remote holds this entry with the same blobs (names, sha256, sizes)."""
+        """Whether the remote holds this entry with the same blobs (names, sha256, sizes),
+        signed with our secret when we have one."""
         found = self._read_manifest(fs, entry)
-        if found is None:
+        if found is None or self._signature_problem(fs, entry, found[0]):
             return False
         remote_files = found[1]["files"]
         if {n: (m.get("sha256"), m.get("size")) for n, m in remote_files.items() if isinstance(m, dict)} != \
@@ -194,7 +235,7 @@ class RemoteStore:
     # -- writing ------------------------------------------------------------
 
     def upload(self, key: str, entry: Path) -> None:
-        """Upload a complete local entry dir; blobs first, manifest.json last.
+        """Upload a complete local entry dir; blobs first (then its HMAC), manifest.json last.
 
         On a filesystem remote the entry is assembled in ``<url>/tmp/`` and renamed into
         place. No-op when the remote already holds the same blobs. RemoteError when read-only.
@@ -215,25 +256,29 @@ class RemoteStore:
         try:
             if self._complete(fs, remote, files):
                 return
+            signature = self._signature(raw) if self.secret is not None else None
             if self._is_local(fs):
-                self._upload_dir(key, entry, files, Path(root), Path(remote))
+                self._upload_dir(key, entry, files, signature, Path(root), Path(remote))
             else:
-                self._upload_objects(fs, entry, files, remote)
+                self._upload_objects(fs, entry, files, signature, remote)
         except RemoteError:
             raise
         except Exception as exc:
             raise self._error(f"cannot upload {key[:12]}", exc) from exc
 
-    def _upload_objects(self, fs, entry: Path, files: dict, remote: str) -> None:
+    def _upload_objects(self, fs, entry: Path, files: dict, signature: bytes | None, remote: str) -> None:
         try:  # a stale manifest must not vouch for the blobs we are about to replace
             fs.rm_file(f"{remote}/{MANIFEST}")
         except FileNotFoundError:
             pass
         for name in sorted(files):
             fs.put_file(str(entry / name), f"{remote}/{name}")
+        if signature is not None:
+            fs.pipe_file(f"{remote}/{SIGNATURE}", signature)
         fs.put_file(str(entry / MANIFEST), f"{remote}/{MANIFEST}")
 
-    def _upload_dir(self, key: str, entry: Path, files: dict, root: Path, remote: Path) -> None:
+    def _upload_dir(self, key: str, entry: Path, files: dict, signature: bytes | None, root: Path,
+                    remote: Path) -> None:
         tmp = root / "tmp"
         tmp.mkdir(parents=True, exist_ok=True)
         staging = tmp / f"upload-{key}-{uuid.uuid4().hex[:12]}"
@@ -241,6 +286,8 @@ class RemoteStore:
         try:
             for name in sorted(files):
                 shutil.copyfile(entry / name, staging / name)
+            if signature is not None:
+                (staging / SIGNATURE).write_bytes(signature)
             shutil.copyfile(entry / MANIFEST, staging / MANIFEST)
             for path in staging.iterdir():
                 with open(path, "rb") as f:
@@ -300,8 +347,10 @@ def _remove(paths: list[Path]) -> None:
             pass
 
 
-def remote_from_url(url: str | None, read_only: bool = False) -> RemoteStore | None:
+def remote_from_url(url: str | None, read_only: bool = False, secret: bytes | None = None) -> RemoteStore | None:
     """A RemoteStore for ``url``, or None when no remote is configured (None or blank).
+
+    ``secret``: the shared signing key (``ETFORGE_CACHE_KEY``), or None for unsigned entries.
 
     Credentials and endpoints come from the environment, as each backend reads them
     (for S3: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL or AWS_ENDPOINT_URL_S3,
@@ -309,4 +358,4 @@ def remote_from_url(url: str | None, read_only: bool = False) -> RemoteStore | N
     """
     if url is None or not str(url).strip():
         return None
-    return RemoteStore(str(url), read_only=read_only)
+    return RemoteStore(str(url), read_only=read_only, secret=secret)

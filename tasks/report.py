@@ -1,8 +1,9 @@
 """One self-contained HTML page for a pipeline run: the matrix table and SVG charts.
 
-Everything the page shows comes from the tasks' state records (the same ones
-the terminal summary reads), an optional benchmark mapping (cell name ->
-{"p50_ms": ...}) and optional baseline regression flags. Chart geometry is
+Every cell's status, reason and evidence (size, delegation, SQNR, the data it
+was validated on) is its outcome (tasks/outcome.py, which the terminal summary,
+manifests and release read too); latency comes from an optional benchmark
+mapping (cell name -> {"p50_ms": ...}) and optional baseline regression flags. Chart geometry is
 computed here; ``templates/report.html.j2`` only emits the elements, so every
 label is escaped by Jinja2. The page needs no network: inline CSS, inline
 SVG, no scripts. Output is deterministic (no timestamps, fixed ordering,
@@ -14,14 +15,11 @@ This module must not import torch or executorch.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from pathlib import Path
 
-from tasks import summary
+from tasks import outcome, summary
 from tasks.atomic import atomic_write_text
-from tasks.doit_tasks import export_spec, validate_spec
-from tasks.runner import read_state
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 TEMPLATE = "report.html.j2"
@@ -29,7 +27,11 @@ TEMPLATE = "report.html.j2"
 # Okabe-Ito: distinguishable with the common colour-vision deficiencies.
 SCHEME_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#8C6D1F", "#4D4D4D")
 BACKEND_MARKERS = ("circle", "square", "diamond", "triangle", "triangle-down")
-STATUS_ORDER = ("ok", "failed", "skipped", "not-runnable", "rejected", "not built")
+STATUS_ORDER = outcome.STATUSES
+# Status -> badge style in the template; the rest look neutral.
+BADGES = {"ok": "ok", "provisional": "provisional", "on-device": "on-device", "failed": "failed",
+          "unexpectedly-passing": "unexpected", "expected-failure": "expected", "skipped": "skipped",
+          "rejected": "rejected"}
 
 CHAR_W = 6.4  # approximate advance of an 11px sans-serif character, for label layout
 
@@ -66,23 +68,6 @@ def _r(x: float) -> float:
 
 
 # --------------------------------------------------------------------------- data
-
-def _random_inputs(plan, cell, info: dict) -> bool | None:
-    """True when validation ran on random tensors, False for representative data, None unknown."""
-    for key in ("inputs", "input_source", "validation_inputs", "inputs_kind"):
-        value = info.get(key)
-        if isinstance(value, str):
-            return value.lower().startswith("random")
-        if isinstance(value, dict) and isinstance(value.get("kind"), str):
-            return value["kind"].lower().startswith("random")
-    if isinstance(info.get("random_inputs"), bool):
-        return info["random_inputs"]
-    try:  # older validate records keep it only in numerics.json
-        value = json.loads(plan.numerics_path(cell).read_text(encoding="utf-8")).get("inputs")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return value.lower().startswith("random") if isinstance(value, str) else None
-
 
 def _flags_by_cell(baseline_flags) -> dict:
     """Regression flags (cell names, or dicts with a "cell" key) -> cell -> one-line text."""
@@ -149,41 +134,33 @@ def _bench_title(result: dict) -> str:
     return "; ".join(parts)
 
 
-def cell_data(plan, cell, bench: dict, flags: dict) -> dict:
-    row = summary.cell_row(plan, cell)
-    export = read_state(export_spec(plan, cell).state_file) or {}
-    validate = read_state(validate_spec(plan, cell).state_file) or {}
-    einfo = export.get("info") or {}
-    vinfo = validate.get("info") or {}
-    size = _num(einfo.get("size_bytes"))
-    delegated, non_delegated = _num(einfo.get("delegated_ops")), _num(einfo.get("non_delegated_ops"))
-    coverage = None
-    if delegated is not None and non_delegated is not None and delegated + non_delegated > 0:
-        coverage = delegated / (delegated + non_delegated)
-    validated = validate.get("status") in ("ok", "failed") and bool(vinfo)
-    sqnr = _num(vinfo.get("sqnr_db"))
-    if sqnr is not None:
-        sqnr_text = f"{sqnr:.1f}"
-    elif validated and vinfo.get("passed") is not None and vinfo.get("sqnr_db") is None:
-        sqnr_text = "exact"  # no error at all: SQNR is infinite (a NaN one is not exact)
-    else:
-        sqnr_text = "-"
-    top1, top5 = _num(vinfo.get("top1_agreement")), _num(vinfo.get("top5_agreement"))
+def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict) -> dict:
+    """One table row of ``cell`` from its outcome; latency from ``bench``."""
+    ev = result.evidence
+    size = _num(ev.size_bytes)
+    delegated, non_delegated = ev.delegated_ops, ev.non_delegated_ops
+    coverage = ev.coverage
+    sqnr = _num(ev.metrics.get("sqnr_db"))
+    top1, top5 = _num(ev.metrics.get("top1_agreement")), _num(ev.metrics.get("top5_agreement"))
     accuracy_title = "; ".join(f"{k}: {v:.6g}" for k, v in
-                               (("cosine", _num(vinfo.get("cosine"))),
-                                ("max abs error", _num(vinfo.get("max_abs_error"))))
+                               (("cosine", _num(ev.metrics.get("cosine"))),
+                                ("max abs error", _num(ev.metrics.get("max_abs_error"))))
                                if v is not None)
-    result = bench.get(cell.name) if isinstance(bench.get(cell.name), dict) else {}
-    p50 = bench_p50(result)
+    if ev.validated_on:
+        accuracy_title = "; ".join(filter(None, [f"validated on {ev.validated_on}"
+                                                 + (f" ({ev.samples} samples)" if ev.samples else ""),
+                                                 accuracy_title]))
+    timing = bench.get(cell.name) if isinstance(bench.get(cell.name), dict) else {}
+    p50 = bench_p50(timing)
     return {
         "cell": cell.name, "model": cell.model.name, "backend": cell.backend.name,
         "quant": cell.quant.name, "quantized": cell.transform is not None,
-        "status": row.get("status", "not built"), "note": row.get("note", ""),
+        "status": result.status, "note": summary.outcome_row(result)["note"],
         "size_bytes": size, "size_text": summary.human_size(size),
-        "sqnr_db": sqnr, "sqnr_text": sqnr_text, "accuracy_title": accuracy_title,
+        "sqnr_db": sqnr, "sqnr_text": summary.sqnr_text(result), "accuracy_title": accuracy_title,
         "top1": top1, "top1_text": format_fraction(top1), "top5_text": format_fraction(top5),
-        "random_inputs": _random_inputs(plan, cell, vinfo) if validated else None,
-        "p50_ms": p50, "latency_text": format_ms(p50), "bench_title": _bench_title(result),
+        "random_inputs": bool(ev.metrics) and str(ev.validated_on or "").startswith("random"),
+        "p50_ms": p50, "latency_text": format_ms(p50), "bench_title": _bench_title(timing),
         "regression": flags.get(cell.name),
         "coverage": coverage, "coverage_text": format_fraction(coverage),
         "coverage_title": (f"{delegated} delegated, {non_delegated} not delegated"
@@ -414,10 +391,12 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
 
 # --------------------------------------------------------------------------- page
 
-def build_context(plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None) -> dict:
+def build_context(plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None,
+                  host: dict | None = None) -> dict:
+    """``host``: read the cells' benchmark records too (a failed benchmark fails its cell)."""
     bench = bench or {}
     flags = _flags_by_cell(baseline_flags)
-    rows = [cell_data(plan, c, bench, flags) for c in cells]
+    rows = [cell_data(plan, c, outcome.cell_outcome(plan, c, host), bench, flags) for c in cells]
     rows += [rejected_data(r) for r in rejected or ()]
     rows.sort(key=_order(plan))
     built_rows = [r for r in rows if r["status"] != "rejected"]  # only these get bars and points
@@ -456,23 +435,27 @@ def build_context(plan, cells, rejected, bench: dict | None = None, baseline_fla
                              if any(p["backend"] == b for p in scatter["points"])],
         "has_bench": any(r["p50_ms"] is not None for r in rows),
         "random_cells": [r["cell"] for r in rows if r["random_inputs"]],
+        "provisional_cells": [r["cell"] for r in rows if r["status"] == "provisional"],
+        "unexpected_cells": [r["cell"] for r in rows if r["status"] == "unexpectedly-passing"],
+        "badges": BADGES,
         "regressions": [{"cell": c, "text": t} for c, t in sorted(flags.items())],
         "unknown_regressions": sorted(set(flags) - known),
         "toolchain": sorted((plan.toolchain or {}).items()),
     }
 
 
-def render_report(plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None) -> str:
+def render_report(plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None,
+                  host: dict | None = None) -> str:
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    return env.get_template(TEMPLATE).render(**build_context(plan, cells, rejected, bench, baseline_flags))
+    return env.get_template(TEMPLATE).render(**build_context(plan, cells, rejected, bench, baseline_flags, host))
 
 
 def write_report(plan, cells, rejected, out_path: Path, bench: dict | None = None,
-                 baseline_flags: list | None = None) -> None:
+                 baseline_flags: list | None = None, host: dict | None = None) -> None:
     """Write the HTML report for ``cells`` (and the ``rejected`` combinations) to ``out_path``.
 
     ``bench`` maps a cell name to its benchmark results: {"p50_ms": ..., ...}, the
@@ -482,22 +465,14 @@ def write_report(plan, cells, rejected, out_path: Path, bench: dict | None = Non
     "threshold_pct", "same_host" (the rows of benchmark.compare_with_baseline).
     Both may be None: latency then shows "-" and no latency bars are drawn.
     """
-    atomic_write_text(Path(out_path), render_report(plan, cells, rejected, bench, baseline_flags))
+    atomic_write_text(Path(out_path), render_report(plan, cells, rejected, bench, baseline_flags, host))
 
 
 # ---------------------------------------------------------------- the doit task
 
 def benchmark_results(plan, cells, host: dict) -> dict:
-    """Cell name -> benchmark info of the cells whose benchmark ran ok under the current key."""
-    from tasks.doit_tasks import benchmark_spec
-
-    out = {}
-    for cell in cells:
-        spec = benchmark_spec(plan, cell, host)
-        record = read_state(spec.state_file)
-        if record and record.get("key") == spec.key and record.get("status") == "ok":
-            out[cell.name] = record["info"]
-    return out
+    """Cell name -> benchmark info of the cells benchmarked here (their outcomes' evidence)."""
+    return {o.cell: o.evidence.benchmark for o in outcome.outcomes(plan, cells, host) if o.evidence.benchmark}
 
 
 def baseline_regressions(plan, bench: dict) -> list:
@@ -514,7 +489,7 @@ def _render_current(plan, cells, host: dict) -> str:
     models = {c.model.name for c in cells}
     bench = benchmark_results(plan, cells, host)
     return render_report(plan, cells, [r for r in plan.rejected if r.model in models], bench,
-                         baseline_regressions(plan, bench))
+                         baseline_regressions(plan, bench), host)
 
 
 def _spec(plan, html: str):

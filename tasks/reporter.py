@@ -1,20 +1,26 @@
-"""doit reporter: a timestamped start/finish line per task, then the summary table."""
+"""doit reporter: a timestamped start/finish line per task, then the summary table.
+
+Display only: the run lock, cleanup, summary.json and the exit status belong to
+tasks/lifecycle.py, so they hold with any reporter (``doit -r json``).
+"""
 
 from __future__ import annotations
 
-import json
-import shutil
 import time
 
 from doit.reporter import ConsoleReporter
 
-from tasks import runlock, summary
-from tasks.atomic import atomic_write_text
+from tasks import summary
+from tasks import outcome
+from tasks.lifecycle import summary_rows
 from tasks.runner import read_state
 
 
-def make_reporter(plan, state_files: dict, cells_by_task: dict, host: dict):
-    """A ConsoleReporter subclass bound to this plan (doit instantiates it)."""
+def make_reporter(plan, specs: dict, cells_by_task: dict, host: dict):
+    """A ConsoleReporter subclass bound to this plan (doit instantiates it).
+
+    ``specs``: task name -> CachedTask, whose state record the finish line reads.
+    """
 
     class EtforgeReporter(ConsoleReporter):
         desc = "etforge: progress lines and a summary table"
@@ -25,13 +31,6 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict, host: dict):
             self.touched_cells: dict = {}
             self.executed = 0
             self.up_to_date = 0
-            self.failed: list = []
-
-        def initialize(self, tasks, selected_tasks):
-            # Only `doit run` reaches here (not `doit list`); held until the process exits.
-            self.lock = runlock.acquire(plan.artifacts_dir / ".etforge" / "run.lock", self.outstream)
-            # Holding the lock, nobody else is writing: scratch dirs left by a killed run go.
-            shutil.rmtree(plan.cache_dir / "tmp", ignore_errors=True)
 
         def _line(self, text: str) -> None:
             self.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
@@ -51,14 +50,12 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict, host: dict):
 
         def _finish_line(self, task, failed_exc=None):
             elapsed = time.monotonic() - self.started.get(task.name, time.monotonic())
-            record = read_state(state_files[task.name]) if task.name in state_files else None
-            if record is None:
+            record = read_state(specs[task.name].state_file) if task.name in specs else None
+            if record is None or failed_exc is not None:  # (a record that could not be written is stale)
                 status = "FAILED" if failed_exc else "done"
                 note = failed_exc.get_msg().strip().splitlines()[-1] if failed_exc else ""
             else:
                 status = {"ok": "ok", "failed": "FAILED"}.get(record["status"], record["status"])
-                if record["status"] == "failed":
-                    self.failed.append(task.name)
                 note = "restored from cache" if record.get("cached") else ""
                 if record.get("reason"):
                     note = record["reason"]
@@ -74,7 +71,7 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict, host: dict):
             self._touch(task)
             if task.name in self.started:
                 self._finish_line(task, fail)
-            elif task.name in state_files:  # never started: a dependency failed
+            elif task.name in specs:  # never started: a dependency failed
                 self._line(f"not run {task.name}  ({fail.get_msg().strip().splitlines()[-1]})")
 
         def skip_uptodate(self, task):
@@ -87,27 +84,14 @@ def make_reporter(plan, state_files: dict, cells_by_task: dict, host: dict):
         def complete_run(self):
             if self.runtime_errors:
                 super().complete_run()
-            self._write_summary()
-            if self.failed:
-                # Failed tasks returned success to doit so their dependents still ran (and
-                # said why they could not); the run as a whole still fails.
-                self.write(f"etforge: {len(self.failed)} task(s) failed\n")
-                self.outstream.flush()
-                raise SystemExit(1)
+            self._write_table()
+            self.outstream.flush()
 
-        def _write_summary(self):
-            cells = [c for c in plan.cells if c.name in self.touched_cells]
-            if not cells:
+        def _write_table(self):
+            results = outcome.outcomes(plan, [c for c in plan.cells if c.name in self.touched_cells], host)
+            if not results:
                 return
-            rows = [summary.cell_row(plan, c) for c in cells]
-            summary.add_benchmarks(plan, cells, host, rows)
-            models = {c.model.name for c in cells}
-            rows += [summary.rejected_row(r) for r in plan.rejected if r.model in models]
             self.write(f"\n{plan.name}: {self.executed} task(s) run, {self.up_to_date} up to date\n")
-            self.write(summary.render(rows) + "\n")
-            try:
-                atomic_write_text(plan.out_dir / "summary.json", json.dumps(rows, indent=2) + "\n")
-            except OSError as exc:
-                self.write(f"etforge: cannot write {plan.out_dir / 'summary.json'}: {exc}\n")
+            self.write(summary.render(summary_rows(plan, results)) + "\n")
 
     return EtforgeReporter

@@ -1,10 +1,10 @@
-"""The end-of-run table: one row per cell, read from the tasks' state records."""
+"""The end-of-run table: one row per cell, each the cell's outcome (tasks/outcome.py)."""
 
 from __future__ import annotations
 
-from tasks.doit_tasks import capture_spec, export_spec, quantize_spec, size_gate_spec, validate_spec
+from tasks import outcome
+from tasks.outcome import CellOutcome
 from tasks.plan import Cell, Plan
-from tasks.runner import read_state
 
 
 def human_size(n) -> str:
@@ -17,56 +17,53 @@ def human_size(n) -> str:
     return "-"
 
 
-def cell_row(plan: Plan, cell: Cell) -> dict:
-    capture = read_state(capture_spec(plan, cell.model).state_file) or {}
-    quantize = read_state(quantize_spec(plan, cell).state_file) or {} if cell.transform else {}
-    export = read_state(export_spec(plan, cell).state_file) or {}
-    gate = read_state(size_gate_spec(plan, cell).state_file) or {} if plan.fp32_sibling(cell) else {}
-    validate = read_state(validate_spec(plan, cell).state_file) or {}
-    export_status = export.get("status", "not built")
-    validate_status = validate.get("status", "-")
-    failed = next((r for r in (capture, quantize, export, gate, validate) if r.get("status") == "failed"), None)
-    if failed is not None:
-        status = "failed"
-        note = f"{failed['task']}: {failed.get('reason', '')}"
-        if failed.get("log"):
-            note += f" (log: {failed['log']})"
-    elif export_status == "skipped":
-        status, note = "skipped", export.get("reason", "")
-    elif export_status == "ok":
-        status = "ok" if validate_status in ("ok", "-") else validate_status
-        note = validate.get("reason", "") if validate_status in ("skipped", "not-runnable") else ""
-        if str((quantize.get("info") or {}).get("calibration", "")).startswith("random"):
-            note = "; ".join(filter(None, [note, "random calibration data (name some in pipeline.yaml)"]))
-    else:
-        status, note = export_status, ""
-    sqnr = (validate.get("info") or {}).get("sqnr_db")
-    if validate_status in ("ok", "failed") and sqnr is None and (validate.get("info") or {}).get("passed") is not None:
-        sqnr_text = "exact"
-    else:
-        sqnr_text = "-" if sqnr is None else f"{sqnr:.1f}"
-    info = export.get("info") or {}
+def sqnr_text(o: CellOutcome) -> str:
+    """'exact' (identical to eager), the worst output's SQNR in dB, or '-'."""
+    if o.evidence.exact:
+        return "exact"
+    sqnr = o.evidence.metrics.get("sqnr_db")
+    return "-" if sqnr is None else f"{sqnr:.1f}"
+
+
+def outcome_row(o: CellOutcome) -> dict:
+    ev = o.evidence
+    note = o.reason
+    if o.log and o.status in ("failed", "expected-failure"):
+        note += f" (log: {o.log})"
+    p50 = ev.latency_p50_ms
     return {
-        "cell": cell.name, "status": status,
-        "export": export_status, "validate": validate_status,
-        "size": human_size(info.get("size_bytes")),
-        "sqnr_db": sqnr_text,
-        "time": f"{info['lowering_s']:.1f}s" if "lowering_s" in info else "-",
-        "p50_ms": "-",  # add_benchmarks fills it in
+        "cell": o.cell, "status": o.status,
+        "size": human_size(ev.size_bytes),
+        "sqnr_db": sqnr_text(o),
+        "validated_on": ev.validated_on or "-",
+        "time": "-" if ev.lowering_s is None else f"{ev.lowering_s:.1f}s",
+        "p50_ms": "-" if p50 is None else f"{p50:.3f}",
         "note": note,
     }
 
 
-def add_benchmarks(plan: Plan, cells, host: dict, rows: list) -> None:
-    """Fill each row's p50 latency, and flag cells slower than the pipeline's baseline."""
-    from tasks.report import baseline_regressions, benchmark_results
+def cell_row(plan: Plan, cell: Cell, host: dict | None = None) -> dict:
+    return outcome_row(outcome.cell_outcome(plan, cell, host))
 
-    bench = benchmark_results(plan, cells, host)
-    for row in rows:
-        p50 = (bench.get(row["cell"]) or {}).get("latency_p50_ms")
-        row["p50_ms"] = "-" if p50 is None else f"{p50:.3f}"
-    if not plan.benchmark.get("baseline"):
+
+def rejected_row(rejected) -> dict:
+    return outcome_row(outcome.rejected_outcome(rejected))
+
+
+def rows(plan: Plan, outcomes: list) -> list:
+    """Table rows of ``outcomes``, with the benchmark baseline's regressions in the notes."""
+    table = [outcome_row(o) for o in outcomes]
+    add_baseline_flags(plan, outcomes, table)
+    return table
+
+
+def add_baseline_flags(plan: Plan, outcomes: list, rows: list) -> None:
+    """Flag cells slower than the pipeline's benchmark baseline, if it names one."""
+    if not plan.benchmark.get("baseline") or not rows:
         return
+    from tasks.report import baseline_regressions
+
+    bench = {o.cell: o.evidence.benchmark for o in outcomes if o.evidence.benchmark}
     try:
         flags = baseline_regressions(plan, bench)
     except ValueError as exc:  # a malformed baseline file: say so, once
@@ -81,11 +78,6 @@ def add_benchmarks(plan: Plan, cells, host: dict, rows: list) -> None:
             row["note"] = "; ".join(filter(None, [row["note"], text]))
 
 
-def rejected_row(rejected) -> dict:
-    return {"cell": rejected.name, "status": "rejected", "export": "-", "validate": "-",
-            "size": "-", "sqnr_db": "-", "time": "-", "p50_ms": "-", "note": rejected.reason}
-
-
 def render(rows: list) -> str:
     columns = [("cell", "cell"), ("status", "status"), ("size", "size"), ("sqnr_db", "SQNR dB"),
                ("p50_ms", "p50 ms"), ("time", "lower"), ("note", "")]
@@ -97,5 +89,6 @@ def render(rows: list) -> str:
     counts: dict = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    lines.append(", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    order = {s: i for i, s in enumerate(outcome.STATUSES)}
+    lines.append(", ".join(f"{counts[s]} {s}" for s in sorted(counts, key=lambda s: (order.get(s, len(order)), s))))
     return "\n".join(lines)

@@ -56,8 +56,10 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     import numpy as np
 
     from tasks.capture import load_reference_samples
+    from tasks.keys import sha256_file
     from tasks.numerics import compare_samples, verdict
 
+    program_sha256 = sha256_file(pte)  # the bytes this verdict is about (it counts only for them)
     ref = load_reference_samples(reference)
     samples = [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)]
     results = run_program_samples(pte, samples)
@@ -76,6 +78,7 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
                      "'validation' in pipeline.yaml")
     report = {
         "cell": cell.canonical(),
+        "program_sha256": program_sha256,
         "inputs": ref.source,
         "samples": ref.count,
         "task": getattr(cell.model, "task", "other"),
@@ -97,7 +100,7 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
             "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
             "cosine": pick_worst([m["cosine"] for m in metrics], min),
             "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
-            "inputs": ref.source, "samples": ref.count, "passed": not misses}
+            "inputs": ref.source, "samples": ref.count, "passed": not misses, "program_sha256": program_sha256}
     for key in TOPK_THRESHOLDS:
         values = [m[key] for m in metrics if key in m]
         if values:

@@ -1,10 +1,12 @@
-"""Shared helpers: a throwaway etforge project and a way to run doit on it."""
+"""Shared helpers: a throwaway etforge project, a way to run doit on it, and an S3 server."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -29,6 +31,19 @@ models:
 backends:
   xnnpack: {}
   portable: {}
+quantization: [fp32]
+"""
+
+# One cell: the smallest real pipeline (capture, export, validate, benchmark, manifest, report).
+LINREG_PIPELINE = """\
+name: t
+version: 0.0.1
+models:
+  linreg:
+    python: models.linreg:build
+    inputs: [{name: features, shape: [1, 4]}]
+backends:
+  xnnpack: {}
 quantization: [fp32]
 """
 
@@ -77,3 +92,60 @@ def make_project(path: Path, pipeline: str = SMALL_PIPELINE) -> Project:
 @pytest.fixture
 def project(tmp_path) -> Project:
     return make_project(tmp_path / "proj")
+
+
+@pytest.fixture(scope="session")
+def built_linreg(tmp_path_factory) -> Project:
+    """LINREG_PIPELINE built once for the session, without a remote; copy it (copy_project) to change it."""
+    project = make_project(tmp_path_factory.mktemp("linreg") / "proj", LINREG_PIPELINE)
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    return project
+
+
+def state(project: Project, task: str) -> dict:
+    """The state record of ``task`` (e.g. export:linreg/xnnpack/fp32)."""
+    name = task.replace(":", "__").replace("/", "__") + ".json"
+    return json.loads((project.out / ".state" / name).read_text())
+
+
+def copy_project(source: Project, target: Path) -> Project:
+    """A copy of a built project, cache and state included (a relocated checkout)."""
+    shutil.copytree(source.root, target, symlinks=True)
+    return Project(target)
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (until someone binds it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint():
+    """A real S3-protocol server (moto) on loopback, for the session; its URL."""
+    server_mod = pytest.importorskip("moto.server")
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def aws_test_env(home: Path, endpoint: str) -> dict:
+    """Environment for a doit subprocess talking to ``endpoint``: dummy credentials, no host AWS config."""
+    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": str(home / "config"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
+            "AWS_ENDPOINT_URL": endpoint}
+
+
+def make_bucket(endpoint: str, bucket: str) -> None:
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                          aws_secret_access_key="testing", region_name="us-east-1")
+    try:
+        client.create_bucket(Bucket=bucket)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass

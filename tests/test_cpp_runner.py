@@ -1,7 +1,7 @@
 """cpp/runner: the C++ multi-backend runner, built with CMake against the pip wheel's runtime.
 
 One small project (linreg and the small CNN on xnnpack and portable, fp32) is
-exported once per module; its etforge_models.h (tasks/cpp_header.py) is rendered
+exported and validated once per module; its etforge_models.h (tasks/cpp_header.py) is rendered
 with two hand-made additions: a `vulkan` variant (delegate VulkanBackend, which
 this runtime lacks) pointing at the linreg XNNPACK program, and a model whose
 only variant records a wrong sha256. The runner is configured and built once
@@ -23,7 +23,7 @@ import pytest
 
 from conftest import REPO, make_project
 from tasks import cpp_header
-from tasks.doit_tasks import export_spec
+from tasks.doit_tasks import export_spec, validate_spec
 from tasks.plan import resolve
 from tasks.runner import read_state
 
@@ -68,7 +68,7 @@ def cmake(*args: str) -> subprocess.CompletedProcess:
 def built(tmp_path_factory):
     start = time.monotonic()
     project = make_project(tmp_path_factory.mktemp("cpp_runner") / "proj")
-    run = project.doit("-n", "2", "-P", "process", "export")
+    run = project.doit("-n", "2", "-P", "process", "validate")  # a variant ships with its verdict
     assert run.returncode == 0, run.stdout + run.stderr
     project.plan = resolve(project.pipeline)
     project.export_s = time.monotonic() - start
@@ -188,7 +188,7 @@ def test_header_leaves_out_unbuilt_cells_and_escapes_strings(built, tmp_path):
         state.write_bytes(saved)
     assert [v["id"] for m in ctx["models"] for v in m["variants"]] == [
         "linreg/xnnpack/fp32", "linreg/portable/fp32", "cnn/portable/fp32"]
-    assert ctx["excluded"] == [{"cell": "cnn/xnnpack/fp32", "reason": "not built (run `doit export:cnn/xnnpack/fp32`)"}]
+    assert ctx["excluded"] == [{"cell": "cnn/xnnpack/fp32", "reason": "not built: run `doit export:cnn/xnnpack/fp32`"}]
     assert cpp_header.c_string('a"b\\c?\n\u00e9') == '"a\\"b\\\\c\\?\\012\\303\\251"'
     assert cpp_header.c_comment("x\ny\\") == "x y"
 
@@ -295,7 +295,8 @@ quantization: [fp32]
 
 
 def fake_export(plan, cell, status="ok"):
-    """A state record for ``cell``'s export under its current key, as run_cached writes it."""
+    """State records for ``cell``'s export under its current key, as run_cached writes them, and
+    for an ok export its verdict: validated here, or a bundle for the device (not runnable here)."""
     import hashlib
     import json
 
@@ -305,6 +306,16 @@ def fake_export(plan, cell, status="ok"):
     spec.state_file.parent.mkdir(parents=True, exist_ok=True)
     spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": status,
                                            "info": info if status == "ok" else {}, "outputs": {}}))
+    if status != "ok":
+        return
+    check = validate_spec(plan, cell)
+    if cell.backend.host_runnable:
+        record = {"status": "ok", "info": {"sqnr_db": None, "max_abs_error": 0.0, "cosine": 1.0,
+                                           "inputs": "random (seeded)", "samples": 1, "passed": True}}
+    else:
+        record = {"status": "not-runnable", "outputs": {"program.bpte": {"sha256": "b" * 64}},
+                  "info": {"inputs": "random (seeded)", "test_cases": 1, "rtol": 0.0, "atol": 1e-4}}
+    check.state_file.write_text(json.dumps({"task": check.name, "key": check.key, **record}))
 
 
 def test_chains_are_ordered_by_their_own_name_and_odd_strings_compile(tmp_path):
@@ -318,7 +329,9 @@ def test_chains_are_ordered_by_their_own_name_and_odd_strings_compile(tmp_path):
     assert [(v["backend"], v["listed"]) for v in model["variants"]] == [("fast", True), ("vk_xnn", False)]
     assert model["variants"][1]["delegates"] == ["VulkanBackend", "XnnpackBackend"]
     assert model["variants"][1]["num_outputs"] == -1  # no capture record: unknown
-    assert ctx["excluded"] == [{"cell": "linreg/portable/fp32", "reason": "export failed"}]
+    assert ctx["excluded"] == [{"cell": "linreg/portable/fp32", "reason": "failed: export:linreg/portable/fp32 failed"}]
+    assert [(v["verdict"], v["bundle_sha256"], v["atol"]) for v in model["variants"]] == [
+        ("provisional", "", None), ("on-device", "b" * 64, 1e-4)]
     named = cpp_header.header_context(plan, order=["vk_xnn", "fast"], append_unlisted=False)
     assert [v["backend"] for v in named["models"][0]["variants"]] == ["vk_xnn", "fast"]
 
@@ -331,12 +344,14 @@ def test_chains_are_ordered_by_their_own_name_and_odd_strings_compile(tmp_path):
     header.write_text(cpp_header.render_context(odd))
     probe = tmp_path / "probe.cpp"
     probe.write_text('#include "etforge_models.h"\n#include <cstdio>\n'
-                     "int main() { std::printf(\"%s|%s|%zu|%d\\n\", etforge::models::kPipeline,\n"
+                     "int main() { std::printf(\"%s|%s|%zu|%d|%s|%g|%s|%g\\n\", etforge::models::kPipeline,\n"
                      "  etforge::models::kModels[0].variants[0].inputs[0].name,\n"
-                     "  etforge::models::kModels[0].num_variants, etforge::models::kModels[0].variants[1].num_outputs); }\n")
+                     "  etforge::models::kModels[0].num_variants, etforge::models::kModels[0].variants[1].num_outputs,\n"
+                     "  etforge::models::kModels[0].variants[0].verdict, etforge::models::kModels[0].variants[0].sqnr_db,\n"
+                     "  etforge::models::kModels[0].variants[1].verdict, etforge::models::kModels[0].variants[1].atol); }\n")
     exe = tmp_path / "probe"
     compiled = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I", str(tmp_path),
                                str(probe), "-o", str(exe)], capture_output=True, text=True, timeout=120)
     assert compiled.returncode == 0, compiled.stderr
     printed = subprocess.run([str(exe)], capture_output=True, timeout=30).stdout.decode("utf-8")
-    assert printed == 'a "quoted" \\ name ??/ */ \u00e9\n|in\\|2|-1\n'
+    assert printed == 'a "quoted" \\ name ??/ */ \u00e9\n|in\\|2|-1|provisional|inf|on-device|0.0001\n'

@@ -1,17 +1,20 @@
-"""Faults: real SIGKILLs of real runs, concurrent runs, unwritable outputs, sharding."""
+"""Faults: real SIGKILLs of real runs, concurrent runs, unwritable outputs, sharding, a damaged cache."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import REPO, make_project
+from conftest import LINREG_PIPELINE, REPO, Project, copy_project, make_project, state
 from tasks.cache import read_entry
 
 
@@ -74,7 +77,7 @@ def test_a_second_concurrent_run_waits_for_the_first(tmp_path):
     out_second, _ = second.communicate(timeout=600)
     out_first, _ = first.communicate(timeout=600)
     assert first.returncode == 0 and second.returncode == 0, out_first + out_second
-    assert "another doit run is using" in out_second and "waiting" in out_second
+    assert f"another doit run (pid {first.pid}) is using" in out_second and "waiting" in out_second
     assert "0 task(s) run" in out_second  # the first run built everything
     assert_nothing_half_done(project)
 
@@ -101,3 +104,354 @@ def test_shards_split_the_matrix_without_overlap(tmp_path):
     assert sum(len(s) for s in shards) == len(everything)
     bad = project.doit("list", "shard=4/3")
     assert bad.returncode == 3 and "expected k/n with 1 <= k <= n" in bad.stderr
+
+
+# ---------------------------------------------------------------- the run lifecycle
+# Tiny pipelines (linreg on the portable backend, plus a factory that fails in a
+# chosen way): each run below is a few seconds, mostly importing torch.
+
+TINY_PIPELINE = """\
+name: t
+version: 0.0.1
+models:
+%s
+backends:
+  portable: {}
+quantization: [fp32]
+"""
+FACTORIES = {
+    "boom": ("import pathlib, time\n\n\ndef build():\n"
+             "    gate, deadline = pathlib.Path(__file__).with_name('gate'), time.monotonic() + 300\n"
+             "    while not gate.exists() and time.monotonic() < deadline:  # until the test opens it\n"
+             "        time.sleep(0.05)\n"
+             "    raise RuntimeError('boom: this factory always fails')\n"),
+    "suicide": ("import os, signal\n\n\ndef build():\n"
+                "    os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does\n"),
+}
+
+
+def tiny_project(path, *factories: str, linreg: bool = True):
+    models = ("linreg", *factories) if linreg else factories
+    project = make_project(path, TINY_PIPELINE % "\n".join(
+        f"  {name}:\n    python: models.{name}:build\n    inputs: [{{name: x, shape: [1, 4]}}]" for name in models))
+    for name in factories:
+        (project.root / "models" / f"{name}.py").write_text(FACTORIES[name])
+    return project
+
+
+def lock_holder(project) -> str:
+    try:
+        return (project.root / "artifacts" / ".etforge" / "run.lock").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def wait_for_lock(project, pid: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while lock_holder(project) != f"held by pid {pid}":
+        assert time.monotonic() < deadline, f"pid {pid} never took the run lock"
+        time.sleep(0.05)
+
+
+def summary_rows(project) -> dict:
+    return {r["cell"]: r for r in json.loads((project.out / "summary.json").read_text())}
+
+
+@pytest.mark.parametrize("args", [("-r", "json"), ("--reporter=json", "validate")])
+def test_any_reporter_takes_the_lock_and_a_failed_cell_fails_the_run(tmp_path, args):
+    project = tiny_project(tmp_path / "proj", "boom", linreg=False)
+    first = start_doit(project, *args)
+    wait_for_lock(project, first.pid)  # its capture:boom now waits for the gate
+    second = start_doit(project, "-r", "json", "validate")
+    wait_for_line(second, f"etforge: another doit run (pid {first.pid}) is using {project.root / 'artifacts'}; "
+                          "waiting for it to finish")
+    (project.root / "models" / "gate").touch()
+    out_first, _ = first.communicate(timeout=600)
+    out_second, _ = second.communicate(timeout=600)
+    assert first.returncode == 1, out_first
+    assert second.returncode == 1, out_second  # the failed cell runs again, and fails again
+    report = json.loads(out_first[out_first.index("{"):out_first.rindex("}") + 1])  # stdout stays JSON
+    # A failed task returns success to doit (so that its dependents run and say they are
+    # blocked): the exit status comes from the state records.
+    assert {t["name"]: t["result"] for t in report["tasks"]}["capture:boom"] == "success"
+    assert out_first.endswith("etforge: 1 failing: boom/portable/fp32\n")
+    row = summary_rows(project)["boom/portable/fp32"]  # written whatever the reporter
+    assert row["status"] == "failed" and "boom: this factory always fails" in row["note"]
+    assert lock_holder(project) == ""  # released cleanly: the next run has nothing to take over
+
+
+def test_a_worker_killed_mid_task_fails_its_cell_and_the_run_goes_on(tmp_path):
+    project = tiny_project(tmp_path / "proj", "suicide")
+    began = time.monotonic()
+    run = project.doit("-n", "2", "-P", "process")
+    assert time.monotonic() - began < 120  # no hang: doit used to wait forever on the dead worker
+    assert run.returncode == 1, run.stdout + run.stderr
+    log = project.out / "logs" / "capture__suicide.log"
+    assert (f"etforge: capture:suicide: worker process " in run.stderr
+            and f"was killed by SIGKILL (the OOM killer, or kill -9) while running it (log: {log})" in run.stderr)
+    assert "Traceback" not in run.stdout + run.stderr
+    record = json.loads((project.out / ".state" / "capture__suicide.json").read_text())
+    assert record["status"] == "failed" and "SIGKILL" in record["reason"] and record["log"] == str(log)
+    rows = summary_rows(project)
+    assert rows["suicide/portable/fp32"]["status"] == "failed"
+    assert "SIGKILL" in rows["suicide/portable/fp32"]["note"] and str(log) in rows["suicide/portable/fp32"]["note"]
+    assert rows["linreg/portable/fp32"]["status"] == "provisional"  # a replacement worker finished the rest
+    export = json.loads((project.out / ".state" / "export__suicide__portable__fp32.json").read_text())
+    assert export["status"] == "blocked"  # its dependents ran and said why they could not
+
+
+def child_pids(pid: int) -> list:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_killing_only_the_main_process_kills_its_workers_and_frees_the_lock(tmp_path):
+    project = tiny_project(tmp_path / "proj")
+    proc = start_doit(project, "-n", "2", "-P", "process")
+    wait_for_line(proc, "start   capture:linreg")
+    workers = child_pids(proc.pid)
+    assert workers, "no worker process found"
+    os.kill(proc.pid, signal.SIGKILL)  # the main process only, not its group
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(w) for w in workers):
+        assert time.monotonic() < deadline, "workers outlived the main process"
+        time.sleep(0.05)
+    proc.stdout.close()
+    assert lock_holder(project) == f"held by pid {proc.pid}"
+    leftovers = [project.root / "artifacts" / "cache" / "tmp" / "build-x1y2z3" / "model.pt2",  # what a kill
+                 project.root / "artifacts" / "release" / ".release-x1y2z3" / "SHA256SUMS",  # leaves behind
+                 project.out / ".state" / ".export__linreg__portable__fp32.json.x1y2z3_9.tmp"]
+    for path in leftovers:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("half")
+    began = time.monotonic()
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert (f"etforge: took over the run lock of {project.root / 'artifacts'} from pid {proc.pid}, which ended without "
+            "releasing it (killed); cleaning up after it") in run.stderr
+    assert "waiting" not in run.stderr
+    assert "1 provisional" in run.stdout
+    assert time.monotonic() - began < 300
+    assert not any(path.exists() for path in leftovers) and not leftovers[0].parent.exists()
+    assert_nothing_half_done(project)
+
+
+@pytest.fixture(scope="module")
+def built_tiny(tmp_path_factory) -> Project:
+    """linreg on portable, built once; tests work on copies."""
+    project = tiny_project(tmp_path_factory.mktemp("tiny") / "proj")
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    return project
+
+
+def copy_project(project: Project, path: Path) -> Project:
+    shutil.copytree(project.root, path, symlinks=True)  # keeps mtimes: records still match their outputs
+    return Project(path)
+
+
+def database(project: Project) -> Path:
+    return project.root / "artifacts" / ".doit.sqlite3"
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete"])
+def test_a_damaged_doit_database_costs_one_warning_and_no_rebuild(built_tiny, tmp_path, damage):
+    project = copy_project(built_tiny, tmp_path / "proj")
+    db = database(project)
+    if damage == "truncate":  # what a kill or a full disk did to the JSON database, in place
+        with open(db, "r+b") as f:
+            f.truncate(db.stat().st_size // 2)
+    elif damage == "garbage":
+        db.write_text('{"export:linreg/portable/fp32": {"_values_:')
+    else:
+        db.unlink()
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.started == set()  # etforge's own records say everything is up to date
+    if damage == "delete":
+        assert run.stderr == ""
+    else:
+        why = {"truncate": "database disk image is malformed", "garbage": "file is not a database"}[damage]
+        assert run.stderr.splitlines() == [
+            f"etforge: warning: doit's database {db} was unreadable ({why}); moved it to "
+            ".doit.sqlite3.corrupt and starting afresh (etforge's state records keep every task up to date)"]
+    again = project.doit()
+    assert again.returncode == 0 and again.stderr == "" and again.started == set()
+
+
+def doit_with_file_limit(project: Project, kilobytes: int, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ETFORGE_PIPELINE": str(project.pipeline)}
+    command = " ".join([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args])
+    return subprocess.run(["bash", "-c", f"ulimit -f {kilobytes}; exec {command}"], cwd=project.root, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize("link", ["artifacts", "artifacts/t"])
+def test_a_symlink_out_of_the_project_is_refused_unless_the_pipeline_opts_in(tmp_path, link):
+    project = make_project(tmp_path / "proj")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (project.root / link).parent.mkdir(parents=True, exist_ok=True)
+    (project.root / link).symlink_to(outside)
+    run = project.doit("list")
+    assert run.returncode == 3
+    assert run.stderr.splitlines() == [
+        f"etforge: error: {project.root / link} is a symlink to {outside}, outside the project directory "
+        f"{project.root}: etforge does not write through it (set `artifacts: {{allow_outside: true}}` in "
+        f"{project.pipeline} to follow it)"]
+    assert list(outside.iterdir()) == []  # nothing written through it
+
+    project.write_pipeline(project.pipeline.read_text() + "artifacts: {allow_outside: true}\n")
+    run = project.doit("list")
+    assert run.returncode == 0, run.stderr
+    written = outside / ".etforge" if link == "artifacts" else project.root / "artifacts" / ".etforge"
+    assert (written / "digests.json").is_file()
+
+
+def test_a_symlink_inside_the_project_is_followed(tmp_path):
+    project = make_project(tmp_path / "proj")
+    (project.root / "build").mkdir()
+    (project.root / "artifacts").symlink_to(project.root / "build")
+    run = project.doit("list")
+    assert run.returncode == 0, run.stderr
+    assert (project.root / "build" / ".etforge" / "digests.json").is_file()
+
+
+@pytest.mark.parametrize("link", ["artifacts", "artifacts/t"])
+def test_a_dangling_artifacts_symlink_gets_its_own_message(tmp_path, link):
+    project = make_project(tmp_path / "proj")
+    (project.root / link).parent.mkdir(parents=True, exist_ok=True)
+    (project.root / link).symlink_to(tmp_path / "gone")
+    run = project.doit("list")
+    assert run.returncode == 3
+    assert run.stderr.splitlines() == [  # it used to say "File exists"
+        f"etforge: error: {project.root / link} is a symlink to {tmp_path / 'gone'}, which does not exist: "
+        "create that directory or remove the link"]
+
+
+def test_a_build_under_a_file_size_limit_fails_cleanly_and_the_next_run_finishes(tmp_path):
+    project = tiny_project(tmp_path / "proj")
+    db = database(project)
+    tiny = doit_with_file_limit(project, 4)  # not even doit's database fits
+    assert tiny.returncode == 3
+    assert tiny.stderr.splitlines() == [f"etforge: error: cannot create {db}: disk I/O error"]
+    assert not db.exists()
+    limited = doit_with_file_limit(project, 16)  # the database fits, ExecuTorch's schema files do not
+    output = limited.stdout + limited.stderr
+    assert limited.returncode == 1, output
+    assert "Traceback" not in output
+    assert "FAILED  export:linreg/portable/fp32" in limited.stdout and "File too large" in limited.stdout
+    assert limited.stderr.splitlines() == ["etforge: 1 failing: linreg/portable/fp32"]
+    run = project.doit()  # room again
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 provisional" in run.stdout
+
+# --- a damaged store heals in the run that finds it --------------------------------------
+
+CELL = "linreg/xnnpack/fp32"
+STRICTER = "thresholds: {fp32: {sqnr_db: 55}}\n"  # a new validation key; exports stay as they are
+
+
+def flip_one_byte(path, keep_mtime: bool) -> None:
+    before = path.stat()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    if keep_mtime:  # same size, same mtime: only reading the bytes can tell
+        os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_size == before.st_size
+
+
+def test_a_deleted_cache_and_a_changed_threshold_heal_in_one_run(built_linreg, tmp_path):
+    project = copy_project(built_linreg, tmp_path / "proj")
+    shutil.rmtree(project.root / "artifacts" / "cache")
+    project.write_pipeline(LINREG_PIPELINE + STRICTER)
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    # The graph comes back by running capture again; the program from the working tree,
+    # whose bytes the export's record names; then validation runs on it.
+    assert {"capture:linreg", f"export:{CELL}", f"validate:{CELL}"} <= run.started
+    assert "missing from the cache" not in run.stdout + run.stderr
+    validate = state(project, f"validate:{CELL}")
+    assert validate["status"] == "ok" and validate["cached"] is False
+    pte = project.out / "linreg" / "linreg_xnnpack_fp32.pte"
+    assert validate["info"]["program_sha256"] == hashlib.sha256(pte.read_bytes()).hexdigest()
+    assert_nothing_half_done(project)
+    assert project.doit().started == set()
+
+
+def test_the_final_writes_under_a_file_size_limit_fail_with_one_line_and_keep_the_database(built_tiny, tmp_path):
+    project = copy_project(built_tiny, tmp_path / "proj")
+    db = database(project)
+    before = db.read_bytes()
+    limited = doit_with_file_limit(project, 4, "-a", "-s", "report")  # re-run report alone, then write the DB
+    assert limited.returncode == 1, limited.stdout + limited.stderr
+    assert (f"etforge: error: cannot write {db}: disk I/O error; the previous database is intact and the "
+            "next run finishes the job") in limited.stderr.splitlines()
+    assert "Traceback" not in limited.stdout + limited.stderr
+    assert db.read_bytes() == before
+    run = project.doit()
+    assert run.returncode == 0 and run.stderr == "", run.stdout + run.stderr
+    assert project.doit().started == set()
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.05])
+def test_a_kill_during_the_final_writes_leaves_a_state_the_next_run_accepts(built_tiny, tmp_path, delay):
+    project = copy_project(built_tiny, tmp_path / "proj")
+    proc = start_doit(project, "-a", "-s", "report")
+    wait_for_line(proc, "ok      report")  # the last task: what follows is closing the DB and summary.json
+    time.sleep(delay)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "Traceback" not in run.stdout + run.stderr and "warning" not in run.stderr
+    json.loads((project.out / "summary.json").read_text())
+    assert_nothing_half_done(project)
+
+@pytest.mark.parametrize("task, blob, keep_mtime, workers", [
+    (f"export:{CELL}", "program.pte", False, ()),
+    # Validation and benchmark both read the bad entry at once: one of them rebuilds it.
+    (f"export:{CELL}", "program.pte", True, ("-n", "2", "-P", "process")),
+    ("capture:linreg", "reference.npz", True, ()),  # in the store only: capture runs again
+], ids=["program", "program-same-mtime-2-workers", "reference-same-mtime"])
+def test_a_flipped_byte_in_a_cached_blob_is_rebuilt_in_the_same_run(built_linreg, tmp_path, task, blob,
+                                                                     keep_mtime, workers):
+    project = copy_project(built_linreg, tmp_path / "proj")
+    key = state(project, task)["key"]
+    entry = project.root / "artifacts" / "cache" / key[:2] / key
+    flip_one_byte(entry / blob, keep_mtime)
+    # A new validation key (and with two workers a new benchmark key): those tasks read the entry.
+    readers = ("validate", "benchmark") if workers else ("validate",)
+    project.write_pipeline(LINREG_PIPELINE + STRICTER + ("benchmark: {warmup: 2}\n" if workers else ""))
+    run = project.doit(*workers)
+    assert run.returncode == 0, run.stdout + run.stderr
+    read_entry(entry)  # whole again
+    healed = f"etforge: {task}: its cache entry is missing or corrupt; running it again"
+    assert run.stderr.count(healed) == (1 if keep_mtime else 0), run.stderr
+    if keep_mtime:
+        assert task not in run.started  # up to date by its record; healed by the task that read it
+    for kind in readers:
+        record = state(project, f"{kind}:{CELL}")
+        assert record["status"] == "ok" and record["cached"] is False, record
+        pte = project.out / "linreg" / "linreg_xnnpack_fp32.pte"
+        assert record["info"]["program_sha256"] == hashlib.sha256(pte.read_bytes()).hexdigest()
+    assert_nothing_half_done(project)
+    assert project.doit().started == set()

@@ -71,6 +71,10 @@ def _literal(node):
         return node.text.decode()[1:-1]
     if node.type == "decimal_integer_literal":
         return int(node.text.decode())
+    if node.type == "decimal_floating_point_literal":
+        return float(node.text.decode())
+    if node.type == "null_literal":
+        return None
     if node.type == "list_literal":
         return [_literal(c) for c in node.children if c.type not in ("type_arguments", "[", "]", ",")]
     if node.type == "identifier":
@@ -98,7 +102,9 @@ def dart_constants(tree, constructor: str) -> dict:
         for arg in (c for c in args.children if c.type == "named_argument"):
             label = arg.children[0].children[0].text.decode()
             value = arg.children[-1]
-            if label in ("inputs", "outputs"):
+            if "".join(c.text.decode() for c in arg.children[1:]) == "double.infinity":
+                fields[label] = float("inf")
+            elif label in ("inputs", "outputs"):
                 fields[label] = [{a.children[0].children[0].text.decode(): _literal(a.children[-1])
                                   for a in next(n for n in _walk(spec) if n.type == "arguments").children
                                   if a.type == "named_argument"}
@@ -141,15 +147,23 @@ class WithManifests:
 
 
 def fake_export(plan, cell, status="ok", reason="", **info):
-    """A state record for ``cell``'s export under its current key, as run_cached writes it."""
+    """State records for ``cell``'s export under its current key, as run_cached writes them,
+    and, for an ok export, a passing validation of it (a cell ships only with a verdict)."""
     spec = export_spec(plan, cell)
     payload = {"size_bytes": 1000 + len(cell.name), "sha256": hashlib.sha256(cell.name.encode()).hexdigest(),
                "delegates": list(cell.backend.delegates), "executorch_version": "1.5.1",
                "input_dtypes": ["float32"] * len(cell.model.inputs), **info}
     record = {"task": spec.name, "key": spec.key, "status": status, "reason": reason,
-              "info": payload if status == "ok" else {}, "outputs": {}}
+              "info": payload if status == "ok" else {}, "outputs": {},
+              "log": str(spec.log_file) if status == "failed" else None}
     spec.state_file.parent.mkdir(parents=True, exist_ok=True)
     spec.state_file.write_text(json.dumps(record))
+    if status == "ok":
+        check = validate_spec(plan, cell)
+        check.state_file.write_text(json.dumps({
+            "task": check.name, "key": check.key, "status": "ok", "reason": "", "outputs": {},
+            "info": {"sqnr_db": 80.0, "cosine": 1.0, "max_abs_error": 1e-6, "inputs": "random (seeded)",
+                     "samples": 1, "passed": True}}))
 
 
 # ---------------------------------------------------------------- fixtures
@@ -407,15 +421,18 @@ def test_failed_skipped_unbuilt_and_rejected_cells_are_listed_not_shipped(copy):
     fake_export(plan, cells["linreg/xnnpack/fp16"], status="skipped", reason="cannot lower here: no SDK")
     spec = validate_spec(plan, cells["cnn/portable/fp32"])
     spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": "failed",
-                                           "reason": "sqnr 3 dB below 60", "info": {}}))
+                                           "reason": "sqnr 3 dB below 60", "info": {}, "log": str(spec.log_file)}))
     context = manifest.build_context(plan)
     shipped = [v["id"] for v in context["variants"]]
     assert shipped == ["linreg/xnnpack/fp32", "linreg/portable/fp32", "cnn/xnnpack/fp32"]
     excluded = {e["cell"]: e for e in context["excluded"]}
-    assert excluded["cnn/xnnpack/fp16"] == {"cell": "cnn/xnnpack/fp16", "status": "failed",
-                                            "reason": "log: logs/export__cnn__xnnpack__fp16.log"}
+    assert excluded["cnn/xnnpack/fp16"] == {
+        "cell": "cnn/xnnpack/fp16", "status": "failed",
+        "reason": "export:cnn/xnnpack/fp16 failed, log: logs/export__cnn__xnnpack__fp16.log"}
     assert excluded["linreg/xnnpack/fp16"]["status"] == "skipped"
-    assert excluded["cnn/portable/fp32"]["status"] == "failed validation"
+    assert excluded["cnn/portable/fp32"] == {
+        "cell": "cnn/portable/fp32", "status": "failed",
+        "reason": "validate:cnn/portable/fp32 failed, log: logs/validate__cnn__portable__fp32.log"}
     assert excluded["linreg/portable/fp16"]["status"] == "rejected"
     assert "not available for portable" in excluded["linreg/portable/fp16"]["reason"]
     assert set(excluded) == {"cnn/xnnpack/fp16", "linreg/xnnpack/fp16", "cnn/portable/fp32",
@@ -435,7 +452,8 @@ def test_failed_skipped_unbuilt_and_rejected_cells_are_listed_not_shipped(copy):
     # A cell whose graph never came (its capture or quantization failed) is failed, not "not built".
     export_spec(plan, cells["linreg/xnnpack/fp16"]).state_file.unlink()
     spec = quantize_spec(plan, cells["linreg/xnnpack/fp16"])
-    spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": "failed", "info": {}}))
+    spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": "failed", "info": {},
+                                           "log": str(spec.log_file)}))
     excluded = {e["cell"]: e for e in manifest.build_context(plan)["excluded"]}
     assert excluded["linreg/xnnpack/fp16"] == {
         "cell": "linreg/xnnpack/fp16", "status": "failed",

@@ -90,7 +90,8 @@ def test_every_scheme_lowers_and_matches_eager_within_its_threshold(built):
     table = rows(project)
     for quant in ("fp32",) + SCHEMES:
         cell = f"cnn/xnnpack/{quant}"
-        assert table[cell]["status"] == ("failed" if f"sizegate:{cell}" in SIZE_FAILURES else "ok"), table[cell]
+        # no validation data: seeded random inputs, so provisional at best
+        assert table[cell]["status"] == ("failed" if f"sizegate:{cell}" in SIZE_FAILURES else "provisional"), table[cell]
         report = numerics(project, cell)
         assert report["passed"] is True
         sqnr = report["outputs"][0]["sqnr_db"]

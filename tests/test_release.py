@@ -44,17 +44,28 @@ def test_a_failed_cell_refuses_the_release_unless_allowed(tmp_path):
     project = make_project(tmp_path / "p", SMALL_PIPELINE.replace(
         "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n",
         "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n    thresholds: {fp32: {sqnr_db: 500}}\n"))
+    release_dir = project.root / "artifacts" / "release"
+    archive = release_dir / "t-0.0.1.tar.gz"
     refused = project.doit("release")
     assert refused.returncode != 0
-    assert "release refused: 1 cell(s) failed their gates: cnn/xnnpack/fp32" in refused.stderr
-    assert not (project.root / "artifacts" / "release" / "t-0.0.1.tar.gz").exists()
+    statuses = {r["cell"]: r["status"] for r in json.loads((project.out / "summary.json").read_text())}
+    failed = [c for c, s in statuses.items() if s == "failed"]
+    assert "cnn/xnnpack/fp32" in failed and "linreg/portable/fp32" not in failed  # XNNPACK reorders float sums
+    assert f"release refused: {len(failed)} cell(s) failed their gates: cnn/xnnpack/fp32" in refused.stderr
+    assert not archive.exists()
 
+    # The release packs exactly the files the plan names: not what else lies in manifests/.
+    (project.out / "manifests" / "stale.dart").write_text("// left over\n")
+    (project.out / "manifests" / "elsewhere").symlink_to(project.pipeline)
     allowed = project.doit("release", "allow_failures=1")
-    archive = project.root / "artifacts" / "release" / "t-0.0.1.tar.gz"
-    assert archive.is_file(), allowed.stdout + allowed.stderr
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr  # it packed: the run succeeds
+    assert archive.is_file()
     with tarfile.open(archive) as tar:
         provenance = json.load(tar.extractfile("t-0.0.1/provenance.json"))
         names = tar.getnames()
-    assert [f["cell"] for f in provenance["failures"]] == ["cnn/xnnpack/fp32"]
+    assert [f["cell"] for f in provenance["failures"]] == failed
     assert "t-0.0.1/models/cnn_xnnpack_fp32.pte" not in names  # a failed program never ships
-    assert "t-0.0.1/models/cnn_portable_fp32.pte" in names
+    assert "t-0.0.1/models/linreg_portable_fp32.pte" in names
+    assert sorted(n.split("/", 2)[2] for n in names if n.startswith("t-0.0.1/manifests/")) == sorted(
+        ["etforge_models.h", "index.json", "models.cmake", "models.g.dart", "pubspec_assets.yaml"])
+

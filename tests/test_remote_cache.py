@@ -1,7 +1,7 @@
 """The shared remote cache (tasks/remote.py) against a real S3-protocol server and a shared directory.
 
 The S3 side is moto's server (``moto[server]``) listening on 127.0.0.1 at a free port,
-started once for the module; s3fs talks to it over HTTP exactly as it would to AWS.
+started once for the session (tests/conftest.py); s3fs talks to it over HTTP exactly as it would to AWS.
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,23 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from tasks.remote import MANIFEST, RemoteError, RemoteStore, remote_from_url
+from conftest import free_port
+from tasks.cache import Store
+from tasks.remote import MANIFEST, SIGNATURE, RemoteError, RemoteStore, UntrustedEntry, remote_from_url
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "etforge-cache"
 KEY = hashlib.sha256(b"an entry").hexdigest()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory):
+def s3_endpoint(moto_endpoint, tmp_path_factory):
     pytest.importorskip("s3fs")
-    server_mod = pytest.importorskip("moto.server")
     home = tmp_path_factory.mktemp("aws")
     with pytest.MonkeyPatch.context() as mp:
         # Dummy credentials, and no real AWS configuration leaking in from the host.
@@ -45,17 +39,10 @@ def s3_endpoint(tmp_path_factory):
         mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(home / "credentials"))
         for var in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
             mp.delenv(var, raising=False)
-        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            endpoint = f"http://{host}:{port}"
-            import s3fs
+        import s3fs
 
-            s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True).mkdir(BUCKET)
-            yield endpoint
-        finally:
-            server.stop()
+        s3fs.S3FileSystem(client_kwargs={"endpoint_url": moto_endpoint}, skip_instance_cache=True).mkdir(BUCKET)
+        yield moto_endpoint
 
 
 @pytest.fixture(params=["dir", "s3"])
@@ -69,8 +56,8 @@ def remote(request, tmp_path):
         url = f"s3://{BUCKET}/{uuid.uuid4().hex}"
         options = {"client_kwargs": {"endpoint_url": endpoint}}
 
-    def make(read_only=False) -> RemoteStore:
-        return RemoteStore(url, read_only=read_only, storage_options=options)
+    def make(read_only=False, secret=None) -> RemoteStore:
+        return RemoteStore(url, read_only=read_only, storage_options=options, secret=secret)
 
     make.kind = request.param
     return make
@@ -276,7 +263,7 @@ def test_unreachable_remote_raises_one_line_error(tmp_path):
     pytest.importorskip("s3fs")
     url = f"s3://{BUCKET}/nowhere"
     store = RemoteStore(url, storage_options={
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_free_port()}"},  # nothing listens
+        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},  # nothing listens
         "key": "testing", "secret": "testing",
         "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}})
     dest = tmp_path / "fetched"
@@ -339,3 +326,75 @@ def test_upload_to_a_missing_bucket_is_a_remote_error(s3_endpoint, tmp_path):
     assert store.fetch(KEY, dest) is False  # reading: just a miss
     with pytest.raises(RemoteError, match=r"^remote cache s3://no-such-bucket/p: cannot upload"):
         store.upload(KEY, make_entry(tmp_path / "local" / KEY))
+
+
+SECRET = b"shared between the writers"
+
+
+def test_a_signed_reader_accepts_only_entries_signed_with_its_secret(remote, tmp_path):
+    entry = make_entry(tmp_path / "local" / KEY)
+    remote().upload(KEY, entry)  # a writer without the secret
+    reader = remote(read_only=True, secret=SECRET)
+    dest = tmp_path / "fetched"
+    dest.mkdir()
+    with pytest.raises(UntrustedEntry, match=rf"entry {KEY[:12]} is not signed; treating it as a miss$"):
+        reader.fetch(KEY, dest)
+    assert list(dest.iterdir()) == []  # refused before any blob came down
+
+    remote(secret=SECRET).upload(KEY, entry)  # unsigned on the remote: not complete for a signer, replaced
+    assert reader.fetch(KEY, dest) is True
+    assert tree(dest) == tree(entry)  # the signature stays on the remote
+    with pytest.raises(UntrustedEntry, match="does not match ETFORGE_CACHE_KEY"):
+        remote(read_only=True, secret=b"another team's key").fetch(KEY, tmp_path / "other")
+    assert remote(read_only=True).fetch(KEY, tmp_path / "plain") is True  # without a secret, nothing changes
+
+
+def test_a_tampered_signed_entry_is_refused(remote, tmp_path):
+    store = remote(secret=SECRET)
+    store.upload(KEY, make_entry(tmp_path / "local" / KEY))
+    fs, _ = store._filesystem()
+    # Swap a blob and rewrite the manifest to match it: consistent, but not what was signed.
+    evil = b"another program"
+    manifest = json.loads(fs.cat_file(remote_path(store, KEY, MANIFEST)))
+    manifest["files"]["model.pte"] = {"sha256": hashlib.sha256(evil).hexdigest(), "size": len(evil)}
+    fs.pipe_file(remote_path(store, KEY, "model.pte"), evil)
+    fs.pipe_file(remote_path(store, KEY, MANIFEST), json.dumps(manifest).encode())
+    fs.invalidate_cache()
+    assert fs.exists(remote_path(store, KEY, SIGNATURE))
+    with pytest.raises(UntrustedEntry, match="does not match"):
+        store.fetch(KEY, tmp_path / "fetched")
+
+
+def test_the_store_warns_once_per_untrusted_entry_and_treats_it_as_a_miss(tmp_path, capsys):
+    shared = tmp_path / "shared"
+    RemoteStore(str(shared)).upload(KEY, make_entry(tmp_path / "local" / KEY))
+    store = Store(tmp_path / "cache", remote=RemoteStore(str(shared), read_only=True, secret=SECRET))
+    assert store.get(KEY) is None and store.get(KEY) is None
+    assert not store.has(KEY)
+    assert capsys.readouterr().err.count(f"entry {KEY[:12]} is not signed") == 1
+
+
+def test_a_failing_remote_warns_once_per_run_and_owes_the_uploads(tmp_path, capsys):
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("a file where the shared directory should be")
+    store = Store(tmp_path / "cache", remote=RemoteStore(str(blocked)), state_dir=tmp_path / ".etforge")
+    keys = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(3)]
+    for key in keys:
+        source = make_entry(tmp_path / "built" / key, key=key)
+        store.put(key, {n: source / n for n in ("model.pte", "model.export.json")}, {"status": "ok"})
+        assert store.get(hashlib.sha256(b"never built").hexdigest()) is None  # a miss: built locally
+    err = capsys.readouterr().err
+    assert err.count("etforge: warning: remote cache") == 1, err
+    assert "carrying on with the local cache for this run" in err
+    assert sorted(p.name for p in (tmp_path / ".etforge" / "pending-uploads").iterdir()) == sorted(keys)
+
+    same_run_other_worker = Store(tmp_path / "cache", remote=RemoteStore(str(blocked)), state_dir=tmp_path / ".etforge")
+    same_run_other_worker.run_id = store.run_id
+    assert same_run_other_worker.get(keys[0]) is not None  # the local hit; the remote is not tried again
+    assert capsys.readouterr().err == ""
+
+    blocked.unlink()  # the share is back: a later run uploads what is owed
+    later = Store(tmp_path / "cache", remote=RemoteStore(str(blocked)), state_dir=tmp_path / ".etforge")
+    assert later.has_pending() and later.upload_pending() == 3 and not later.has_pending()
+    for key in keys:
+        assert (blocked / key[:2] / key / MANIFEST).is_file()

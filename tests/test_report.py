@@ -1,7 +1,8 @@
 """The HTML report, rendered from a real run and checked in headless Chromium.
 
-One small project is built for real (linreg and the small CNN on XNNPACK and
-portable, fp32 and int8; a model whose factory raises, for a failed cell; a
+One small project is built for real (linreg, validated on seeded random inputs
+only, and the small CNN, validated on data named in pipeline.yaml, on XNNPACK
+and portable, fp32 and int8; a model whose factory raises, for a failed cell; a
 QNN cell this host cannot lower, for a skipped one and, with int8, a refused
 one). The page is then loaded in Debian's `chromium`: the test reads the DOM
 after rendering and a screenshot, not just the file.
@@ -40,6 +41,7 @@ models:
     python: models.small_cnn:build
     kwargs: {num_classes: 3, width: 4}
     inputs: [{name: image, shape: [1, 3, 8, 8]}]
+    validation: {npz: data/val.npz}
   broken:
     python: models.broken:build
     inputs: [{name: x, shape: [1, 4]}]
@@ -112,6 +114,11 @@ def page(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     project = make_project(root / "proj", PIPELINE)
     (project.root / "models" / "broken.py").write_text(BROKEN_FACTORY)
+    import numpy as np
+
+    (project.root / "data").mkdir()
+    np.savez(project.root / "data" / "val.npz",
+             image=np.random.default_rng(5).standard_normal((4, 3, 8, 8)).astype(np.float32))
     with pytest.MonkeyPatch.context() as env:
         env.delenv("QNN_SDK_ROOT", raising=False)  # qnn cells cannot be lowered here
         run = project.doit("-n", "2", "-P", "process")
@@ -149,11 +156,12 @@ def test_table_has_one_row_per_cell_with_its_status_and_reason(page):
     expected = {c.name: summary.cell_row(plan, c)["status"] for c in plan.cells}
     expected.update({r.name: "rejected" for r in page["rejected"]})
     assert rows == expected
-    assert rows["cnn/xnnpack/fp32"] == "ok"
+    assert rows["cnn/xnnpack/fp32"] == "ok"  # validated on the data pipeline.yaml names
     assert rows["cnn/xnnpack/int8"] == "ok"
+    assert rows["linreg/xnnpack/fp32"] == "provisional"  # on seeded random inputs only
     assert rows["broken/portable/fp32"] == "failed"
     assert rows["cnn/qnn/fp32"] == "skipped"
-    assert {"ok", "failed", "skipped", "rejected"} <= set(rows.values())
+    assert {"ok", "provisional", "failed", "skipped", "rejected"} <= set(rows.values())
     text = dom.row_text
     assert "this factory is broken on purpose" in text["broken/portable/fp32"]
     assert "QNN_SDK_ROOT" in text["cnn/qnn/fp32"]
@@ -186,7 +194,9 @@ def test_table_shows_size_accuracy_latency_and_delegation(page):
         sqnr = ((read_state(validate_spec(plan, cell).state_file) or {}).get("info") or {}).get("sqnr_db")
         if sqnr is not None:
             assert f"{sqnr:.1f}" in text[cell.name]
-    assert "random inputs" in text["cnn/xnnpack/int8"]  # validated on seeded random tensors
+    assert "random inputs" in text["linreg/xnnpack/int8"]  # validated on seeded random tensors
+    assert "random inputs" not in text["cnn/xnnpack/int8"]
+    assert "validated only on seeded random inputs" not in text["cnn/xnnpack/int8"]
     assert dom.find("div", id="random-inputs")
     assert "regression" in text[page["flags"][0]["cell"]]
     assert "+18% vs baseline (baseline p50 0.500 ms), threshold 10%" in page["dom_text"]
@@ -239,6 +249,7 @@ def test_screenshot_shows_a_rendered_page(page):
     assert (0x00, 0x72, 0xB2) in present  # fp32 bars
     assert (0xE6, 0x9F, 0x00) in present  # int8 bars
     assert (0xDA, 0xFB, 0xE1) in present  # "ok" badge
+    assert (0xEE, 0xF6, 0xC8) in present  # "provisional" badge
     assert (0xFF, 0xEB, 0xE9) in present  # "failed" badge
     assert (0xFF, 0xF1, 0xC2) in present  # "skipped" badge
     assert (0xEF, 0xE6, 0xFF) in present  # "rejected" badge

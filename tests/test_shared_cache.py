@@ -5,39 +5,23 @@ Against a shared directory and a real S3-protocol server (moto) on loopback.
 
 from __future__ import annotations
 
+import hashlib
 import json
-import socket
+import shutil
 import uuid
 
 import pytest
 
-from conftest import make_project
+from conftest import LINREG_PIPELINE, aws_test_env, copy_project, free_port, make_bucket, make_project, state
+from tasks.keys import canonical_json
 
 BUCKET = "etforge-ci-cache"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def s3_env(tmp_path_factory):
-    server_mod = pytest.importorskip("moto.server")
-    home = tmp_path_factory.mktemp("aws")
-    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=_free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_CONFIG_FILE": str(home / "config"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
-    import boto3
-
-    boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id="testing",
-                 aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=BUCKET)
-    yield env
-    server.stop()
+def s3_env(moto_endpoint, tmp_path_factory):
+    make_bucket(moto_endpoint, BUCKET)
+    return aws_test_env(tmp_path_factory.mktemp("aws"), moto_endpoint)
 
 
 @pytest.fixture(params=["shared-dir", "s3"])
@@ -86,3 +70,137 @@ def test_a_corrupt_remote_blob_is_discarded_and_rebuilt(tmp_path):
     assert states(second)["export__linreg__xnnpack__fp32"]["cached"] is False  # rebuilt, not served
     assert (second.out / "linreg" / "linreg_xnnpack_fp32.pte").read_bytes() == good
     assert blob.read_bytes() == good  # and the remote holds a good copy again
+
+
+# --- the remote is an accelerator, never a point of failure ------------------------------
+
+CELL = "linreg/xnnpack/fp32"
+STRICTER = "thresholds: {fp32: {sqnr_db: 55}}\n"
+WARNING = "etforge: warning: remote cache"
+
+
+def unreachable(tmp_path, url: str, read_only: bool) -> dict:
+    """``url`` behind a closed loopback port (botocore asked to try once, to keep the test short)."""
+    env = {**aws_test_env(tmp_path, f"http://127.0.0.1:{free_port()}"), "AWS_MAX_ATTEMPTS": "1",
+           "ETFORGE_CACHE_REMOTE": url}
+    return {**env, "ETFORGE_CACHE_READ_ONLY": "1"} if read_only else env
+
+
+def warnings(run) -> list:
+    return [line for line in (run.stdout + run.stderr).splitlines() if WARNING in line]
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
+def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(built_linreg, tmp_path, read_only,
+                                                                               s3_env):
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex}"
+    project = copy_project(built_linreg, tmp_path / "proj")
+    shutil.rmtree(project.out)  # every task restores from the local cache (and offers it to the remote)
+    project.write_pipeline(LINREG_PIPELINE + STRICTER)  # a validation the remote would be asked for
+    run = project.doit("-n", "2", "-P", "process", extra_env=unreachable(tmp_path, url, read_only))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert len(warnings(run)) == 1, run.stdout + run.stderr
+    assert "carrying on with the local cache" in warnings(run)[0] and "RemoteError" not in run.stdout
+    assert state(project, f"validate:{CELL}")["status"] == "ok"
+    pending = project.root / "artifacts" / ".etforge" / "pending-uploads"
+    if read_only:
+        assert not pending.exists()
+        return
+    owed = {p.name for p in pending.iterdir()}
+    assert state(project, f"export:{CELL}")["key"] in owed and state(project, f"validate:{CELL}")["key"] in owed
+
+    # The remote is back: the next run, with nothing to build, uploads what was owed.
+    back = {**s3_env, "ETFORGE_CACHE_REMOTE": url}
+    run = project.doit(extra_env=back)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.started == set() and not warnings(run)
+    assert f"uploaded {len(owed)} entries an earlier run could not" in run.stderr
+    assert list(pending.iterdir()) == []
+    laptop = make_project(tmp_path / "laptop", LINREG_PIPELINE + STRICTER)
+    run = laptop.doit(f"validate:{CELL}", extra_env={**back, "ETFORGE_CACHE_READ_ONLY": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert all(state(laptop, t)["cached"] for t in ("capture:linreg", f"export:{CELL}", f"validate:{CELL}"))
+
+
+def test_a_cold_store_with_an_unreachable_read_only_remote_builds_locally(tmp_path):
+    project = make_project(tmp_path / "proj", LINREG_PIPELINE)
+    run = project.doit(f"export:{CELL}", extra_env=unreachable(tmp_path, f"s3://{BUCKET}/cold", read_only=True))
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert len(warnings(run)) == 1, run.stdout + run.stderr
+    assert run.started == {"capture:linreg", f"export:{CELL}"}
+    assert state(project, f"export:{CELL}")["cached"] is False and state(project, f"export:{CELL}")["status"] == "ok"
+
+
+def test_a_signed_remote_ignores_unsigned_entries_and_trusts_its_own(built_linreg, tmp_path):
+    shared = {"ETFORGE_CACHE_REMOTE": str(tmp_path / "shared-cache")}
+    signed = {**shared, "ETFORGE_CACHE_KEY": "correct horse battery staple"}
+    task = f"export:{CELL}"
+    unsigned_writer = copy_project(built_linreg, tmp_path / "a")
+    shutil.rmtree(unsigned_writer.out)  # restored from its own cache, and uploaded without a signature
+    assert unsigned_writer.doit(task, extra_env=shared).returncode == 0
+
+    signer = make_project(tmp_path / "b", LINREG_PIPELINE)
+    run = signer.doit(task, extra_env=signed)
+    assert run.returncode == 0, run.stdout + run.stderr
+    for name in ("capture:linreg", task):  # each unsigned entry named once, then built here
+        key = state(signer, name)["key"]
+        assert run.stderr.count(f"entry {key[:12]} is not signed; treating it as a miss") == 1, run.stderr
+        assert state(signer, name)["cached"] is False
+
+    reader = make_project(tmp_path / "c", LINREG_PIPELINE)
+    run = reader.doit(task, extra_env={**signed, "ETFORGE_CACHE_READ_ONLY": "1"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert not warnings(run)
+    assert state(reader, "capture:linreg")["cached"] is True and state(reader, task)["cached"] is True
+    assert (reader.out / "linreg" / "linreg_xnnpack_fp32.pte").read_bytes() == \
+        (signer.out / "linreg" / "linreg_xnnpack_fp32.pte").read_bytes()
+
+
+DOUBLED = """\
+from models.linreg import build as build_linreg
+
+
+def build():
+    model = build_linreg()
+    model.linear.weight.data *= 2  # same signature as linreg, other outputs
+    return model
+"""
+
+WITH_EVIL = LINREG_PIPELINE.replace("backends:", """\
+  evil:
+    python: models.doubled:build
+    inputs: [{name: features, shape: [1, 4]}]
+backends:""")
+
+
+def test_a_forged_program_does_not_inherit_the_passing_verdict(built_linreg, tmp_path):
+    """Someone with write access puts another program under a cell's export key, with a
+    self-consistent manifest; the cell's stored verdict judged other bytes, so it is not used."""
+    shared = {"ETFORGE_CACHE_REMOTE": str(tmp_path / "shared-cache")}
+    writer = copy_project(built_linreg, tmp_path / "ci")
+    shutil.rmtree(writer.out)  # linreg's entries come from its local cache and are uploaded
+    (writer.root / "models" / "doubled.py").write_text(DOUBLED)
+    writer.write_pipeline(WITH_EVIL)
+    run = writer.doit(f"validate:{CELL}", "export:evil/xnnpack/fp32", extra_env=shared)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    good, evil = (state(writer, f"export:{m}/xnnpack/fp32")["key"] for m in ("linreg", "evil"))
+    root = tmp_path / "shared-cache"
+    target, source = root / good[:2] / good, root / evil[:2] / evil
+    manifest = json.loads((source / "manifest.json").read_text())
+    shutil.rmtree(target)
+    shutil.copytree(source, target)
+    (target / "manifest.json").write_text(canonical_json({**manifest, "key": good}))
+    evil_sha = manifest["files"]["program.pte"]["sha256"]
+
+    laptop = make_project(tmp_path / "laptop", WITH_EVIL)
+    (laptop.root / "models" / "doubled.py").write_text(DOUBLED)
+    run = laptop.doit(f"validate:{CELL}", extra_env={**shared, "ETFORGE_CACHE_READ_ONLY": "1"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert f"validate:{CELL}: not using its stored result: it judged program sha256" in run.stderr
+    pte = laptop.out / "linreg" / "linreg_xnnpack_fp32.pte"
+    assert hashlib.sha256(pte.read_bytes()).hexdigest() == evil_sha  # the forged program did arrive
+    verdict = state(laptop, f"validate:{CELL}")
+    assert verdict["cached"] is False and verdict["status"] == "failed"  # judged again, on its real bytes
+    assert verdict["info"]["program_sha256"] == evil_sha
+    assert state(laptop, "capture:linreg")["cached"] is True  # consistent entries still serve

@@ -198,7 +198,7 @@ def test_one_cell_failure_does_not_stop_the_others(copy):
     assert "Traceback" in log.read_text()
     rows = {r["cell"]: r for r in json.loads((copy.out / "summary.json").read_text())}
     assert rows["broken/xnnpack/fp32"]["status"] == "failed"
-    assert all(rows[c]["status"] == "ok" for c in ALL_CELLS)
+    assert all(rows[c]["status"] == "provisional" for c in ALL_CELLS)  # validated on seeded random inputs
 
 
 def test_missed_threshold_fails_the_cell_with_the_numbers(copy):
@@ -214,8 +214,8 @@ def test_missed_threshold_fails_the_cell_with_the_numbers(copy):
     # XNNPACK reorders float sums (finite SQNR); portable matches eager bit for bit here.
     assert rows["cnn/xnnpack/fp32"]["status"] == "failed"
     assert rows["cnn/portable/fp32"]["sqnr_db"] == "exact"
-    assert rows["cnn/portable/fp32"]["status"] == "ok"
-    assert rows["linreg/xnnpack/fp32"]["status"] == "ok"
+    assert rows["cnn/portable/fp32"]["status"] == "provisional"  # passed, on seeded random inputs
+    assert rows["linreg/xnnpack/fp32"]["status"] == "provisional"
     # A failure is never cached: the next run checks it again, and only it.
     assert copy.doit().started == {"validate:cnn/xnnpack/fp32"}
 

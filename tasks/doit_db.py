@@ -1,0 +1,95 @@
+"""doit's own database: transactional, and never a reason for a run to fail.
+
+etforge uses doit's ``sqlite3`` backend: a commit either lands whole or not at
+all (SQLite's rollback journal), so a kill, a full disk or a file-size limit
+during the write at the end of a run leaves the previous database intact. (doit's
+default JSON backend rewrites its file in place; a backend of our own writing
+JSON by temp file and rename would need registering through a doit config
+file, which ``doit -f path/to/dodo.py`` does not read.)
+
+Losing the database costs nothing: etforge's tasks decide up-to-dateness from
+their own state records (``uptodate`` callables, no ``file_dep``), and doit
+keeps only bookkeeping there (saved values, ``doit ignore`` marks). So a
+database that cannot be read is moved aside with one warning, before doit
+opens it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+BACKEND = "sqlite3"
+FILE_NAME = ".doit.sqlite3"  # a new name: the JSON file of earlier versions is not SQLite
+LEGACY_FILE_NAME = ".doit.db"
+UNREADABLE = ("SQLITE_CORRUPT", "SQLITE_NOTADB")  # not BUSY/LOCKED: another run may be writing
+
+
+def database_path(artifacts_dir: Path) -> Path:
+    return artifacts_dir / FILE_NAME
+
+
+class DatabaseUnwritable(Exception):
+    """doit's database cannot be created (a full disk, a file-size limit): one line naming it."""
+
+
+def prepare(path: Path) -> str | None:
+    """Before doit opens its database: set an unreadable one aside (returns the warning), create a missing one.
+
+    Creating it here, with doit's own backend class, turns a failure into one line
+    instead of doit's traceback.
+    """
+    warning = set_aside_if_unreadable(path)
+    if not path.exists():
+        from doit.dependency import DatabaseException, JSONCodec, SqliteDB
+
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            SqliteDB(str(path), JSONCodec()).dump()  # creates the table, commits, closes
+        except (DatabaseException, sqlite3.Error, OSError) as exc:
+            cause = exc.__context__ if isinstance(exc, DatabaseException) and exc.__context__ else exc
+            for leftover in (path, Path(f"{path}-journal")):
+                leftover.unlink(missing_ok=True)
+            raise DatabaseUnwritable(f"cannot create {path}: {cause}") from None
+    return warning
+
+
+def set_aside_if_unreadable(path: Path) -> str | None:
+    """Move an unreadable database (and its journal) aside; return the one-line warning, or None."""
+    if not path.exists():
+        return None
+    try:
+        conn = sqlite3.connect(path, timeout=30)
+        try:
+            # Reads every page (a truncated file fails here, not halfway through a run);
+            # a hot journal left by a killed commit is rolled back first.
+            result = conn.execute("PRAGMA quick_check").fetchone()
+        finally:
+            conn.close()
+        problem = None if result and result[0] == "ok" else str(result[0] if result else "empty check")
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorname", None) not in UNREADABLE:
+            return None  # busy, locked, permissions: doit will say so itself
+        problem = str(exc)
+    if problem is None:
+        return None
+    aside = path.with_name(path.name + ".corrupt")
+    try:
+        os.replace(path, aside)
+        Path(f"{path}-journal").unlink(missing_ok=True)
+    except OSError as exc:
+        return f"etforge: warning: doit's database {path} is unreadable ({problem}) and cannot be moved: {exc}"
+    return (f"etforge: warning: doit's database {path} was unreadable ({problem}); moved it to "
+            f"{aside.name} and starting afresh (etforge's state records keep every task up to date)")
+
+
+def close(dep_manager, path: Path) -> str | None:
+    """Write doit's database; on failure return one line naming the file (the old one stays whole)."""
+    try:
+        dep_manager.close()
+    except (OSError, sqlite3.Error) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        return (f"etforge: error: cannot write {path}: {why}; "
+                "the previous database is intact and the next run finishes the job")
+    return None
