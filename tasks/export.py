@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 
@@ -25,6 +26,16 @@ def partitioners_for(backend) -> list:
     return out
 
 
+def lowering_contexts(backend) -> list:
+    """Context managers the chain's members need around lowering (tasks.partitioners.LOWERING_CONTEXTS)."""
+    from tasks.partitioners import LOWERING_CONTEXTS
+    from tasks.recipes import load_callable
+
+    names = dict.fromkeys(LOWERING_CONTEXTS[m.partitioner] for m in backend.members
+                          if m.partitioner in LOWERING_CONTEXTS)
+    return [load_callable(name)() for name in names]
+
+
 def build_export(cell, program_path: Path, gates: dict, workdir: Path) -> BuildResult:
     import torch
     from executorch.devtools.backend_debug import get_delegation_info
@@ -32,7 +43,10 @@ def build_export(cell, program_path: Path, gates: dict, workdir: Path) -> BuildR
 
     start = time.monotonic()
     program = torch.export.load(program_path)
-    edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
+    with ExitStack() as stack:
+        for context in lowering_contexts(cell.backend):
+            stack.enter_context(context)
+        edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
     delegation = get_delegation_info(edge.exported_program().graph_module)
     if cell.transform is not None:
         # quantize/dequantize ops left outside a delegate need these out-variants.

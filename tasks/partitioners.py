@@ -17,6 +17,14 @@ import shutil
 import sys
 from pathlib import Path
 
+# Context managers (``module:function``) that tasks.export holds around a lowering
+# through a factory, for backends whose lowering needs fixing from etforge's side.
+LOWERING_CONTEXTS = {
+    # coreml_preprocess stamps a random uuid (and coremltools random manifest UUIDs,
+    # map order and today's date) into each program: make the bytes reproducible.
+    "tasks.partitioners:coreml": "tasks.coreml_reproducible:deterministic_lowering",
+}
+
 
 # --------------------------------------------------------------------------- CPU
 
