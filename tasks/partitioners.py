@@ -24,6 +24,12 @@ LOWERING_CONTEXTS = {
     # map order and today's date) into each program: make the bytes reproducible.
     "tasks.partitioners:coreml": "tasks.coreml_reproducible:deterministic_lowering",
 }
+# Factories whose compiler names things from process-wide counters that end up in the
+# program: OpenVINO's CPU plugin exports its graph with names like "Model6" and
+# "Multiply_8526", numbered by how many models the process built before, so the bytes
+# depend on which cells a worker lowered earlier. tasks.export lowers these cells in a
+# fresh interpreter, where the counters always start from the same place.
+FRESH_PROCESS = frozenset({"tasks.partitioners:openvino"})
 
 
 # --------------------------------------------------------------------------- CPU
