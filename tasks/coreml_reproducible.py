@@ -62,7 +62,14 @@ FILE_KIND, DIRECTORY_KIND = 0, 1  # inmemoryfs InMemoryNode::Kind
 
 @contextmanager
 def deterministic_lowering():
-    """While active, every Core ML partition lowered in this process gets reproducible bytes."""
+    """While active, every Core ML partition lowered in this process gets reproducible bytes.
+
+    Wraps ``CoreMLBackend.preprocess_model`` (coreml_preprocess.py, executorch
+    1.5.1), the step that saves the converted model, stamps the uuid and packs
+    the directory; ``CoreMLBackend.preprocess`` calls it for each partition.
+    Upstream runs unchanged (its own temp dir stays unique per call); only its
+    ``processed_bytes`` are replaced by ``canonical_blob`` of them. Restored on
+    exit, also on error; per process (doit workers are processes)."""
     from executorch.backends.apple.coreml.compiler.coreml_preprocess import CoreMLBackend
 
     original = CoreMLBackend.__dict__["preprocess_model"]  # the staticmethod object itself
@@ -81,13 +88,8 @@ def deterministic_lowering():
 
 def canonical_blob(blob: bytes) -> bytes:
     """The same delegate blob with every random or time-dependent byte replaced by content-derived ones."""
-    from executorch.backends.apple.coreml import executorchcoreml
-
-    with tempfile.TemporaryDirectory(prefix="etforge-coreml-") as tmp:
-        unpacked = Path(tmp) / "in"
-        unpacked.mkdir()
-        executorchcoreml.unflatten_directory_contents(blob, str(unpacked))
-        (root,) = unpacked.iterdir()  # "lowered_module"
+    with tempfile.TemporaryDirectory(prefix="etforge-coreml-") as tmp:  # private: workers never share it
+        root = read_blob(blob, Path(tmp) / "in")
         for package in sorted(root.glob("*.mlpackage")):
             _normalize_spec(package)
             _rename_manifest_items(package)
