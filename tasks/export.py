@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import pickle
+import subprocess
+import sys
 import time
+from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 
@@ -12,6 +17,7 @@ from tasks.runner import BuildResult
 
 PTE = "program.pte"
 INFO = "export.json"
+FRESH_PROCESS_ENV = "ETFORGE_EXPORT_FRESH_PROCESS"  # set in the interpreter _build_in_fresh_process starts
 
 
 def partitioners_for(backend) -> list:
@@ -25,15 +31,32 @@ def partitioners_for(backend) -> list:
     return out
 
 
+def lowering_contexts(backend) -> list:
+    """Context managers the chain's members need around lowering (tasks.partitioners.LOWERING_CONTEXTS)."""
+    from tasks.partitioners import LOWERING_CONTEXTS
+    from tasks.recipes import load_callable
+
+    names = dict.fromkeys(LOWERING_CONTEXTS[m.partitioner] for m in backend.members
+                          if m.partitioner in LOWERING_CONTEXTS)
+    return [load_callable(name)() for name in names]
+
+
 def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little."""
+    from tasks.partitioners import FRESH_PROCESS
+
+    if not os.environ.get(FRESH_PROCESS_ENV) and any(m.partitioner in FRESH_PROCESS for m in cell.backend.members):
+        return _build_in_fresh_process(cell, program_path, workdir)
     import torch
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
     start = time.monotonic()
     program = torch.export.load(program_path)
-    edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
+    with ExitStack() as stack:
+        for context in lowering_contexts(cell.backend):
+            stack.enter_context(context)
+        edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
     graph_module = edge.exported_program().graph_module
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
@@ -65,6 +88,29 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     if cell.backend.host_runnable:
         check_loads(pte)
     return BuildResult(files=files, info=info)
+
+
+def _build_in_fresh_process(cell, program_path: Path, workdir: Path) -> BuildResult:
+    """build_export in a new interpreter (see tasks.partitioners.FRESH_PROCESS for why).
+
+    Its stdout goes where ours goes (the task log); its stderr is relayed there too,
+    and its last line becomes the error when it fails."""
+    request, result = workdir / ".fresh-process-request.pkl", workdir / ".fresh-process-result.pkl"
+    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir)))
+    package_root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, FRESH_PROCESS_ENV: "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    sys.stdout.flush()
+    proc = subprocess.run([sys.executable, "-m", "tasks.export", str(request), str(result)],
+                          env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    sys.stderr.write(proc.stderr)
+    request.unlink()
+    if proc.returncode != 0 or not result.is_file():
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"lowering in a fresh process failed (exit {proc.returncode}): {last}")
+    built = pickle.loads(result.read_bytes())
+    result.unlink()
+    return built
 
 
 # Operators that run no kernel on tensor data: view_copy becomes a view in
@@ -207,3 +253,9 @@ def check_loads(pte: Path) -> None:
     import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
     program = Runtime.get().load_program(pte.read_bytes())
     program.load_method("forward")
+
+
+if __name__ == "__main__":  # the fresh interpreter started by _build_in_fresh_process
+    _request, _result = (Path(arg) for arg in sys.argv[1:3])
+    _built = build_export(*pickle.loads(_request.read_bytes()))
+    _result.write_bytes(pickle.dumps(_built))

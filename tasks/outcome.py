@@ -180,7 +180,7 @@ def _info(record: dict | None) -> dict:
 
 def _judged(record: dict | None) -> str | None:
     """The sha256 of the program a verdict record judged, if it names one."""
-    value = _info(record).get("program_sha256", (record or {}).get("program_sha256"))
+    value = _info(record).get("program_sha256")
     return value if isinstance(value, str) else None
 
 

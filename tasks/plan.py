@@ -24,7 +24,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 BUILDER_MODULES = {
     "capture": ("model_loading.py", "torchvision_compat.py", "capture.py", "calibration.py"),
     "quantize": ("quantize.py", "quantizers.py", "calibration.py", "model_loading.py"),
-    "export": ("export.py", "partitioners.py"),
+    "export": ("export.py", "partitioners.py", "coreml_reproducible.py"),
     "validate": ("validate.py", "numerics.py", "debug_numerics.py", "bundled.py"),
     "benchmark": ("benchmark.py", "hostinfo.py"),
 }

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks import schema
-from tasks.errors import PipelineError
 from tasks.tools import check_tools
 from tasks.yamlfile import load_yaml
 

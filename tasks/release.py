@@ -16,8 +16,8 @@ other than the packed file's. <name>-<version>.tar.gz packs the directory with
 sorted entries, fixed mtimes, owners and modes and a gzip header without a
 timestamp, so two builds of the same revision give identical bytes. Host
 timings vary run to run, so they stay out of the archive: they go to
-<name>-<version>.bench.json beside it. Backends whose lowering is not
-deterministic are listed by name.
+<name>-<version>.bench.json beside it. provenance.json says, per backend recipe
+in the release, whether its programs are byte-reproducible.
 
 The release refuses (one line) when a cell fails (failed, unexpectedly passing)
 unless ``allow_failures=1``, which packs the rest, records the failures in
@@ -51,7 +51,16 @@ from tasks.keys import canonical_json, sha256_file
 from tasks.runner import first_line, read_state
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
-NONDETERMINISTIC_RECIPES = {"coreml": "Core ML lowering stamps a random uuid into the program"}
+# Backend recipes whose .pte bytes were measured identical across two clean builds in
+# separate processes (sequential and `-n 2`), for fp32 and every scheme the default
+# pipeline gives them. Core ML needs tasks/coreml_reproducible.py, OpenVINO a fresh
+# interpreter per lowering (tasks.partitioners.FRESH_PROCESS).
+REPRODUCIBLE_RECIPES = frozenset({"xnnpack", "portable", "coreml", "vulkan", "openvino",
+                                  "arm_tosa", "arm_vgf", "ethos_u55", "ethos_u85"})
+# Recipes whose lowering is still not byte-reproducible, each with the reason. Empty:
+# every recipe that lowers here is reproducible.
+NONDETERMINISTIC_RECIPES: dict = {}
+NOT_MEASURED = "not measured: this backend does not lower where etforge is tested"
 
 
 class ReleaseRefused(Exception):
@@ -127,6 +136,15 @@ def _shown(plan, path: Path) -> str:
         return str(path)
 
 
+def byte_reproducible(recipe: str) -> dict:
+    """Whether two clean builds give this backend's programs byte for byte (None: unknown), and why not."""
+    if recipe in NONDETERMINISTIC_RECIPES:
+        return {"reproducible": False, "reason": NONDETERMINISTIC_RECIPES[recipe]}
+    if recipe in REPRODUCIBLE_RECIPES:
+        return {"reproducible": True}
+    return {"reproducible": None, "reason": NOT_MEASURED}
+
+
 def provenance(plan, shipped: list, failures: list, not_shipped: list, files: dict) -> dict:
     by_name = {c.name: c for c in plan.cells}
     recipes = sorted({m.recipe for o in shipped for m in by_name[o.cell].backend.members})
@@ -148,7 +166,7 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
                   for o in shipped],
         "failures": failures,
         "not_shipped": not_shipped,
-        "nondeterministic_backends": {r: NONDETERMINISTIC_RECIPES[r] for r in recipes if r in NONDETERMINISTIC_RECIPES},
+        "byte_reproducible": {r: byte_reproducible(r) for r in recipes},
         "not_in_archive": {"benchmarks": "host timings differ run to run; see the .bench.json beside the archive"},
     }
 

@@ -211,17 +211,6 @@ def _trusted(task: CachedTask, store: Store, info: dict, accept) -> bool:
     return True
 
 
-def _materialize_all(task: CachedTask, blobs: dict) -> dict:
-    outputs = {}
-    for name, target in task.outputs.items():
-        if target is None:
-            continue
-        materialize(blobs[name], target)
-        st = target.stat()
-        outputs[name] = {"path": str(target), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    return outputs
-
-
 def _build_and_store(task: CachedTask, store: Store, build, inputs, workdir: Path, start: float) -> bool:
     try:
         task.log_file.unlink(missing_ok=True)

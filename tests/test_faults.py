@@ -187,7 +187,7 @@ def test_a_worker_killed_mid_task_fails_its_cell_and_the_run_goes_on(tmp_path):
     assert time.monotonic() - began < 120  # no hang: doit used to wait forever on the dead worker
     assert run.returncode == 1, run.stdout + run.stderr
     log = project.out / "logs" / "capture__suicide.log"
-    assert (f"etforge: capture:suicide: worker process " in run.stderr
+    assert ("etforge: capture:suicide: worker process " in run.stderr
             and f"was killed by SIGKILL (the OOM killer, or kill -9) while running it (log: {log})" in run.stderr)
     assert "Traceback" not in run.stdout + run.stderr
     record = json.loads((project.out / ".state" / "capture__suicide.json").read_text())
@@ -259,11 +259,6 @@ def built_tiny(tmp_path_factory) -> Project:
     run = project.doit()
     assert run.returncode == 0, run.stdout + run.stderr
     return project
-
-
-def copy_project(project: Project, path: Path) -> Project:
-    shutil.copytree(project.root, path, symlinks=True)  # keeps mtimes: records still match their outputs
-    return Project(path)
 
 
 def database(project: Project) -> Path:

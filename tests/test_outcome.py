@@ -310,7 +310,8 @@ def test_a_stale_record_is_never_shown_as_the_verdict(copy):
     spec = validate_spec(plan, target)
     record = json.loads(spec.state_file.read_text())
     assert record["key"] != spec.key and record["status"] == "ok"  # the stale record, still on disk
-    spec.state_file.write_text(json.dumps({**record, "key": spec.key, "program_sha256": "0" * 64}))
+    forged = {**record, "key": spec.key, "info": {**record["info"], "program_sha256": "0" * 64}}
+    spec.state_file.write_text(json.dumps(forged))
     judged = outcome.cell_outcome(plan, target, host)
     assert judged.status == "not validated" and "judged another program" in judged.reason
     assert summary.cell_row(plan, target, host)["status"] == "not validated"

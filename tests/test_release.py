@@ -1,27 +1,60 @@
-"""Release bundles: gated on the cells, byte-reproducible across clean checkouts."""
+"""Release bundles: gated on the cells, byte-reproducible across clean checkouts.
+
+One pair of clean builds of a small pipeline with Core ML cells (fp32, 4-bit
+weights, and the ios chain Core ML -> XNNPACK) is shared by the module: one
+built by a sequential ``doit release``, the other by ``doit -n 2 -P process
+release``, so each program comes from a different process with a different
+history of earlier lowerings.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import tarfile
+from pathlib import Path
 
-from conftest import SMALL_PIPELINE, make_project
+import pytest
+import yaml
 
-PIPELINE = SMALL_PIPELINE.replace("quantization: [fp32]", "quantization: [fp32, int8]") + \
-    "matrix:\n  exclude: [{model: linreg, quantization: int8}]\n"
+from conftest import REPO, SMALL_PIPELINE, make_project
+
+PIPELINE = SMALL_PIPELINE.replace("quantization: [fp32]", "quantization: [fp32, int8, coreml_int4w]").replace(
+    "backends:\n", "backends:\n  coreml: {}\n  ios: {chain: [coreml, xnnpack]}\n").replace(
+    "models:\n", "models:\n  tt:\n    python: models.tiny_transformer:build\n"
+                 "    kwargs: {dim: 32, heads: 2, hidden: 64}\n    inputs: [{name: tokens, shape: [1, 4, 32]}]\n") + """\
+matrix:
+  product: false
+  include:
+    - {model: linreg, backend: xnnpack, quantization: fp32}
+    - {model: linreg, backend: portable, quantization: fp32}
+    - {model: linreg, backend: ios, quantization: fp32}
+    - {model: cnn, backend: xnnpack, quantization: fp32}
+    - {model: cnn, backend: xnnpack, quantization: int8}
+    - {model: cnn, backend: portable, quantization: fp32}
+    - {model: tt, backend: coreml, quantization: fp32}
+    - {model: tt, backend: coreml, quantization: coreml_int4w}
+"""
+CORE_ML_PROGRAMS = ("tt/tt_coreml_fp32.pte", "tt/tt_coreml_coreml_int4w.pte", "linreg/linreg_ios_fp32.pte")
 
 
-def test_two_clean_builds_of_one_revision_give_identical_archives(tmp_path):
-    archives = []
-    for name in ("checkout-a", "checkout-b"):
-        project = make_project(tmp_path / name, PIPELINE)
-        run = project.doit("release")
+@pytest.fixture(scope="module")
+def two_builds(tmp_path_factory):
+    root = tmp_path_factory.mktemp("release")
+    projects = []
+    for name, jobs in (("checkout-a", ()), ("checkout-b", ("-n", "2", "-P", "process"))):
+        project = make_project(root / name, PIPELINE)
+        run = project.doit(*jobs, "release")
         assert run.returncode == 0, run.stdout + run.stderr
-        archive = project.root / "artifacts" / "release" / "t-0.0.1.tar.gz"
-        archives.append(archive.read_bytes())
-    assert archives[0] == archives[1]
+        projects.append(project)
+    return projects
 
+
+def test_two_clean_builds_of_one_revision_give_identical_archives(two_builds):
+    archives = [p.root / "artifacts" / "release" / "t-0.0.1.tar.gz" for p in two_builds]
+    assert archives[0].read_bytes() == archives[1].read_bytes()
+
+    project, archive = two_builds[1], archives[1]
     with tarfile.open(archive) as tar:
         names = tar.getnames()
         members = tar.getmembers()
@@ -32,11 +65,13 @@ def test_two_clean_builds_of_one_revision_give_identical_archives(tmp_path):
             assert hashlib.sha256(tar.extractfile(f"t-0.0.1/{name}").read()).hexdigest() == digest
     assert {m.mtime for m in members} == {946684800} and {m.uid for m in members} == {0}
     assert "t-0.0.1/models/cnn_xnnpack_int8.pte" in names
+    assert {f"t-0.0.1/models/{Path(p).name}" for p in CORE_ML_PROGRAMS} <= set(names)
     assert {"t-0.0.1/manifests/models.g.dart", "t-0.0.1/report.html", "t-0.0.1/SHA256SUMS"} <= set(names)
     assert provenance["toolchain"]["executorch"] == "1.5.1"
     assert provenance["pipeline"]["sha256"] == hashlib.sha256(project.pipeline.read_bytes()).hexdigest()
-    assert {c["quantization"] for c in provenance["cells"]} == {"fp32", "int8"}
+    assert {c["quantization"] for c in provenance["cells"]} == {"fp32", "int8", "coreml_int4w"}
     assert provenance["failures"] == []
+    assert provenance["byte_reproducible"] == {r: {"reproducible": True} for r in ("coreml", "portable", "xnnpack")}
     assert (project.root / "artifacts" / "release" / "t-0.0.1.bench.json").is_file()  # timings beside it
 
 
@@ -69,3 +104,78 @@ def test_a_failed_cell_refuses_the_release_unless_allowed(tmp_path):
     assert sorted(n.split("/", 2)[2] for n in names if n.startswith("t-0.0.1/manifests/")) == sorted(
         ["etforge_models.h", "index.json", "models.cmake", "models.g.dart", "pubspec_assets.yaml"])
 
+
+def test_core_ml_programs_are_identical_across_processes_and_hold_a_valid_core_ml_model(two_builds, tmp_path):
+    """Extract each Core ML model with executorch's own tool and open it with coremltools."""
+    import coremltools as ct
+    from executorch.examples.apple.coreml.scripts.extract_coreml_models import extract_coreml_models
+
+    identifiers = {}
+    for program in CORE_ML_PROGRAMS:
+        a, b = (p.out / program for p in two_builds)
+        assert a.read_bytes() == b.read_bytes(), program
+        (model_dir,) = extract_coreml_models(a.read_bytes(), tmp_path / Path(program).stem)
+        root = model_dir / "lowered_module"
+        metadata = json.loads((root / "metadata.json").read_text())
+        spec = ct.models.MLModel(str(root / "model.mlpackage"), skip_model_load=True).get_spec()
+        assert [i.name for i in spec.description.input] == metadata["inputNames"]
+        assert [o.name for o in spec.description.output] == metadata["outputNames"]
+        assert spec.mlProgram.functions["main"].block_specializations  # an ML program with a body
+        assert "com.github.apple.coremltools.conversion_date" not in spec.description.metadata.userDefined
+        identifiers[program] = metadata["identifier"]
+    # The device caches compiled models by identifier: different models never share one.
+    assert len(set(identifiers.values())) == len(identifiers), identifiers
+
+
+def test_the_core_ml_wrapper_is_restored_after_lowering_even_on_error():
+    from executorch.backends.apple.coreml.compiler.coreml_preprocess import CoreMLBackend
+
+    from tasks.coreml_reproducible import deterministic_lowering
+
+    original = CoreMLBackend.__dict__["preprocess_model"]
+    with pytest.raises(ZeroDivisionError):
+        with deterministic_lowering():
+            assert CoreMLBackend.__dict__["preprocess_model"] is not original
+            1 / 0
+    assert CoreMLBackend.__dict__["preprocess_model"] is original
+
+
+def test_every_backend_that_lowers_here_says_whether_its_bytes_are_reproducible():
+    from tasks.host import missing_requirement
+    from tasks.release import NONDETERMINISTIC_RECIPES, REPRODUCIBLE_RECIPES, byte_reproducible
+
+    lowers_here = {path.stem for path in (REPO / "recipes" / "backends").glob("*.yaml")
+                   if missing_requirement(yaml.safe_load(path.read_text()).get("needs")) is None}
+    assert lowers_here == REPRODUCIBLE_RECIPES | set(NONDETERMINISTIC_RECIPES)
+    assert not REPRODUCIBLE_RECIPES & set(NONDETERMINISTIC_RECIPES)
+    assert all(reason for reason in NONDETERMINISTIC_RECIPES.values())
+    assert byte_reproducible("qnn")["reproducible"] is None and "not measured" in byte_reproducible("qnn")["reason"]
+
+
+OPENVINO_PIPELINE = """\
+name: t
+version: 0.0.1
+models:
+  first:
+    python: models.linreg:build
+    inputs: [{name: features, shape: [1, 4]}]
+  second:
+    python: models.linreg:build
+    kwargs: {in_features: 3}
+    inputs: [{name: features, shape: [1, 3]}]
+backends:
+  openvino: {}
+quantization: [fp32]
+"""
+
+
+def test_openvino_bytes_do_not_depend_on_what_the_process_lowered_before(tmp_path):
+    """OpenVINO numbers graph nodes process-wide: a process that compiled `first` before
+    `second` would give `second` other bytes than one that compiled only `second`."""
+    both, alone = (make_project(tmp_path / name, OPENVINO_PIPELINE) for name in ("both", "alone"))
+    for project, tasks in ((both, ("export:first/openvino/fp32", "export:second/openvino/fp32")),
+                           (alone, ("export:second/openvino/fp32",))):
+        run = project.doit(*tasks)
+        assert run.returncode == 0, run.stdout + run.stderr
+    program = "second/second_openvino_fp32.pte"
+    assert (both.out / program).read_bytes() == (alone.out / program).read_bytes()
