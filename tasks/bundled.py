@@ -44,17 +44,26 @@ def tolerances(thresholds: dict, expected_outputs: list) -> dict:
     """{"rtol", "atol", "rule"} from a cell's thresholds and the eager outputs ([N, ...] each)."""
     import numpy as np
 
-    peaks = [float(np.max(np.abs(np.asarray(y, dtype=np.float64)))) if np.size(y) else 0.0
-             for y in expected_outputs]
+    # Only finite values make a peak (capture refuses non-finite eager outputs anyway): a NaN
+    # peak would make a NaN tolerance. Thresholds are finite (the schemas refuse .nan/.inf).
+    peaks = [_finite_peak(y) for y in expected_outputs]
     if "max_abs_error" in thresholds:
         return {"rtol": 0.0, "atol": float(thresholds["max_abs_error"]), "rule": "max_abs_error"}
     if "sqnr_db" in thresholds:
         ratio = 10.0 ** (-float(thresholds["sqnr_db"]) / 20.0)
         atol = max(peak * ratio for peak in peaks) if peaks else 0.0
-        if atol == 0.0 or not math.isfinite(atol):
+        if not (atol > 0.0 and math.isfinite(atol)):  # NaN-safe
             atol = 1e-8
         return {"rtol": 0.0, "atol": atol, "rule": "sqnr_db: peak |expected| * 10^(-sqnr_db/20)"}
     return {"rtol": 1e-3, "atol": 1e-5 * max([1.0] + peaks), "rule": "default"}
+
+
+def _finite_peak(values) -> float:
+    import numpy as np
+
+    arr = np.abs(np.asarray(values, dtype=np.float64))
+    arr = arr[np.isfinite(arr)]
+    return float(np.max(arr)) if arr.size else 0.0
 
 
 def program_io_dtypes(pte_bytes: bytes) -> tuple[list, list]:

@@ -11,6 +11,8 @@ validation samples and the eager nn.Module's outputs on them.
   ``images data/images`` or ``npz data/val.npz``
 - ``input_<i>``: ``[N, *shape of input i]`` (the declared shape, batch axis included)
 - ``output_<i>``: ``[N, *shape of output i]``, eager outputs (pytree leaves in order)
+- ``output_names``: 1-d unicode, the name of each output where the model's output pytree
+  gives one (a dict key or attribute, e.g. ``logits``), else "" (optional)
 
 Sample ``n`` of input ``i`` is ``input_<i>[n]``, exactly what the program takes.
 Format 1 (no ``samples`` key: one sample, ``input_<i>`` without the N axis) still loads.
@@ -20,7 +22,7 @@ Without ``validation`` data in pipeline.yaml, N = 1 and the sample is seeded ran
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tasks.runner import BuildResult
@@ -37,6 +39,7 @@ class Reference:
     inputs: list  # per input: [N, *shape]
     outputs: list  # per output: [N, *shape]
     source: str
+    output_names: list = field(default_factory=list)  # per output: its pytree name, or ""
 
     @property
     def count(self) -> int:
@@ -58,6 +61,28 @@ def flatten_outputs(outputs) -> list:
 
     leaves, _ = torch.utils._pytree.tree_flatten(outputs)
     return [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def output_names(outputs) -> list:
+    """Each tensor leaf's name in the output pytree: its dict keys and attributes ('logits',
+    'hidden[1]'), or "" where there is none (a bare tensor, a plain tuple)."""
+    import torch
+
+    pytree = torch.utils._pytree
+    leaves, _ = pytree.tree_flatten_with_path(outputs)
+    names = []
+    for path, leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        name = ""
+        for key in path:
+            if isinstance(key, pytree.SequenceKey):
+                name += f"[{key.idx}]"
+            else:
+                label = str(key.key if isinstance(key, pytree.MappingKey) else getattr(key, "name", key))
+                name += ("." if name else "") + label
+        names.append(name if any(not isinstance(k, pytree.SequenceKey) for k in path) else "")
+    return names
 
 
 def reference_samples(model_spec, root: Path, seed: int) -> tuple[list, str]:
@@ -86,7 +111,12 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     eager = []
     with torch.no_grad():
         for inputs in samples:
-            eager.append(flatten_outputs(model(*inputs)))
+            result = model(*inputs)
+            eager.append(flatten_outputs(result))
+    names = output_names(result)
+    failure = nonfinite_eager(model_spec.name, eager, names, source)
+    if failure:  # the model itself, not a backend: nothing downstream can be judged against it
+        return BuildResult(status="failed", reason=failure)
     program = torch.export.export(model, samples[0], strict=False)
     torch.export.save(program, workdir / PROGRAM)
     arrays = {f"input_{i}": np.stack([s[i].detach().numpy() for s in samples])
@@ -94,12 +124,75 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     arrays.update({f"output_{i}": np.stack([out[i].detach().numpy() for out in eager])
                    for i in range(len(eager[0]))})
     arrays["samples"] = np.array(len(samples), dtype=np.int64)
+    arrays["output_names"] = np.array(names, dtype=str)
     arrays["source"] = np.array(source)
     with open(workdir / REFERENCE, "wb") as f:
         np.savez(f, **arrays)
     info = {"export_s": round(time.monotonic() - start, 3), "inputs": source, "samples": len(samples),
-            "outputs": [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in eager[0]]}
+            "outputs": [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in eager[0]],
+            "weight_bytes": weight_bytes(program)}
     return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
+
+
+def nonfinite_eager(model_name: str, eager: list, names: list, source: str) -> str | None:
+    """Why eager PyTorch's own outputs cannot serve as the reference (NaN or inf in any), or None."""
+    import torch
+
+    for i in range(len(eager[0])):
+        values = torch.stack([out[i].detach() for out in eager])
+        if not values.is_floating_point():
+            continue
+        nan, inf = int(torch.isnan(values).sum()), int(torch.isinf(values).sum())
+        if nan or inf:
+            label = f"output {i}" + (f" ({names[i]})" if i < len(names) and names[i] else "")
+            return (f"model {model_name!r} itself is non-finite in eager PyTorch: {label}: {nan + inf} of "
+                    f"{values.numel()} values are non-finite ({nan} NaN, {inf} inf) on the validation "
+                    f"inputs ({source}); fix the model or its inputs, no backend can match it")
+    return None
+
+
+# The weights a quantization scheme can store smaller, by the ATen op that uses them
+# (what PT2E quantizers and torchao's filters look at), and "all" floating-point
+# parameters, buffers and constants (what fp16 stores at half size).
+WEIGHT_OPS = {
+    "linear": ("aten.linear",),
+    "conv": ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution", "aten.conv_transpose1d",
+             "aten.conv_transpose2d", "aten.conv_transpose3d"),
+    "embedding": ("aten.embedding",),
+}
+
+
+def weight_bytes(program) -> dict:
+    """Bytes of the captured fp32 program's floating-point weights: ``all``, and those used as
+    the weight (second argument; the table for an embedding) of a linear, conv or embedding op.
+    A tensor used by several ops (tied weights) is counted once."""
+    sig = program.graph_signature
+    named = {**sig.inputs_to_parameters, **sig.inputs_to_buffers, **sig.inputs_to_lifted_tensor_constants}
+    tensors = {**program.state_dict, **program.constants}
+
+    def size(t) -> int:
+        return t.numel() * t.element_size() if t.is_floating_point() else 0
+
+    out = {"all": 0, **{kind: 0 for kind in WEIGHT_OPS}}
+    seen: set = set()
+    for t in tensors.values():
+        if hasattr(t, "untyped_storage") and id(t) not in seen:
+            seen.add(id(t))
+            out["all"] += size(t)
+    counted: set = set()
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        op = str(getattr(node.target, "overloadpacket", ""))
+        for kind, names in WEIGHT_OPS.items():
+            if op in names:
+                arg = node.args[0 if kind == "embedding" else 1] if len(node.args) > 1 else None
+                fqn = named.get(getattr(arg, "name", None))
+                tensor = tensors.get(fqn)
+                if tensor is not None and id(tensor) not in counted:
+                    counted.add(id(tensor))
+                    out[kind] += size(tensor)
+    return out
 
 
 def load_reference_samples(path: Path) -> Reference:
@@ -107,12 +200,13 @@ def load_reference_samples(path: Path) -> Reference:
     import numpy as np
 
     with np.load(path) as data:
-        inputs = [data[k] for k in sorted((k for k in data.files if k.startswith("input_")), key=_index)]
-        outputs = [data[k] for k in sorted((k for k in data.files if k.startswith("output_")), key=_index)]
+        inputs = [data[k] for k in _numbered(data.files, "input_")]
+        outputs = [data[k] for k in _numbered(data.files, "output_")]
         if "samples" not in data.files:
             return Reference([x[None] for x in inputs], [y[None] for y in outputs], RANDOM_SOURCE)
         source = str(data["source"]) if "source" in data.files else RANDOM_SOURCE
-    return Reference(inputs, outputs, source)
+        names = [str(n) for n in data["output_names"]] if "output_names" in data.files else []
+    return Reference(inputs, outputs, source, names)
 
 
 def load_reference(path: Path) -> tuple[list, list]:
@@ -121,5 +215,7 @@ def load_reference(path: Path) -> tuple[list, list]:
     return reference.sample_inputs(0), reference.sample_outputs(0)
 
 
-def _index(name: str) -> int:
-    return int(name.rsplit("_", 1)[1])
+def _numbered(files: list, prefix: str) -> list:
+    """``prefix<i>`` keys in index order (``output_names`` is not one)."""
+    return sorted((k for k in files if k.startswith(prefix) and k[len(prefix):].isdigit()),
+                  key=lambda k: int(k[len(prefix):]))

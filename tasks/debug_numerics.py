@@ -113,9 +113,9 @@ def node_sqnrs(program_path_pt2: Path, cell, inputs: list, *, threshold_db: floa
             if sqnr is None:
                 below = False
             elif sqnr == -math.inf:  # an all-zero eager value: judge by the absolute error
-                below = err > ZERO_SIGNAL_ATOL
+                below = not err <= ZERO_SIGNAL_ATOL  # NaN-safe: a NaN error is below
             else:
-                below = sqnr < threshold
+                below = not sqnr >= threshold  # NaN-safe: a NaN value is below
         nodes.append({"node": spec.node_name, "op_target": spec.op_target, "module_path": spec.module_path,
                       "module_class": spec.module_class,
                       "sqnr_db": None if sqnr is None else (sqnr if math.isinf(sqnr) else round(sqnr, 2)),

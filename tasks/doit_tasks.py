@@ -206,7 +206,7 @@ def _run_export(plan: Plan, cell: Cell, store: Store) -> bool:
     def build(workdir: Path, graph: dict) -> BuildResult:
         from tasks.export import build_export
 
-        return build_export(cell, graph["model.pt2"], plan.gates, workdir)
+        return build_export(cell, graph["model.pt2"], workdir)
 
     return run_cached(export_spec(plan, cell), store, build, inputs=inputs)
 
@@ -256,16 +256,17 @@ def _run_benchmark(plan: Plan, cell: Cell, store: Store, host: dict) -> bool:
 
 
 def _run_size_gate(plan: Plan, cell: Cell, store: Store) -> bool:
-    def inputs() -> list:
-        return [_export_entry(plan, c, store)[1] for c in (cell, plan.fp32_sibling(cell))]
+    def inputs() -> tuple:
+        infos = [_export_entry(plan, c, store)[1] for c in (cell, plan.fp32_sibling(cell))]
+        return infos, _capture_entry(plan, cell.model, store)[1]["weight_bytes"]
 
-    def build(workdir: Path, infos: list) -> BuildResult:
+    def build(workdir: Path, entries: tuple) -> BuildResult:
         from tasks.export import size_gate
 
+        infos, weights = entries
         if any(info.get("status") != "ok" for info in infos):
             raise RuntimeError(f"needs both {export_name(cell)} and {export_name(plan.fp32_sibling(cell))} ok")
-        ratio, failure = size_gate(infos[0]["size_bytes"], infos[1]["size_bytes"], plan.gates)
-        info = {"size_vs_fp32": round(ratio, 4)}
+        info, failure = size_gate(cell, infos[0], infos[1], weights)
         return BuildResult(info=info, status="failed" if failure else "ok", reason=failure or "")
 
     return run_cached(size_gate_spec(plan, cell), store, build, inputs=inputs)
@@ -349,11 +350,11 @@ def matrix_task_deps(plan: Plan, cells) -> list:
 
 
 def size_gate_tasks(plan: Plan, cells, store: Store) -> list:
-    """A quantized cell must be smaller than its fp32 sibling; a separate task so that
-    a failing fp32 export never keeps the quantized cell from building."""
+    """A quantized cell must save what its scheme declares against its fp32 sibling (tasks/export.py
+    size_gate); a separate task so that a failing fp32 export never keeps the quantized cell from building."""
     return [_task(size_gate_spec(plan, c), store, (_run_size_gate, [plan, c, store]),
-                  f"check {c.name} is smaller than {plan.fp32_sibling(c).name}",
-                  task_dep=[export_name(c), export_name(plan.fp32_sibling(c))])
+                  f"check {c.name} saves what {c.quant.name} should against {plan.fp32_sibling(c).name}",
+                  task_dep=[export_name(c), export_name(plan.fp32_sibling(c)), capture_name(c.model)])
             for c in cells if has_size_gate(plan, c, cells)]
 
 

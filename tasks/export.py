@@ -41,11 +41,12 @@ def lowering_contexts(backend) -> list:
     return [load_callable(name)() for name in names]
 
 
-def build_export(cell, program_path: Path, gates: dict, workdir: Path) -> BuildResult:
+def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
+    """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little."""
     from tasks.partitioners import FRESH_PROCESS
 
     if not os.environ.get(FRESH_PROCESS_ENV) and any(m.partitioner in FRESH_PROCESS for m in cell.backend.members):
-        return _build_in_fresh_process(cell, program_path, gates, workdir)
+        return _build_in_fresh_process(cell, program_path, workdir)
     import torch
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
@@ -56,7 +57,9 @@ def build_export(cell, program_path: Path, gates: dict, workdir: Path) -> BuildR
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
         edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
-    delegation = get_delegation_info(edge.exported_program().graph_module)
+    graph_module = edge.exported_program().graph_module
+    delegation = get_delegation_info(graph_module)
+    coverage = delegation_coverage(graph_module)
     if cell.transform is not None:
         # quantize/dequantize ops left outside a delegate need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
@@ -71,6 +74,7 @@ def build_export(cell, program_path: Path, gates: dict, workdir: Path) -> BuildR
         "delegated_ops": delegation.num_delegated_nodes,
         "non_delegated_ops": delegation.num_non_delegated_nodes,
         "delegated_subgraphs": delegation.num_delegated_subgraphs,
+        **coverage,
         "delegates": list(cell.backend.delegates),
         "executorch_version": metadata.version("executorch"),
         "input_dtypes": [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)],
@@ -78,7 +82,7 @@ def build_export(cell, program_path: Path, gates: dict, workdir: Path) -> BuildR
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")
     files = {PTE: pte, INFO: workdir / INFO}
-    failure = delegation_gate(cell, info, gates)
+    failure = delegation_gate(cell, info)
     if failure:
         return BuildResult(files=files, info=info, status="failed", reason=failure)
     if cell.backend.host_runnable:
@@ -86,13 +90,13 @@ def build_export(cell, program_path: Path, gates: dict, workdir: Path) -> BuildR
     return BuildResult(files=files, info=info)
 
 
-def _build_in_fresh_process(cell, program_path: Path, gates: dict, workdir: Path) -> BuildResult:
+def _build_in_fresh_process(cell, program_path: Path, workdir: Path) -> BuildResult:
     """build_export in a new interpreter (see tasks.partitioners.FRESH_PROCESS for why).
 
     Its stdout goes where ours goes (the task log); its stderr is relayed there too,
     and its last line becomes the error when it fails."""
     request, result = workdir / ".fresh-process-request.pkl", workdir / ".fresh-process-result.pkl"
-    request.write_bytes(pickle.dumps((cell, Path(program_path), gates, workdir)))
+    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir)))
     package_root = str(Path(__file__).resolve().parent.parent)
     env = {**os.environ, FRESH_PROCESS_ENV: "1",
            "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
@@ -109,20 +113,129 @@ def _build_in_fresh_process(cell, program_path: Path, gates: dict, workdir: Path
     return built
 
 
-def delegation_gate(cell, info: dict, gates: dict) -> str | None:
-    """Why this program must not count as accelerated, or None."""
-    if cell.backend.delegates and info["delegated_ops"] < gates["min_delegated_ops"]:
-        return (f"backend {cell.backend.name!r} took {info['delegated_ops']} ops "
-                f"(gate: at least {gates['min_delegated_ops']}); the program would run on portable kernels")
+# Operators that run no kernel on tensor data: view_copy becomes a view in
+# to_executorch (ReplaceViewCopyWithViewPass), the rest are symbolic-size
+# queries and run-time asserts.
+NOT_COMPUTE = frozenset({
+    "aten.view_copy", "aten.view", "aten._unsafe_view", "aten.sym_size", "aten.sym_numel", "aten.sym_stride",
+    "aten.sym_storage_offset", "aten._assert_scalar", "aten._assert_tensor_metadata",
+    "aten.sym_constrain_range", "aten.sym_constrain_range_for_size",
+})
+
+
+def compute_op_name(node) -> str | None:
+    """``aten.convolution`` for a node that is a compute op, else None.
+
+    A compute op is a ``call_function`` node whose target is an ATen/Edge
+    operator overload (a kernel that reads and writes tensor data), quantize and
+    dequantize included: left outside a delegate they run as portable kernels.
+    Not compute ops: placeholders, outputs and get_attr nodes; ``getitem``
+    (tuple unpacking); the ``executorch_call_delegate`` node itself (the ops it
+    stands for are counted inside the delegate); Python operators on symbolic
+    sizes; and the operators in NOT_COMPUTE.
+    """
+    import torch
+
+    if node.op != "call_function":
+        return None
+    target = getattr(node.target, "_op", node.target)  # an EdgeOpOverload wraps an OpOverload
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    name = str(target.overloadpacket)  # e.g. aten.convolution
+    return None if name in NOT_COMPUTE else name
+
+
+def delegation_coverage(graph_module) -> dict:
+    """How much of a lowered edge program's compute the delegates took.
+
+    Ops inside a delegate are counted in the graph the partitioner handed to it
+    (``original_module``, before the backend's own rewrites); ops outside in the
+    top-level graph, which the portable (or quantized) kernels run. A chain's
+    coverage counts every member's delegates together.
+
+    ``delegation_coverage``: delegated / (delegated + not delegated) compute ops
+    (1.0 for a program with no compute op); ``compute_ops`` and
+    ``delegated_compute_ops``: the counts; ``delegated_by_backend``: backend id
+    -> compute ops it took; ``not_delegated``: op name -> count left outside.
+    """
+    delegated: dict = {}
+    outside: dict = {}
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr" and node.name.startswith("lowered_module_"):
+            lowered = getattr(graph_module, node.name)
+            count = sum(1 for n in lowered.original_module.graph.nodes if compute_op_name(n))
+            delegated[lowered.backend_id] = delegated.get(lowered.backend_id, 0) + count
+        name = compute_op_name(node)
+        if name:
+            outside[name] = outside.get(name, 0) + 1
+    taken, left = sum(delegated.values()), sum(outside.values())
+    total = taken + left
+    return {"delegation_coverage": round(taken / total, 4) if total else 1.0,
+            "compute_ops": total, "delegated_compute_ops": taken,
+            "delegated_by_backend": dict(sorted(delegated.items())),
+            "not_delegated": dict(sorted(outside.items()))}
+
+
+def delegation_gate(cell, info: dict) -> str | None:
+    """Why this program must not count as accelerated, or None (no delegate: no gate)."""
+    minimum = cell.backend.min_coverage
+    if minimum is None:
+        return None
+    coverage = info["delegation_coverage"]
+    if not coverage >= minimum:  # NaN-safe: a coverage that is not a number fails
+        left = ", ".join(f"{name} x{n}" for name, n in sorted(info["not_delegated"].items(), key=lambda kv: -kv[1])[:4])
+        return (f"backend {cell.backend.name!r} took {info['delegated_compute_ops']} of {info['compute_ops']} "
+                f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
+                + (f" ({left})" if left else ""))
     return None
 
 
-def size_gate(quantized_size: int, fp32_size: int, gates: dict) -> tuple[float, str | None]:
-    """(size ratio to the fp32 sibling, failure reason or None)."""
-    ratio = quantized_size / fp32_size
-    if ratio >= gates["max_size_ratio"]:
-        return ratio, f"{ratio:.2f}x the size of its fp32 sibling (gate: below {gates['max_size_ratio']}x)"
-    return ratio, None
+# Bytes a scheme may add for its own bookkeeping (quantization parameters, quantize and
+# dequantize nodes, casts) before its saving shows. Measured with executorch 1.5.1: up to
+# ~3 KB for static int8 of a 4-layer CNN with 7 KB of weights (XNNPACK, portable), ~1.2 KB
+# for linreg; a recipe may declare its own (OpenVINO int8: ~30 KB).
+OVERHEAD_BYTES = 6144
+
+
+def size_gate(cell, quantized: dict, fp32: dict, weights: dict) -> tuple[dict, str | None]:
+    """(facts, failure reason or None) of a quantized program against its fp32 sibling.
+
+    ``quantized``/``fp32``: the two export infos (size_bytes, sha256); ``weights``: the fp32
+    capture's ``weight_bytes``. The scheme's recipe declares (``cell.size_gate``) which of
+    the capture's weights it stores smaller, the largest stored/fp32 ratio of those weights
+    that shows it was applied, and optionally ``overhead_bytes``. Only the saving counts,
+    so what both programs share (the fixed overhead that makes linreg's program ~2 KB,
+    layers the scheme does not take) cancels out:
+
+        stored = fp32 bytes of the weights it takes - (fp32 size - quantized size)
+        passes when stored <= max_ratio * those bytes + overhead_bytes
+
+    ``weight_ratio`` (stored / fp32 bytes) goes into the facts and the reason. So a program
+    byte-identical to fp32, fp16 weights stored as fp32 (0.93x on a 110 KB CNN), and a
+    scheme applied to a model with none of the weights it takes all fail, while a 20-byte
+    linreg, whose saving is smaller than any program's bookkeeping, is not failed for it.
+    """
+    gate = cell.size_gate
+    facts = {"size_vs_fp32": round(quantized["size_bytes"] / fp32["size_bytes"], 4),
+             "saved_bytes": fp32["size_bytes"] - quantized["size_bytes"]}
+    scheme = cell.quant.name
+    if quantized["sha256"] == fp32["sha256"]:
+        return facts, f"byte-identical to its fp32 sibling: {scheme} was not applied"
+    kinds = gate["weights"]
+    taken = weights["all"] if "all" in kinds else sum(weights.get(k, 0) for k in kinds)
+    what = "weights" if "all" in kinds else "/".join(kinds) + " weights"
+    overhead = gate.get("overhead_bytes", OVERHEAD_BYTES)
+    facts.update(weight_bytes=taken, max_weight_ratio=gate["max_ratio"], overhead_bytes=overhead)
+    if taken == 0:
+        return facts, (f"{scheme} stores {what} smaller and model {cell.model.name!r} has none: "
+                       f"the program is {facts['size_vs_fp32']:.2f}x its fp32 sibling")
+    stored = taken - facts["saved_bytes"]
+    facts["weight_ratio"] = round(stored / taken, 4)
+    if not stored <= gate["max_ratio"] * taken + overhead:  # NaN-safe
+        return facts, (f"{what} stored at {stored / taken:.2f}x of fp32 (gate: {scheme} at most "
+                       f"{gate['max_ratio']}x + {overhead} B): {quantized['size_bytes']} B vs "
+                       f"{fp32['size_bytes']} B saves {facts['saved_bytes']} B of {taken} B")
+    return facts, None
 
 
 def _input_dtypes(program) -> list:

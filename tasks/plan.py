@@ -30,7 +30,6 @@ BUILDER_MODULES = {
 }
 # Small enough that `doit` benchmarks every host-runnable cell in seconds.
 DEFAULT_BENCHMARK = {"warmup": 5, "iterations": 50, "threads": None, "max_seconds": 10.0, "regression_pct": 10.0}
-DEFAULT_GATES = {"min_delegated_ops": 1, "max_size_ratio": 1.0}
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
 MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
 DTYPES_DEFAULT = "float32"
@@ -76,6 +75,7 @@ class BackendMember:
     delegates: tuple
     host_runnable: bool
     missing: str | None  # what this host lacks to lower it, or None
+    min_coverage: float | None = None  # the recipe's minimum delegation coverage; None: no delegate
     tools: dict = field(default_factory=dict)  # versions of its lowering tools (tasks/tools.py)
     runtime_tools: dict = field(default_factory=dict)  # versions of what runs its programs here
 
@@ -88,6 +88,10 @@ class BackendMember:
 class BackendSpec:
     name: str
     members: tuple  # of BackendMember
+    # The fraction of compute ops its delegates must take (tasks/export.py delegation_gate):
+    # gates.min_delegation_coverage in pipeline.yaml, else the highest of its members' recipes.
+    # None: no member has a delegate (portable), so no gate.
+    min_coverage: float | None = None
 
     @property
     def primary(self) -> BackendMember:
@@ -147,6 +151,9 @@ class Cell:
     quant: QuantSpec
     thresholds: dict
     transform: Transform | None  # None: lower the captured fp32 graph as is
+    # The scheme's size gate for this backend ({"weights", "max_ratio"[, "overhead_bytes"]},
+    # tasks/export.py size_gate); None when the scheme declares none (fp32).
+    size_gate: dict | None = None
 
     @property
     def name(self) -> str:
@@ -283,8 +290,8 @@ class Plan:
         return self.quantize_key(cell) or self.capture_key(cell.model)
 
     def fp32_sibling(self, cell: Cell) -> Cell | None:
-        """The same model and backend without a transform, for the size gate."""
-        if cell.transform is None:
+        """The same model and backend in fp32, for the size gate of a cell whose scheme declares one."""
+        if cell.size_gate is None:
             return None
         return next((c for c in self.cells if c.transform is None and c.model.name == cell.model.name
                      and c.backend.name == cell.backend.name and c.quant.name == "fp32"), None)
@@ -292,12 +299,13 @@ class Plan:
     def export_key(self, cell: Cell) -> str:
         return digest({"task": "export", "graph": self.graph_key(cell),
                        "backend": cell.backend.canonical(),
-                       "min_delegated_ops": self.gates["min_delegated_ops"],
+                       "min_coverage": cell.backend.min_coverage,
                        "toolchain": self.toolchain, "code": self.code_digests["export"]})
 
     def size_gate_key(self, cell: Cell, sibling: Cell) -> str:
-        return digest({"task": "size-gate", "export": self.export_key(cell),
-                       "fp32": self.export_key(sibling), "max_size_ratio": self.gates["max_size_ratio"]})
+        return digest({"task": "size-gate", "export": self.export_key(cell), "fp32": self.export_key(sibling),
+                       "capture": self.capture_key(cell.model), "gate": cell.size_gate,
+                       "code": self.code_digests["export"]})
 
     def validate_key(self, cell: Cell) -> str:
         # Only a cell that runs here uses its runtime tools; the others get a .bpte.
@@ -350,6 +358,13 @@ class Plan:
 def _cell_dim(cell: Cell, dim: str) -> str:
     return {"model": cell.model.name, "backend": cell.backend.name,
             "quantization": cell.quant.name}[dim]
+
+
+def scheme_size_gate(quant: QuantSpec, backend: BackendSpec) -> dict | None:
+    """The scheme's size gate for this backend: its entry for the backend's primary recipe, else the recipe's."""
+    table = quant.recipe.data.get("backends") or {}
+    entry = table.get(backend.primary.recipe, table.get("*")) or {}
+    return entry.get("size_gate", quant.recipe.data.get("size_gate"))
 
 
 def _merge_thresholds(*layers) -> dict:
@@ -467,13 +482,27 @@ class _Resolver:
         for opt_path, message in recipes.check_options(recipe, options):
             raise self.doc.error(path[:2] + opt_path, message)
         runtime = recipe.data.get("runtime") or {}
+        delegates = tuple(runtime.get("delegates", ()))
         return BackendMember(recipe=recipe_name, partitioner=recipe.data.get("partitioner"),
                              options={**recipe.defaults(), **options},
-                             delegates=tuple(runtime.get("delegates", ())),
+                             delegates=delegates,
                              host_runnable=bool(runtime.get("host_runnable", False)),
                              missing=missing_requirement(recipe.data.get("needs")),
+                             min_coverage=recipe.data.get("min_delegation_coverage") if delegates else None,
                              tools=self.versions.versions(stage_tools(recipe.data, "lowering")),
                              runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")))
+
+    def min_coverage(self, name: str, members: list) -> float | None:
+        """gates.min_delegation_coverage.<name>, else the strictest member recipe's minimum."""
+        override = ((self.data.get("gates") or {}).get("min_delegation_coverage") or {}).get(name)
+        minimums = [m.min_coverage for m in members if m.min_coverage is not None]
+        if not minimums:
+            if override is not None:
+                raise self.doc.error(("gates", "min_delegation_coverage", name),
+                                     f"backend {name!r} has no delegate (its programs run on portable "
+                                     "kernels), so it has no coverage to gate")
+            return None
+        return override if override is not None else max(minimums)
 
     def backend(self, name: str, spec: dict) -> BackendSpec:
         if "chain" in spec:
@@ -489,10 +518,11 @@ class _Resolver:
                 recipe_name = link_spec.get("recipe", link)
                 options = {k: v for k, v in link_spec.items() if k != "recipe"}
                 members.append(self.member(recipe_name, options, ("backends", name, "chain", i)))
-            return BackendSpec(name=name, members=tuple(members))
+            return BackendSpec(name=name, members=tuple(members), min_coverage=self.min_coverage(name, members))
         key = ("backends", name, "recipe") if "recipe" in spec else ("backends", name)
         options = {k: v for k, v in spec.items() if k != "recipe"}
-        return BackendSpec(name=name, members=(self.member(spec.get("recipe", name), options, key),))
+        members = [self.member(spec.get("recipe", name), options, key)]
+        return BackendSpec(name=name, members=tuple(members), min_coverage=self.min_coverage(name, members))
 
     def quantization(self, index: int, name: str) -> tuple[QuantSpec, dict]:
         recipe = recipes.load_recipe("quantization", name)
@@ -575,6 +605,7 @@ class _Resolver:
                 rejected.append(RejectedCell(m, b, q, transform))
                 continue
             cells.append(Cell(model=models[m], backend=backend, quant=quants[q], transform=transform,
+                              size_gate=scheme_size_gate(quants[q], backends[b]),
                               thresholds=_merge_thresholds(quant_thresholds[q], global_thresholds.get(q),
                                                            model_thresholds[m].get(q))))
         if not cells:
@@ -582,6 +613,32 @@ class _Resolver:
                                  + "; ".join(f"{r.name}: {r.reason}" for r in rejected[:3]))
         return tuple(cells), tuple(rejected)
 
+    def check_scheme_options(self, quant_names) -> None:
+        """quantization_options only for schemes the pipeline lists: a typo must not go unnoticed."""
+        for name in self.data.get("quantization_options") or {}:
+            if name not in quant_names:
+                raise self.doc.error(("quantization_options", name),
+                                     f"options for {name!r}, which is not in 'quantization' "
+                                     f"({', '.join(quant_names)})")
+
+    def check_backend_options(self, cells, rejected) -> None:
+        """Options (and coverage overrides) only for backends a cell uses, directly or as a link of
+        a chain that a cell uses; rejected cells count, since they are reported."""
+        declared = self.data["backends"]
+        used = {c.backend.name for c in cells} | {r.backend for r in rejected}
+        used |= {link for name in list(used) for link in declared.get(name, {}).get("chain", [])}
+        why = "which no cell of the matrix uses (neither directly nor in a chain that a cell uses)"
+        for name, spec in declared.items():
+            options = [k for k in spec if k not in ("recipe", "chain")]
+            if options and name not in used:
+                raise self.doc.error(("backends", name, options[0]), f"options for backend {name!r}, {why}")
+        for name in (self.data.get("gates") or {}).get("min_delegation_coverage") or {}:
+            path = ("gates", "min_delegation_coverage", name)
+            if name not in declared:
+                raise self.doc.error(path, f"backend {name!r} is not declared in 'backends'; "
+                                           f"declared: {', '.join(declared)}")
+            if name not in used:
+                raise self.doc.error(path, f"a coverage minimum for backend {name!r}, {why}")
     def expected_failures(self, cells: tuple, rejected: tuple, known: dict) -> tuple:
         """``matrix.expected_failures``; an entry that names no buildable cell is a mistake."""
         entries = []
@@ -640,7 +697,9 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     for i, name in enumerate(data["quantization"]):
         quants[name], quant_thresholds[name] = r.quantization(i, name)
     r.check_threshold_keys(list(quants))
+    r.check_scheme_options(list(quants))
     cells, rejected = r.cells(models, backends, quants, quant_thresholds)
+    r.check_backend_options(cells, rejected)
     expected_failures = r.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})
     from tasks.manifest import check_options  # a local import: tasks.manifest imports this module
@@ -656,7 +715,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 section_lines={dim: doc.line_of((section,)) for dim, section in SECTIONS.items()},
                 root=root, name=data["name"], version=data.get("version", "0.0.0"),
                 models=models, backends=backends, quantizations=quants, cells=cells, rejected=rejected,
-                gates={**DEFAULT_GATES, **(data.get("gates") or {})},
+                gates=data.get("gates") or {},
                 cache_remote=_remote_url(os.environ.get("ETFORGE_CACHE_REMOTE")
                                          or (data.get("cache") or {}).get("remote"), root),
                 cache_read_only=_env_flag("ETFORGE_CACHE_READ_ONLY", (data.get("cache") or {}).get("read_only", False)),

@@ -2,13 +2,15 @@
 
 The schemas under ``schemas/`` are the single source of validation. A schema
 node may carry ``x-expected`` (a phrase such as "a list of positive
-integers") used verbatim in the message.
+integers") used verbatim in the message. Beyond the schema, no number in a
+validated file may be non-finite (see :func:`validate`).
 """
 
 from __future__ import annotations
 
 import difflib
 import json
+import math
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,6 +28,8 @@ def load_schema(name: str) -> dict:
 
 
 def _short(value) -> str:
+    if isinstance(value, float) and not math.isfinite(value):  # as YAML spells it; JSON cannot
+        return ".nan" if math.isnan(value) else (".inf" if value > 0 else "-.inf")
     # default=str: never crash on a value JSON cannot spell (PyYAML can build a few).
     text = json.dumps(value, default=str)
     if len(text) > 60 and isinstance(value, dict):
@@ -144,13 +148,39 @@ def _to_pipeline_error(doc: LoadedYaml, error: jsonschema.ValidationError) -> Pi
 _FIRST = {"additionalProperties": 0}
 
 
+def nonfinite_paths(data, path: tuple = ()):
+    """Key paths of every NaN or +-inf number in ``data``, in document order."""
+    if isinstance(data, float) and not math.isfinite(data):
+        yield path
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            yield from nonfinite_paths(value, path + (key,))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from nonfinite_paths(value, path + (i,))
+
+
 def validate(doc: LoadedYaml, schema_name: str) -> None:
-    """Raise PipelineError for the first (top-most in the file) schema error."""
+    """Raise PipelineError for the first (top-most in the file) schema error.
+
+    YAML's .nan and .inf are numbers to JSON Schema, but a NaN threshold compares
+    false against everything and silently switches its gate off: any non-finite
+    number anywhere in the file is an error too, ahead of schema errors on its line.
+    """
     schema = load_schema(schema_name)
     validator = Validator(schema)
-    errors = list(validator.iter_errors(doc.data))
-    if not errors:
-        return
-    errors.sort(key=lambda e: (doc.line_of(tuple(e.absolute_path)) or 0, -len(e.absolute_path),
-                               _FIRST.get(e.validator, 1)))
-    raise _to_pipeline_error(doc, errors[0])
+    # (line, deeper paths first, priority, error factory)
+    found = [(doc.line_of(path) or 0, -len(path), -1,
+              lambda path=path: doc.error(path, f"expected a finite number, got {_short(_at(doc.data, path))}"))
+             for path in nonfinite_paths(doc.data)]
+    found += [(doc.line_of(tuple(e.absolute_path)) or 0, -len(e.absolute_path), _FIRST.get(e.validator, 1),
+               lambda e=e: _to_pipeline_error(doc, e))
+              for e in validator.iter_errors(doc.data)]
+    if found:
+        raise min(found, key=lambda f: f[:3])[3]()
+
+
+def _at(data, path: tuple):
+    for part in path:
+        data = data[part]
+    return data

@@ -68,7 +68,7 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     classification = getattr(cell.model, "task", "other") == "classification"
     actual = [np.stack([r[i] for r in results]) for i in range(len(ref.outputs))]
     metrics = [compare_samples(e, a, classification) for e, a in zip(ref.outputs, actual)]
-    misses = verdict(metrics, cell.thresholds)
+    misses = verdict(metrics, cell.thresholds, ref.output_names)
     notes = []
     if not classification and any(k in cell.thresholds for k in TOPK_THRESHOLDS):
         notes.append(f"top-k thresholds not applied: model task is {getattr(cell.model, 'task', 'other')!r}, "
@@ -96,20 +96,28 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
-    info = {"sqnr_db": min(sqnrs) if sqnrs else None,
-            "max_abs_error": max(m["max_abs_error"] for m in metrics),
-            "cosine": min(m["cosine"] for m in metrics),
+    info = {"sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
+            "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
+            "cosine": pick_worst([m["cosine"] for m in metrics], min),
+            "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
             "inputs": ref.source, "samples": ref.count, "passed": not misses, "program_sha256": program_sha256}
     for key in TOPK_THRESHOLDS:
         values = [m[key] for m in metrics if key in m]
         if values:
-            info[key] = min(values)
+            info[key] = pick_worst(values, min)
     if divergence_text:
         info["first_divergence"] = divergence_text
     if misses:
         reason = "; ".join(misses + ([divergence_text] if divergence_text else []))
         return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason=reason)
     return BuildResult(files={NUMERICS: out}, info=info)
+
+
+def pick_worst(values: list, pick):
+    """``pick`` (min or max) of ``values``, or NaN when any is NaN (min/max would depend on the order)."""
+    import math
+
+    return math.nan if any(v != v for v in values) else pick(values)
 
 
 def describe_divergence(found: dict | None) -> str | None:
@@ -129,7 +137,8 @@ def describe_divergence(found: dict | None) -> str | None:
 
 def _worst_sample(metrics: list) -> int:
     worst = [(m["worst_sample_sqnr_db"], m["worst_sample"]) for m in metrics if m.get("worst_sample_sqnr_db") is not None]
-    return min(worst)[1] if worst else 0
+    # A NaN SQNR (a non-finite sample) is the worst; min() alone would depend on the order.
+    return min(worst, key=lambda w: (-float("inf") if w[0] != w[0] else w[0], w[1]))[1] if worst else 0
 
 
 def _diagnose(program: Path, cell, inputs: list, sample: int) -> dict:

@@ -77,6 +77,11 @@ def test_every_backend_recipe_is_covered_and_well_formed():
         doc = recipe(name)
         assert doc["name"] == name and doc["kind"] == "backend" and doc["description"]
         assert set(doc["runtime"]) == {"delegates", "host_runnable"}
+        # A delegate declares the coverage it must reach; no delegate (portable), no gate.
+        if doc["runtime"]["delegates"]:
+            assert 0 < doc["min_delegation_coverage"] <= 1, name
+        else:
+            assert "min_delegation_coverage" not in doc, name
         for option, schema in (doc.get("options") or {}).items():
             assert "default" in schema, f"{name}.{option} has no default"
             if "enum" in schema:
@@ -216,6 +221,108 @@ def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
 
 
 def test_fallback_chain_coreml_then_xnnpack(cnn):
+    from executorch.exir import to_edge_transform_and_lower
+
+    from tasks.export import delegation_coverage
+
     _, _, _, program = cnn
-    delegated, pte = lower(program, partitioners("coreml") + partitioners("xnnpack"))
-    assert delegated > 0 and len(pte) > 1000
+    edge = to_edge_transform_and_lower(program, partitioner=partitioners("coreml") + partitioners("xnnpack"))
+    coverage = delegation_coverage(edge.exported_program().graph_module)
+    # A chain's coverage counts every member: Core ML takes this whole graph.
+    assert coverage["delegation_coverage"] == 1.0 and coverage["not_delegated"] == {}
+    assert coverage["delegated_by_backend"] == {"CoreMLBackend": coverage["compute_ops"]}
+    assert len(edge.to_executorch().buffer) > 1000
+
+
+# --------------------------------------------------------------------------- the coverage gate, through doit
+
+MOSTLY_PORTABLE = '''\
+"""One linear layer XNNPACK takes, then four ops it has no kernels for: most of it runs on portable."""
+import torch
+from torch import nn
+
+
+class MostlyPortable(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.cumsum(self.linear(x), -1).flip(-1).remainder(3.0).atan()
+
+
+def build():
+    return MostlyPortable()
+'''
+COVERAGE_PIPELINE = """\
+name: t
+models:
+  linreg:
+    python: models.linreg:build
+    inputs: [{name: features, shape: [1, 4]}]
+  mostly_portable:
+    python: models.mostly_portable:build
+    inputs: [{name: x, shape: [1, 8]}]
+backends:
+  xnnpack: {}
+quantization: [fp32]
+"""
+
+
+@pytest.fixture(scope="module")
+def coverage_run(tmp_path_factory):
+    from conftest import make_project
+
+    project = make_project(tmp_path_factory.mktemp("coverage") / "proj", COVERAGE_PIPELINE)
+    (project.root / "models" / "mostly_portable.py").write_text(MOSTLY_PORTABLE)
+    return project, project.doit("export")
+
+
+def _export_state(project, cell: str) -> dict:
+    import json
+
+    return json.loads((project.out / ".state" / f"export__{cell.replace('/', '__')}.json").read_text())
+
+
+def test_the_coverage_gate_fails_a_program_that_runs_mostly_on_portable_kernels(coverage_run):
+    import json
+
+    project, run = coverage_run
+    assert run.returncode == 1, run.stdout + run.stderr
+    state = _export_state(project, "mostly_portable/xnnpack/fp32")
+    assert state["status"] == "failed"
+    assert state["reason"] == (
+        "backend 'xnnpack' took 1 of 5 compute ops (20%, gate: at least 50%); the rest runs on portable "
+        "kernels (aten.atan x1, aten.cumsum x1, aten.flip x1, aten.remainder x1)")
+    # The evidence stays: the program and its export.json with the coverage.
+    info = json.loads((project.out / "mostly_portable" / "mostly_portable_xnnpack_fp32.export.json").read_text())
+    assert info["delegation_coverage"] == 0.2 and info["delegated_by_backend"] == {"XnnpackBackend": 1}
+    assert (project.out / "mostly_portable" / "mostly_portable_xnnpack_fp32.pte").is_file()
+
+
+def test_the_coverage_gate_passes_a_fully_delegated_program(coverage_run):
+    project, _ = coverage_run
+    state = _export_state(project, "linreg/xnnpack/fp32")
+    assert state["status"] == "ok"
+    assert state["info"]["delegation_coverage"] == 1.0
+    assert state["info"]["compute_ops"] == state["info"]["delegated_compute_ops"] == 1
+
+
+def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(coverage_run):
+    from tasks.export import delegation_gate
+    from tasks.plan import resolve
+
+    project, _ = coverage_run
+    before = resolve(project.pipeline)
+    project.write_pipeline(COVERAGE_PIPELINE + "gates: {min_delegation_coverage: {xnnpack: 0.2}}\n")
+    try:
+        after = resolve(project.pipeline)
+    finally:
+        project.write_pipeline(COVERAGE_PIPELINE)
+    cell = next(c for c in after.cells if c.model.name == "mostly_portable")
+    old = next(c for c in before.cells if c.model.name == "mostly_portable")
+    assert (old.backend.min_coverage, cell.backend.min_coverage) == (0.5, 0.2)
+    assert after.export_key(cell) != before.export_key(old)  # a changed minimum judges the program again
+    info = _export_state(project, "mostly_portable/xnnpack/fp32")["info"]
+    assert delegation_gate(cell, info) is None
+    assert "took 1 of 5 compute ops (20%" in delegation_gate(old, info)

@@ -9,6 +9,7 @@ resolved plan (no doit subprocess), so one process imports torch once.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -87,6 +88,51 @@ def test_verdict_fails_on_any_missed_threshold():
     assert verdict([{"sqnr_db": 70.0, "cosine": 1.0, "max_abs_error": 0.0}], {"top1_agreement": 1.0}) == []
 
 
+def test_nonfinite_program_values_fail_whatever_the_thresholds():
+    from tasks.numerics import compare_samples, verdict
+
+    eager = np.ones((2, 1, 20))
+    program = eager.copy()
+    program[1, 0, :3] = np.nan
+    program[1, 0, 7] = -np.inf
+    m = compare_samples(eager, program)
+    assert m["nonfinite"] == {"values": 40, "nan": 3, "inf": 1}
+    assert m["worst_sample"] == 1  # the sample with the non-finite values, not the exact one
+    message = "4 of 40 values are non-finite (3 NaN, 1 inf)"
+    assert verdict([m], {}) == [f"output 0: {message}"]  # no threshold needed to fail
+    assert verdict([m], {"sqnr_db": 10, "cosine": 0.5}, names=["logits"]) == [f"output 0 (logits): {message}"]
+    assert compare_samples(eager, eager.copy())["nonfinite"] == {"values": 40, "nan": 0, "inf": 0}
+
+
+def test_every_threshold_comparison_fails_a_nan_metric():
+    from tasks.numerics import verdict
+
+    nan = float("nan")
+    metrics = [{"sqnr_db": nan, "cosine": nan, "max_abs_error": nan, "top1_agreement": nan, "top5_agreement": nan}]
+    thresholds = {"sqnr_db": 60, "cosine": 0.99, "max_abs_error": 1e-3, "top1_agreement": 0.9, "top5_agreement": 0.9}
+    misses = verdict(metrics, thresholds)
+    assert len(misses) == 5, misses
+    assert misses[0] == "output 0: SQNR nan dB < 60 dB"
+
+
+def test_topk_agreement_counts_a_nonfinite_prediction_as_a_miss():
+    from tasks.numerics import topk_agreement
+
+    eager = np.array([[[0.0, 1.0, 2.0]], [[3.0, 0.0, 0.0]]])  # top-1: class 2, class 0
+    program = np.array([[[0.0, 1.0, np.nan]], [[3.0, 0.0, 0.0]]])  # argmax of row 0 is the NaN's index, 2
+    m = topk_agreement(eager, program)
+    assert m["top1_agreement"] == 0.5 and m["top5_agreement"] == 0.5
+
+
+def test_bundled_tolerances_come_from_finite_values_only():
+    from tasks.bundled import tolerances
+
+    expected = [np.array([[1.0, np.nan, -2.0, np.inf]])]
+    assert tolerances({"sqnr_db": 40}, expected)["atol"] == pytest.approx(2.0 * 0.01)
+    assert tolerances({}, expected)["atol"] == pytest.approx(2e-5)
+    assert tolerances({"sqnr_db": 40}, [np.full((1, 3), np.nan)])["atol"] == 1e-8
+
+
 # ----------------------------------------------------------------------------- inputs
 
 def test_image_samples_are_resized_normalized_and_counted(tmp_path):
@@ -154,7 +200,7 @@ def built(tmp_path_factory):
     capture_dir.mkdir(parents=True)
     export_dir.mkdir()
     capture = build_capture(cell.model, plan.root, plan.seed, capture_dir)
-    export = build_export(cell, capture.files["model.pt2"], plan.gates, export_dir)
+    export = build_export(cell, capture.files["model.pt2"], export_dir)
     assert export.status == "ok", export.reason
     return {"project": project, "plan": plan, "cell": cell, "capture": capture, "export": export, "work": work}
 
@@ -354,3 +400,100 @@ def test_doit_validates_on_photos_and_bundles_the_cell_this_host_cannot_run(tmp_
     assert (project.out / "cnn" / "cnn_vulkan_fp32.bpte").read_bytes()[4:8] == b"BP08"
     side = json.loads((project.out / "cnn" / "cnn_vulkan_fp32.bundled.json").read_text())
     assert side["test_cases"] == 3 and side["not_checked_on_device"] == ["top1_agreement"]
+
+
+# ----------------------------------------------------------------------------- non-finite values through doit
+
+AMPLIFY = '''\
+"""Fine in fp32; beyond fp16's largest value (65504) after the second layer."""
+import torch
+from torch import nn
+
+
+class Amplify(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(4, 16)
+        self.down = nn.Linear(16, 4)
+        with torch.no_grad():
+            for layer in (self.up, self.down):
+                layer.weight.fill_(100.0)
+                layer.bias.zero_()
+
+    def forward(self, x):
+        # |x| + 1 >= 1: up gives >= 400, down >= 640000 (fp16 overflows to inf).
+        return {"logits": self.down(self.up(x.abs() + 1.0))}
+
+
+def build():
+    return Amplify()
+'''
+DIVERGES = '''\
+"""NaN for every input below 10, in eager PyTorch: the model is wrong, not a backend."""
+import torch
+from torch import nn
+
+
+class Diverges(nn.Module):
+    def forward(self, x):
+        return {"scores": torch.log(x - 10.0)}
+
+
+def build():
+    return Diverges()
+'''
+NONFINITE_PIPELINE = """\
+name: t
+models:
+  amplify:
+    python: models.amplify:build
+    inputs: [{name: x, shape: [1, 4]}]
+  diverges:
+    python: models.diverges:build
+    inputs: [{name: x, shape: [1, 4]}]
+backends:
+  xnnpack: {}
+quantization: [fp32, fp16]
+matrix:
+  exclude: [{model: diverges, quantization: fp16}]
+"""
+
+
+@pytest.fixture(scope="module")
+def nonfinite_run(tmp_path_factory):
+    project = make_project(tmp_path_factory.mktemp("nonfinite") / "proj", NONFINITE_PIPELINE)
+    (project.root / "models" / "amplify.py").write_text(AMPLIFY)
+    (project.root / "models" / "diverges.py").write_text(DIVERGES)
+    return project, project.doit("validate", "sizegate")
+
+
+def _state(project, task: str) -> dict:
+    return json.loads((project.out / ".state" / (task.replace(":", "__").replace("/", "__") + ".json")).read_text())
+
+
+def test_an_fp16_overflow_fails_its_cell_with_the_count_of_nonfinite_values(nonfinite_run):
+    project, run = nonfinite_run
+    assert run.returncode == 1, run.stdout + run.stderr
+    fp16 = _state(project, "validate:amplify/xnnpack/fp16")
+    assert fp16["status"] == "failed"
+    assert re.fullmatch(r"output 0 \(logits\): 4 of 4 values are non-finite \(\d NaN, \d inf\)", fp16["reason"]), fp16
+    report = json.loads((project.out / "amplify" / "amplify_xnnpack_fp16.numerics.json").read_text())
+    assert report["passed"] is False and report["misses"] == [fp16["reason"]]
+    assert report["outputs"][0]["nonfinite"]["values"] == 4
+    assert report["outputs"][0]["sqnr_db"] == "nan"  # strict JSON: non-finite floats are spelled out
+    # The same model in fp32 is fine: the overflow is the fp16 program's.
+    fp32 = _state(project, "validate:amplify/xnnpack/fp32")
+    assert fp32["status"] == "ok" and fp32["info"]["nonfinite_values"] == 0
+    assert "amplify/xnnpack/fp16" in run.stdout and "non-finite" in run.stdout
+
+
+def test_a_model_that_is_nonfinite_in_eager_fails_its_capture_not_a_backend(nonfinite_run):
+    project, _ = nonfinite_run
+    capture = _state(project, "capture:diverges")
+    assert capture["status"] == "failed"
+    assert capture["reason"] == (
+        "model 'diverges' itself is non-finite in eager PyTorch: output 0 (scores): 4 of 4 values are "
+        "non-finite (4 NaN, 0 inf) on the validation inputs (random (seeded)); fix the model or its inputs, "
+        "no backend can match it")
+    assert _state(project, "export:diverges/xnnpack/fp32")["status"] == "blocked"
+    assert not (project.out / "diverges" / "diverges_xnnpack_fp32.pte").exists()

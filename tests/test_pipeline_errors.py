@@ -302,6 +302,52 @@ CASES = [
     Case("threshold-out-of-range", base(append="thresholds:\n  fp32: {cosine: 2}\n"),
          "pipeline.yaml:11: thresholds.fp32.cosine: expected a number <= 1, got 2"),
 
+    # --- non-finite numbers: NaN compares false against any bound and would switch a gate off
+    Case("threshold-nan", base(append="thresholds:\n  fp32: {sqnr_db: .nan}\n"),
+         "pipeline.yaml:11: thresholds.fp32.sqnr_db: expected a finite number, got .nan"),
+    Case("threshold-inf", base(append="thresholds:\n  fp32: {sqnr_db: .inf}\n"),
+         "pipeline.yaml:11: thresholds.fp32.sqnr_db: expected a finite number, got .inf"),
+    Case("threshold-inf-beyond-maximum", base(append="thresholds:\n  fp32: {cosine: .inf}\n"),
+         "pipeline.yaml:11: thresholds.fp32.cosine: expected a finite number, got .inf"),
+    Case("model-threshold-negative-inf",
+         base(("    inputs:", "    thresholds: {fp32: {max_abs_error: -.Inf}}\n    inputs:")),
+         "pipeline.yaml:5: models.linreg.thresholds.fp32.max_abs_error: expected a finite number, got -.inf"),
+    Case("benchmark-option-inf", base(append="benchmark: {max_seconds: .inf}\n"),
+         "pipeline.yaml:10: benchmark.max_seconds: expected a finite number, got .inf"),
+    Case("gate-nan", base(append="gates: {min_delegation_coverage: {xnnpack: .NaN}}\n"),
+         "pipeline.yaml:10: gates.min_delegation_coverage.xnnpack: expected a finite number, got .nan"),
+    Case("factory-kwarg-nan", base(("    inputs:", "    kwargs: {in_features: .nan}\n    inputs:")),
+         "pipeline.yaml:5: models.linreg.kwargs.in_features: expected a finite number, got .nan"),
+
+    # --- gates -----------------------------------------------------------------------------
+    Case("gate-old-key", base(append="gates: {min_delegated_ops: 1}\n"),
+         "pipeline.yaml:10: gates.min_delegated_ops: unknown key 'min_delegated_ops'; "
+         "did you mean 'min_delegation_coverage'?"),
+    Case("gate-coverage-above-one", base(append="gates: {min_delegation_coverage: {xnnpack: 1.5}}\n"),
+         "pipeline.yaml:10: gates.min_delegation_coverage.xnnpack: expected a fraction between 0 and 1, got 1.5"),
+    Case("gate-coverage-undeclared-backend", base(append="gates: {min_delegation_coverage: {coreml: 0.5}}\n"),
+         "pipeline.yaml:10: gates.min_delegation_coverage.coreml: backend 'coreml' is not declared in "
+         "'backends'; declared: xnnpack"),
+    Case("gate-coverage-without-delegate",
+         base(("  xnnpack: {}", "  xnnpack: {}\n  portable: {}"),
+              append="gates: {min_delegation_coverage: {portable: 0.5}}\n"),
+         "pipeline.yaml:11: gates.min_delegation_coverage.portable: backend 'portable' has no delegate "
+         "(its programs run on portable kernels), so it has no coverage to gate"),
+
+    # --- options nothing uses: a typo must not go unnoticed ----------------------------------
+    Case("quantization-options-unlisted-scheme", base(append="quantization_options: {int8: {per_channel: false}}\n"),
+         "pipeline.yaml:10: quantization_options.int8: options for 'int8', which is not in 'quantization' (fp32)"),
+    Case("quantization-options-typo",
+         base(("quantization: [fp32]", "quantization: [fp32, 8da4w]"),
+              append="quantization_options:\n  8da4W: {group_size: 64}\n"),
+         "pipeline.yaml:11: quantization_options.8da4W: options for '8da4W', which is not in 'quantization' "
+         "(fp32, 8da4w)"),
+    Case("backend-options-unused",
+         base(("  xnnpack: {}", "  xnnpack: {}\n  coreml: {compute_units: cpu}"),
+              append="matrix:\n  exclude: [{backend: coreml}]\n"),
+         "pipeline.yaml:9: backends.coreml.compute_units: options for backend 'coreml', which no cell of the "
+         "matrix uses (neither directly nor in a chain that a cell uses)"),
+
     # --- names and paths that could escape artifacts/ ---------------------------------
     Case("model-name-dotdot", base(("  linreg:", "  ../evil:")),
          'pipeline.yaml:3: models["../evil"]: expected a name of letters, digits, \'_\' or \'-\' '
