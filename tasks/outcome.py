@@ -276,8 +276,10 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
     if validate is None or validate.get("status") not in ("ok", "not-runnable"):
         return out("not validated", f"run `doit {validate_name(cell)}`")
     if not _bound(validate, export_sha):
+        judged = _judged(validate)
         return out("not validated", f"the verdict on record judged another program "
-                                    f"(sha256 {_judged(validate)[:12]}, this one is {str(export_sha)[:12]})")
+                                    f"(sha256 {judged[:12] if judged else 'not recorded'}, "
+                                    f"this one is {str(export_sha)[:12]})")
     notes = []
     if str(evidence.calibration or "").startswith("random"):
         notes.append("random calibration data (name some in pipeline.yaml)")
