@@ -207,17 +207,19 @@ def test_missed_threshold_fails_the_cell_with_the_numbers(copy):
         "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n    thresholds: {fp32: {sqnr_db: 500}}\n"))
     run = copy.doit()
     assert run.returncode != 0
-    # The manifests drop the failed cell; the report shows it.
+    # The manifests drop the failed cells; the report shows them.
     assert run.started == {"validate:cnn/xnnpack/fp32", "validate:cnn/portable/fp32"} | PIPELINE_TASKS
     assert "dB < 500 dB" in run.stdout
     rows = {r["cell"]: r for r in json.loads((copy.out / "summary.json").read_text())}
-    # XNNPACK reorders float sums (finite SQNR); portable matches eager bit for bit here.
-    assert rows["cnn/xnnpack/fp32"]["status"] == "failed"
-    assert rows["cnn/portable/fp32"]["sqnr_db"] == "exact"
-    assert rows["cnn/portable/fp32"]["status"] == "provisional"  # passed, on seeded random inputs
-    assert rows["linreg/xnnpack/fp32"]["status"] == "provisional"
+    # Only a bit-exact program meets 500 dB: XNNPACK reorders float sums; whether portable's
+    # kernels match eager bit for bit depends on the CPU (here they do not: ~150 dB).
+    failed = {c for c in ("cnn/xnnpack/fp32", "cnn/portable/fp32") if rows[c]["sqnr_db"] != "exact"}
+    assert "cnn/xnnpack/fp32" in failed
+    for cell in ("cnn/xnnpack/fp32", "cnn/portable/fp32"):
+        assert rows[cell]["status"] == ("failed" if cell in failed else "provisional"), rows[cell]
+    assert rows["linreg/xnnpack/fp32"]["status"] == "provisional"  # passed, on seeded random inputs
     # A failure is never cached: the next run checks it again, and only it.
-    assert copy.doit().started == {"validate:cnn/xnnpack/fp32"}
+    assert copy.doit().started == {f"validate:{c}" for c in failed}
 
 
 def test_sub_matrix_from_the_command_line(copy):
