@@ -259,8 +259,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
                            evidence=evidence, **kw)
 
     for name, record, _ in records:
-        if record and record.get("status") == "failed" and (name.split(":")[0] not in ("validate", "benchmark")
-                                                            or _bound(record, export_sha)):
+        # A failure under the current key counts, unless it names other bytes than this program
+        # (one that names none, e.g. a crash before it could, still counts: failing is the safe side).
+        if record and record.get("status") == "failed" and _judged(record) in (None, export_sha):
             return out("failed", f"{name}: {record.get('reason') or 'failed'}", log=record.get("log"), task=name)
     export = by_kind["export"]
     if export and export.get("status") == "skipped":

@@ -311,10 +311,12 @@ def fake_export(plan, cell, status="ok"):
     check = validate_spec(plan, cell)
     if cell.backend.host_runnable:
         record = {"status": "ok", "info": {"sqnr_db": None, "max_abs_error": 0.0, "cosine": 1.0,
-                                           "inputs": "random (seeded)", "samples": 1, "passed": True}}
+                                           "inputs": "random (seeded)", "samples": 1, "passed": True,
+                                           "program_sha256": info["sha256"]}}
     else:
         record = {"status": "not-runnable", "outputs": {"program.bpte": {"sha256": "b" * 64}},
-                  "info": {"inputs": "random (seeded)", "test_cases": 1, "rtol": 0.0, "atol": 1e-4}}
+                  "info": {"inputs": "random (seeded)", "test_cases": 1, "rtol": 0.0, "atol": 1e-4,
+                           "program_sha256": info["sha256"]}}
     check.state_file.write_text(json.dumps({"task": check.name, "key": check.key, **record}))
 
 

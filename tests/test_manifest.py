@@ -163,7 +163,7 @@ def fake_export(plan, cell, status="ok", reason="", **info):
         check.state_file.write_text(json.dumps({
             "task": check.name, "key": check.key, "status": "ok", "reason": "", "outputs": {},
             "info": {"sqnr_db": 80.0, "cosine": 1.0, "max_abs_error": 1e-6, "inputs": "random (seeded)",
-                     "samples": 1, "passed": True}}))
+                     "samples": 1, "passed": True, "program_sha256": payload["sha256"]}}))
 
 
 # ---------------------------------------------------------------- fixtures
