@@ -14,8 +14,9 @@ killed runs, worker-death handling and the exit status, whatever the reporter.
 
 from doit import get_initial_workdir, get_var
 
-from tasks import doit_runner, doit_tasks
-from tasks.entry import doit_config, load_selection, run_lifecycle
+from tasks.engine import doit_runner
+from tasks.engine import taskdicts as doit_tasks
+from tasks.engine.entry import doit_config, load_selection, run_lifecycle
 
 SELECTION = load_selection(get_var, get_initial_workdir())
 LIFECYCLE = run_lifecycle(SELECTION)
@@ -55,7 +56,7 @@ def task_benchmark():
 
 def task_report():
     """write the self-contained HTML report of the selected cells"""
-    from tasks.report import report_task
+    from tasks.publish.report.page import report_task
 
     yield report_task(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)
 
@@ -63,7 +64,7 @@ def task_report():
 def task_release():
     """pack artifacts/release/<name>-<version>.tar.gz (allow_failures=1 packs despite failed cells,
     strict=1 refuses provisional ones)"""
-    from tasks.release import release_task
+    from tasks.publish.release import release_task
 
     yield release_task(SELECTION.plan, SELECTION.cells, SELECTION.host, get_var("allow_failures", "0") == "1",
                        strict=get_var("strict", "0") == "1")
@@ -71,6 +72,6 @@ def task_release():
 
 def task_manifest():
     """write Dart, pubspec, CMake and JSON manifests of the built cells"""
-    from tasks.manifest import manifest_task  # appended on its own; the import stays local
+    from tasks.publish.manifests.context import manifest_task  # appended on its own; the import stays local
 
     yield manifest_task(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)

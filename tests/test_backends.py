@@ -97,7 +97,7 @@ def test_every_backend_recipe_is_covered_and_well_formed():
 def test_importing_the_factories_imports_no_backend():
     import subprocess
 
-    code = ("import sys, tasks.partitioners, tasks.quantizers; "
+    code = ("import sys, tasks.build.partitioners, tasks.build.quantizers; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch', 'coremltools')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -120,7 +120,7 @@ def test_sdk_gated_recipe_is_unmet_here_and_its_hint_names_the_missing_piece(nam
 
 
 def test_host_checker_agrees_with_recipe_needs():
-    host = pytest.importorskip("tasks.host")
+    host = pytest.importorskip("tasks.config.requirements")
     for name in SDK_GATED:
         assert host.missing_requirement(recipe(name)["needs"]), name
     for name in FP32_LOWERABLE + INT8_ONLY:
@@ -129,7 +129,7 @@ def test_host_checker_agrees_with_recipe_needs():
 
 def test_qnn_factory_refuses_without_sdk_and_never_imports_qualcomm(monkeypatch):
     monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
-    from tasks import partitioners as P
+    from tasks.build import partitioners as P
 
     with pytest.raises(RuntimeError, match="QNN_SDK_ROOT"):
         P.qnn(defaults(recipe("qnn")))
@@ -208,7 +208,7 @@ def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
     import torch
 
     import executorch.kernels.quantized  # noqa: F401  (q/dq ops left outside the delegate)
-    from tasks.quantizers import ethos_u_int8, pt2e_quantize
+    from tasks.build.quantizers import ethos_u_int8, pt2e_quantize
 
     model, x, _, program = cnn
     options = defaults(recipe(name))
@@ -223,7 +223,7 @@ def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
 def test_fallback_chain_coreml_then_xnnpack(cnn):
     from executorch.exir import to_edge_transform_and_lower
 
-    from tasks.export import delegation_coverage
+    from tasks.build.lower import delegation_coverage
 
     _, _, _, program = cnn
     edge = to_edge_transform_and_lower(program, partitioner=partitioners("coreml") + partitioners("xnnpack"))
@@ -309,8 +309,8 @@ def test_the_coverage_gate_passes_a_fully_delegated_program(coverage_run):
 
 
 def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(coverage_run):
-    from tasks.export import delegation_gate
-    from tasks.plan import resolve
+    from tasks.build.lower import delegation_gate
+    from tasks.config.resolve import resolve
 
     project, _ = coverage_run
     before = resolve(project.pipeline)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.benchmark import (BASELINE_FORMAT, BENCH, build_benchmark, compare_with_baseline,
+from tasks.build.benchmark import (BASELINE_FORMAT, BENCH, build_benchmark, compare_with_baseline,
                              current_thread_count, load_baseline, prepare_inputs, resolve_options,
                              summarize, write_baseline)
 

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 from conftest import REPO, make_project
-from tasks import cpp_header
-from tasks.doit_tasks import export_spec, validate_spec
-from tasks.plan import resolve
-from tasks.runner import read_state
+from tasks.publish.manifests import cpp_header
+from tasks.engine.taskdicts import export_spec, validate_spec
+from tasks.config.resolve import resolve
+from tasks.engine.cached_run import read_state
 
 MODELS = {"linreg": (1, 4), "cnn": (1, 3, 8, 8)}
 BACKENDS = ("xnnpack", "portable")

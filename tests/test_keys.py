@@ -18,12 +18,12 @@ import pytest
 from conftest import REPO, Project, make_project
 
 sys.path.insert(0, str(REPO))
-from tasks import doit_tasks  # noqa: E402
-from tasks.code_deps import project_files  # noqa: E402
-from tasks.errors import PipelineError  # noqa: E402
-from tasks.keys import DigestCache  # noqa: E402
-from tasks.plan import resolve  # noqa: E402
-from tasks.recipes import load_recipe  # noqa: E402
+from tasks.engine import taskdicts as doit_tasks  # noqa: E402
+from tasks.config.code_deps import project_files  # noqa: E402
+from tasks.core.errors import PipelineError  # noqa: E402
+from tasks.core.digest import DigestCache  # noqa: E402
+from tasks.config.resolve import resolve  # noqa: E402
+from tasks.config.recipes import load_recipe  # noqa: E402
 
 BENCH = "benchmark: {warmup: 1, iterations: 3, max_seconds: 2}\n"
 # Tasks over the whole matrix: they re-run when what they show changes.

@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from conftest import REPO, SMALL_PIPELINE, Project, make_project
-from tasks import manifest
-from tasks.cache import Store
-from tasks.doit_tasks import export_spec, quantize_spec, validate_spec
-from tasks.plan import Plan, resolve
+from tasks.publish.manifests import context as manifest
+from tasks.store.local import Store
+from tasks.engine.taskdicts import export_spec, quantize_spec, validate_spec
+from tasks.config.resolve import Plan, resolve
 
 MODELS = ("linreg", "cnn")
 BACKENDS = ("xnnpack", "portable")

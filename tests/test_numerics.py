@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import make_project
-from tasks.plan import resolve
+from tasks.config.resolve import resolve
 
 PIPELINE = """\
 name: t
@@ -43,7 +43,7 @@ BROKEN_LAYER = "features.1.0"  # the second convolution of models/small_cnn.py
 # ----------------------------------------------------------------------------- metrics
 
 def test_topk_agreement_counts_matching_argmax_and_eager_top1_in_program_top5():
-    from tasks.numerics import compare_samples
+    from tasks.build.numerics import compare_samples
 
     eager = np.array([[[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]],     # top-1: class 6
                       [[9.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]],     # top-1: class 0
@@ -62,7 +62,7 @@ def test_topk_agreement_counts_matching_argmax_and_eager_top1_in_program_top5():
 
 
 def test_pooled_sqnr_and_worst_sample():
-    from tasks.numerics import compare_samples
+    from tasks.build.numerics import compare_samples
 
     eager = np.ones((3, 1, 100))
     program = eager.copy()
@@ -76,7 +76,7 @@ def test_pooled_sqnr_and_worst_sample():
 
 
 def test_verdict_fails_on_any_missed_threshold():
-    from tasks.numerics import verdict
+    from tasks.build.numerics import verdict
 
     metrics = [{"sqnr_db": 70.0, "cosine": 0.99999, "max_abs_error": 1e-4, "top1_agreement": 0.75,
                 "top5_agreement": 1.0}]
@@ -89,7 +89,7 @@ def test_verdict_fails_on_any_missed_threshold():
 
 
 def test_nonfinite_program_values_fail_whatever_the_thresholds():
-    from tasks.numerics import compare_samples, verdict
+    from tasks.build.numerics import compare_samples, verdict
 
     eager = np.ones((2, 1, 20))
     program = eager.copy()
@@ -105,7 +105,7 @@ def test_nonfinite_program_values_fail_whatever_the_thresholds():
 
 
 def test_every_threshold_comparison_fails_a_nan_metric():
-    from tasks.numerics import verdict
+    from tasks.build.numerics import verdict
 
     nan = float("nan")
     metrics = [{"sqnr_db": nan, "cosine": nan, "max_abs_error": nan, "top1_agreement": nan, "top5_agreement": nan}]
@@ -116,7 +116,7 @@ def test_every_threshold_comparison_fails_a_nan_metric():
 
 
 def test_topk_agreement_counts_a_nonfinite_prediction_as_a_miss():
-    from tasks.numerics import topk_agreement
+    from tasks.build.numerics import topk_agreement
 
     eager = np.array([[[0.0, 1.0, 2.0]], [[3.0, 0.0, 0.0]]])  # top-1: class 2, class 0
     program = np.array([[[0.0, 1.0, np.nan]], [[3.0, 0.0, 0.0]]])  # argmax of row 0 is the NaN's index, 2
@@ -125,7 +125,7 @@ def test_topk_agreement_counts_a_nonfinite_prediction_as_a_miss():
 
 
 def test_bundled_tolerances_come_from_finite_values_only():
-    from tasks.bundled import tolerances
+    from tasks.build.bundle import tolerances
 
     expected = [np.array([[1.0, np.nan, -2.0, np.inf]])]
     assert tolerances({"sqnr_db": 40}, expected)["atol"] == pytest.approx(2.0 * 0.01)
@@ -137,8 +137,8 @@ def test_bundled_tolerances_come_from_finite_values_only():
 
 def test_image_samples_are_resized_normalized_and_counted(tmp_path):
     from models.sample_images import copy_sample_images
-    from tasks.calibration import load_samples
-    from tasks.plan import InputSpec, ModelSpec
+    from tasks.build.samples import load_samples
+    from tasks.config.resolve import InputSpec, ModelSpec
 
     folder = tmp_path / "imgs"
     copy_sample_images(folder, count=3)
@@ -171,7 +171,7 @@ def test_efficientnet_lite0_real_weights_see_the_cat():
 
     from models.efficientnet_lite0 import build
     from models.sample_images import skimage_data_dir
-    from tasks.calibration import preprocess_image
+    from tasks.build.samples import preprocess_image
 
     model = build()
     x = preprocess_image(skimage_data_dir() / "chelsea.png", 3, 224, 224,
@@ -188,8 +188,8 @@ def test_efficientnet_lite0_real_weights_see_the_cat():
 def built(tmp_path_factory):
     """A resolved plan, the cnn's capture on 4 photos and its XNNPACK fp32 .pte."""
     from models.sample_images import copy_sample_images
-    from tasks.capture import build_capture
-    from tasks.export import build_export
+    from tasks.build.capture import build_capture
+    from tasks.build.lower import build_export
 
     project = make_project(tmp_path_factory.mktemp("numerics") / "proj", PIPELINE)
     copy_sample_images(project.root / "data" / "images", count=IMAGES)
@@ -214,7 +214,7 @@ def _workdir(built, name: str):
 
 
 def test_capture_records_every_validation_sample_and_where_it_came_from(built):
-    from tasks.capture import load_reference, load_reference_samples
+    from tasks.build.capture import load_reference, load_reference_samples
 
     capture = built["capture"]
     assert capture.info["inputs"] == "images data/images"
@@ -230,7 +230,7 @@ def test_capture_records_every_validation_sample_and_where_it_came_from(built):
 
 
 def test_format1_reference_still_loads(tmp_path):
-    from tasks.capture import load_reference, load_reference_samples
+    from tasks.build.capture import load_reference, load_reference_samples
 
     path = tmp_path / "reference.npz"
     np.savez(path, input_0=np.zeros((1, 4), np.float32), output_0=np.ones((1, 1), np.float32))
@@ -240,7 +240,7 @@ def test_format1_reference_still_loads(tmp_path):
 
 
 def test_random_fallback_is_one_seeded_sample_flagged_as_random(built):
-    from tasks.capture import build_capture
+    from tasks.build.capture import build_capture
 
     model = built["plan"].models["reg"]
     result = build_capture(model, built["plan"].root, built["plan"].seed, _workdir(built, "reg"))
@@ -248,7 +248,7 @@ def test_random_fallback_is_one_seeded_sample_flagged_as_random(built):
 
 
 def test_validate_runs_every_sample_and_reports_topk(built):
-    from tasks.validate import build_validate
+    from tasks.build.validate import build_validate
 
     result = build_validate(built["cell"], built["export"].files["program.pte"],
                             built["capture"].files["reference.npz"], [], _workdir(built, "validate"))
@@ -266,7 +266,7 @@ def test_validate_runs_every_sample_and_reports_topk(built):
 
 
 def test_bundled_program_verifies_on_the_runtime_and_rejects_wrong_outputs(built):
-    from tasks.bundled import build_bundled, verify_bundled
+    from tasks.build.bundle import build_bundled, verify_bundled
 
     pte = built["export"].files["program.pte"]
     reference = built["capture"].files["reference.npz"]
@@ -303,8 +303,8 @@ def test_bundled_program_verifies_on_the_runtime_and_rejects_wrong_outputs(built
 def test_first_divergence_names_the_corrupted_layer_and_validate_reports_it(built, monkeypatch):
     import torch
 
-    from tasks import debug_numerics
-    from tasks.validate import build_validate
+    from tasks.build import divergence as debug_numerics
+    from tasks.build.validate import build_validate
 
     cell = built["cell"]
     program = built["capture"].files["model.pt2"]
@@ -347,8 +347,8 @@ def _make_broken(original):
 
 
 def test_first_divergence_of_a_correct_lowering_is_none(built):
-    from tasks.capture import load_reference
-    from tasks.debug_numerics import first_divergence, node_sqnrs
+    from tasks.build.capture import load_reference
+    from tasks.build.divergence import first_divergence, node_sqnrs
 
     inputs, _ = load_reference(built["capture"].files["reference.npz"])
     program = built["capture"].files["model.pt2"]

@@ -25,10 +25,13 @@ import numpy as np
 import pytest
 
 from conftest import Project, make_project
-from tasks import manifest, outcome, release, summary
-from tasks.doit_tasks import validate_spec
-from tasks.hostinfo import host_fingerprint
-from tasks.plan import resolve
+from tasks.publish.manifests import context as manifest
+from tasks.publish import outcome
+from tasks.publish import release
+from tasks.publish import summary
+from tasks.engine.taskdicts import validate_spec
+from tasks.config.machine import host_fingerprint
+from tasks.config.resolve import resolve
 from test_manifest import dart_constants, parse_dart, syntax_errors
 
 LINK = "https://github.com/pytorch/executorch/issues/1"
@@ -350,7 +353,7 @@ matrix:
      "matrix.expected_failures[0].why", "unknown key 'why'"),
 ])
 def test_a_bad_expected_failure_entry_is_a_one_line_error(tmp_path, entry, line, key, message):
-    from tasks.errors import PipelineError
+    from tasks.core.errors import PipelineError
 
     path = make_project(tmp_path / "p", ERRORS_BASE + f"    - {entry}\n").pipeline
     with pytest.raises(PipelineError) as error:
@@ -360,7 +363,7 @@ def test_a_bad_expected_failure_entry_is_a_one_line_error(tmp_path, entry, line,
 
 
 def test_an_expected_failure_that_names_no_cell_is_an_error(tmp_path):
-    from tasks.errors import PipelineError
+    from tasks.core.errors import PipelineError
 
     path = make_project(tmp_path / "p").pipeline
     path.write_text(ERRORS_BASE.replace("quantization: [fp16]", "quantization: [fp32, fp16]").replace(

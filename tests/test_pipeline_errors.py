@@ -1,7 +1,7 @@
 """A corpus of malformed and hostile pipeline.yaml files, and the one-line
 error each must produce: ``<file>:<line>: <key path>: <what was expected>``.
 
-Most cases call ``tasks.plan.resolve`` in-process (no torch, milliseconds);
+Most cases call ``tasks.config.resolve.resolve`` in-process (no torch, milliseconds);
 a few run ``doit list`` end to end to check what the user actually sees.
 """
 
@@ -24,9 +24,9 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tasks.errors import PipelineError  # noqa: E402
-from tasks.plan import resolve  # noqa: E402
-from tasks.recipes import available  # noqa: E402
+from tasks.core.errors import PipelineError  # noqa: E402
+from tasks.config.resolve import resolve  # noqa: E402
+from tasks.config.recipes import available  # noqa: E402
 
 KNOWN_BACKENDS = ", ".join(available("backend"))
 KNOWN_SCHEMES = ", ".join(available("quantization"))
@@ -572,9 +572,9 @@ def test_resolve_does_not_import_torch(tmp_path):
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "import tasks.entry\n"
-        "from tasks.keys import DigestCache\n"
-        "from tasks.plan import resolve\n"
+        "import tasks.engine.entry\n"
+        "from tasks.core.digest import DigestCache\n"
+        "from tasks.config.resolve import resolve\n"
         # A private digest memo: the repo's artifacts/ is left alone.
         "plan = resolve(Path(sys.argv[1]), digests=DigestCache(Path(sys.argv[2])))\n"
         "assert plan.cells, 'the default pipeline has cells'\n"

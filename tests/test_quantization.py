@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import make_project
-from tasks.errors import PipelineError
-from tasks.plan import resolve
+from tasks.core.errors import PipelineError
+from tasks.config.resolve import resolve
 
 PIPELINE = """\
 name: t
@@ -201,7 +201,7 @@ def test_fp16_weights_stored_as_fp32_fail_the_size_gate_with_the_ratio(built):
 
 def test_a_scheme_with_nothing_to_take_fails_the_size_gate(built):
     """8da8w takes linear layers; on a model without one the "quantized" program is the fp32 one."""
-    from tasks.export import size_gate
+    from tasks.build.lower import size_gate
 
     project, _ = built
     gate = sizegate(project, "convnet/xnnpack/8da8w")

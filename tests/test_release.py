@@ -130,7 +130,7 @@ def test_core_ml_programs_are_identical_across_processes_and_hold_a_valid_core_m
 def test_the_core_ml_wrapper_is_restored_after_lowering_even_on_error():
     from executorch.backends.apple.coreml.compiler.coreml_preprocess import CoreMLBackend
 
-    from tasks.coreml_reproducible import deterministic_lowering
+    from tasks.build.coreml_reproducible import deterministic_lowering
 
     original = CoreMLBackend.__dict__["preprocess_model"]
     with pytest.raises(ZeroDivisionError):
@@ -141,8 +141,8 @@ def test_the_core_ml_wrapper_is_restored_after_lowering_even_on_error():
 
 
 def test_every_backend_that_lowers_here_says_whether_its_bytes_are_reproducible():
-    from tasks.host import missing_requirement
-    from tasks.release import NONDETERMINISTIC_RECIPES, REPRODUCIBLE_RECIPES, byte_reproducible
+    from tasks.config.requirements import missing_requirement
+    from tasks.publish.release import NONDETERMINISTIC_RECIPES, REPRODUCIBLE_RECIPES, byte_reproducible
 
     lowers_here = {path.stem for path in (REPO / "recipes" / "backends").glob("*.yaml")
                    if missing_requirement(yaml.safe_load(path.read_text()).get("needs")) is None}

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import free_port
-from tasks.cache import Store
-from tasks.remote import MANIFEST, SIGNATURE, RemoteError, RemoteStore, UntrustedEntry, remote_from_url
+from tasks.store.local import Store
+from tasks.store.remote import MANIFEST, SIGNATURE, RemoteError, RemoteStore, UntrustedEntry, remote_from_url
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "etforge-cache"
@@ -290,7 +290,7 @@ def test_missing_backend_package_is_a_clear_error():
 
 
 def test_importing_and_configuring_does_not_import_fsspec():
-    code = ("import sys; from tasks.remote import remote_from_url; "
+    code = ("import sys; from tasks.store.remote import remote_from_url; "
             "r = remote_from_url('s3://b/p', read_only=True); remote_from_url('/tmp/x'); "
             "bad = [m for m in ('fsspec', 's3fs', 'botocore', 'aiobotocore') if m in sys.modules]; "
             "assert not bad, bad")

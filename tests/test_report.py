@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from conftest import make_project
-from tasks import summary
-from tasks.doit_tasks import export_spec, validate_spec
-from tasks.plan import RejectedCell, resolve
-from tasks.report import bar_chart, format_ms, scatter_chart, write_report
-from tasks.runner import read_state
+from tasks.publish import summary
+from tasks.engine.taskdicts import export_spec, validate_spec
+from tasks.config.resolve import RejectedCell, resolve
+from tasks.publish.report.page import bar_chart, format_ms, scatter_chart, write_report
+from tasks.engine.cached_run import read_state
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from conftest import LINREG_PIPELINE, aws_test_env, copy_project, free_port, make_bucket, make_project, state
-from tasks.keys import canonical_json
+from tasks.core.digest import canonical_json
 
 BUCKET = "etforge-ci-cache"
 

@@ -1,0 +1,463 @@
+"""Time a cell's .pte in the ExecuTorch runtime on this host, and compare with a baseline.
+
+``build_benchmark`` loads the program (timed: ``load_program`` + ``load_method``),
+runs ``warmup`` untimed iterations, then up to ``iterations`` timed ones, each
+timed with ``time.perf_counter_ns`` around ``method.execute`` and nothing else,
+and writes ``bench.json``. A time budget (``max_seconds``) stops a slow
+(portable, large) program early; the record says how many iterations ran.
+
+Options (``pipeline.yaml`` ``benchmark:`` section, all optional):
+
+    warmup       10     untimed iterations first (capped at a quarter of the budget)
+    iterations   100    timed iterations
+    threads      null   runtime threadpool size; null keeps the runtime's default
+    max_seconds  20     wall-clock budget for warm-up plus timed iterations; null: none
+    method       forward
+
+Baseline comparison is pure: ``compare_with_baseline(current, baseline, pct)``
+takes two ``{cell name: bench info}`` mappings (see ``load_baseline`` for the
+file format) and returns the cells whose p50 is more than ``pct`` percent slower.
+
+torch and executorch are imported only inside the functions that run programs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from tasks.engine.cached_run import BuildResult
+
+BENCH = "bench.json"
+FORMAT = "etforge-bench/1"
+BASELINE_FORMAT = "etforge-bench-baseline/1"
+DEFAULTS = {"warmup": 10, "iterations": 100, "threads": None, "max_seconds": 20.0, "method": "forward"}
+WARMUP_BUDGET_SHARE = 0.25  # warm-up may use at most this share of max_seconds
+TRIM = 0.10  # trimmed mean drops this share of samples from each end (middle 80%)
+NS_PER_MS = 1e6
+MEMORY_NOTE = ("process_peak_rss_bytes is the peak of the whole process (ru_maxrss: imports, "
+               "earlier tasks, this benchmark); load_rss_delta_bytes and run_rss_delta_bytes are "
+               "VmRSS differences across loading and across the runs; peak_set_by_benchmark says "
+               "whether the process peak (VmHWM) rose while this benchmark ran")
+
+
+# ---------------------------------------------------------------- options
+
+def resolve_options(options: dict | None) -> dict:
+    """``options`` over DEFAULTS, checked; a ValueError names the bad option."""
+    options = dict(options or {})
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown benchmark option(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+    out = {**DEFAULTS, **options}
+
+    def integer(name: str, minimum: int) -> None:
+        value = out[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"benchmark option {name}: expected an integer >= {minimum}, got {value!r}")
+
+    integer("warmup", 0)
+    integer("iterations", 1)
+    if out["threads"] is not None:
+        integer("threads", 1)
+    budget = out["max_seconds"]
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not budget > 0 or not math.isfinite(budget)):
+        raise ValueError(f"benchmark option max_seconds: expected a positive number or null, got {budget!r}")
+    if not isinstance(out["method"], str) or not out["method"]:
+        raise ValueError(f"benchmark option method: expected a method name, got {out['method']!r}")
+    return out
+
+
+# ---------------------------------------------------------------- statistics
+
+def percentile(sorted_values: list, q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default), ``q`` in [0, 100]."""
+    if not sorted_values:
+        raise ValueError("percentile of no samples")
+    pos = (len(sorted_values) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def trimmed_mean(sorted_values: list, trim: float = TRIM) -> float:
+    """Mean of the middle (1 - 2*trim) of the samples; all of them when too few to trim."""
+    k = int(len(sorted_values) * trim)
+    middle = sorted_values[k:len(sorted_values) - k] or sorted_values
+    return statistics.fmean(middle)
+
+
+def summarize(samples_ns: list) -> dict:
+    """Latency statistics in milliseconds from per-iteration nanoseconds."""
+    ms = sorted(s / NS_PER_MS for s in samples_ns)
+    return {
+        "p50": percentile(ms, 50),
+        "p90": percentile(ms, 90),
+        "trimmed_mean": trimmed_mean(ms),
+        "mean": statistics.fmean(ms),
+        "min": ms[0],
+        "max": ms[-1],
+        "stdev": statistics.stdev(ms) if len(ms) > 1 else 0.0,
+    }
+
+
+# ---------------------------------------------------------------- runtime helpers
+
+def _proc_status_kb(*fields: str) -> dict:
+    """Fields of /proc/self/status in bytes (empty off Linux)."""
+    out = {}
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in fields:
+                    out[key] = int(value.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def process_peak_rss_bytes() -> int:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+def _portable_lib():
+    from executorch.extension.pybindings import portable_lib
+
+    return portable_lib
+
+
+def current_thread_count() -> int | None:
+    getter = getattr(_portable_lib(), "_threadpool_get_thread_count", None)
+    return int(getter()) if getter else None
+
+
+@contextlib.contextmanager
+def threadpool(threads: int | None):
+    """Run with ``threads`` runtime threads (None: as is); yields the count in use.
+
+    The old size is restored on exit. Resetting the pool while a loaded XNNPACK
+    method still holds it is unsafe, so load and release programs inside.
+    """
+    before = current_thread_count()
+    if threads is None or threads == before:
+        yield before
+        return
+    _portable_lib()._unsafe_reset_threadpool(threads)
+    try:
+        yield current_thread_count() if before is not None else threads
+    finally:
+        if before is not None:
+            _portable_lib()._unsafe_reset_threadpool(before)
+
+
+def prepare_inputs(reference: Path, input_dtypes: list | None) -> list:
+    """The capture's example inputs as contiguous tensors, cast like tasks/validate.py does."""
+    import torch
+
+    from tasks.build.capture import load_reference
+
+    inputs, _ = load_reference(reference)  # the first sample, shaped as the program's inputs
+    dtypes = list(input_dtypes or [])
+    dtypes += [None] * (len(inputs) - len(dtypes))
+    tensors = []
+    for x, dtype in zip(inputs, dtypes):
+        t = torch.from_numpy(x)
+        if dtype and x.dtype.kind == "f":  # cast in torch: numpy has no bfloat16
+            t = t.to(getattr(torch, dtype))
+        tensors.append(t.contiguous())
+    return tensors
+
+
+def time_execute(method, inputs: list, warmup: int, iterations: int, max_seconds: float | None) -> dict:
+    """Warm up, then time ``iterations`` calls of ``method.execute(inputs)``.
+
+    Only ``method.execute`` sits between the two clock reads. At least one
+    warm-up (when asked for) and one timed iteration always run, whatever the budget.
+    """
+    clock = time.perf_counter_ns
+    execute = method.execute
+    # Collect before warming up (a full collection over a large heap evicts the caches
+    # the warm-up then refills), and keep the collector off until the timed loop ends,
+    # as timeit does.
+    gc.collect()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    start = clock()
+    deadline = start + int(max_seconds * 1e9) if max_seconds else None
+    warmup_deadline = start + int(max_seconds * 1e9 * WARMUP_BUDGET_SHARE) if max_seconds else None
+    first_ns = None
+    warmup_done = 0
+    samples = []
+    try:
+        for _ in range(warmup):
+            t0 = clock()
+            execute(inputs)
+            t1 = clock()
+            first_ns = t1 - t0 if first_ns is None else first_ns
+            warmup_done += 1
+            if warmup_deadline is not None and t1 > warmup_deadline:
+                break
+        for _ in range(iterations):
+            t0 = clock()
+            execute(inputs)
+            t1 = clock()
+            samples.append(t1 - t0)
+            if deadline is not None and t1 > deadline:
+                break
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    if first_ns is None:
+        first_ns = samples[0]
+    return {"samples_ns": samples, "warmup_done": warmup_done, "first_run_ns": first_ns,
+            "wall_s": (clock() - start) / 1e9}
+
+
+def _loadavg() -> list | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _cell_record(cell, pte: Path) -> dict:
+    if cell is None:
+        return {"name": pte.stem}
+    if isinstance(cell, str):
+        return {"name": cell}
+    return {"name": cell.name, **cell.canonical()}
+
+
+def _ms(value: float) -> float:
+    return round(value, 4)
+
+
+def _mb(n: int | None) -> float | None:
+    return None if n is None else round(n / (1 << 20), 2)
+
+
+# ---------------------------------------------------------------- the builder
+
+def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, options: dict,
+                    workdir: Path) -> BuildResult:
+    """Benchmark ``pte`` on the capture's example inputs; writes ``workdir/bench.json``.
+
+    ``cell``: a plan Cell (or a plain name, or None); ``reference``: the capture's
+    reference.npz; ``input_dtypes``: from the export info (fp16 programs take fp16);
+    ``options``: see DEFAULTS. Returns BuildResult(files={"bench.json": ...}, info=summary).
+    """
+    import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
+    from executorch.runtime import Runtime
+
+    from tasks.config.machine import host_info, host_label
+    from tasks.core.digest import sha256_file
+
+    pte = Path(pte)
+    opts = resolve_options(options)
+    inputs = prepare_inputs(Path(reference), input_dtypes)
+    runtime = Runtime.get()
+    default_threads = current_thread_count()
+    load_before = _loadavg()
+    with threadpool(opts["threads"]) as threads_used:
+        gc.collect()
+        status0 = _proc_status_kb("VmRSS", "VmHWM")
+        t0 = time.perf_counter_ns()
+        program = runtime.load_program(str(pte))
+        t1 = time.perf_counter_ns()
+        method = program.load_method(opts["method"])  # `program` stays alive while `method` runs
+        t2 = time.perf_counter_ns()
+        status1 = _proc_status_kb("VmRSS", "VmHWM")
+        try:
+            timing = time_execute(method, inputs, opts["warmup"], opts["iterations"], opts["max_seconds"])
+            status2 = _proc_status_kb("VmRSS", "VmHWM")
+        finally:
+            del method, program  # release before the thread pool is restored
+    peak = process_peak_rss_bytes()
+
+    samples = timing["samples_ns"]
+    stats = summarize(samples)
+    n = len(samples)
+    stopped_early = n < opts["iterations"] or timing["warmup_done"] < opts["warmup"]
+    note = (f"time budget of {opts['max_seconds']} s reached: {timing['warmup_done']}/{opts['warmup']} "
+            f"warm-up and {n}/{opts['iterations']} timed iterations" if stopped_early else "")
+
+    def delta(after: dict, field: str = "VmRSS"):
+        return after[field] - status0[field] if field in after and field in status0 else None
+
+    memory = {
+        "process_peak_rss_bytes": peak,
+        "rss_before_load_bytes": status0.get("VmRSS"),
+        "rss_after_load_bytes": status1.get("VmRSS"),
+        "rss_after_runs_bytes": status2.get("VmRSS"),
+        "load_rss_delta_bytes": delta(status1),
+        "run_rss_delta_bytes": delta(status2),
+        "peak_set_by_benchmark": (status2["VmHWM"] > status0["VmHWM"]
+                                  if "VmHWM" in status0 and "VmHWM" in status2 else None),
+        "note": MEMORY_NOTE,
+    }
+    host = host_info()
+    load = {"program_ms": _ms((t1 - t0) / NS_PER_MS), "method_ms": _ms((t2 - t1) / NS_PER_MS),
+            "total_ms": _ms((t2 - t0) / NS_PER_MS)}
+    record = {
+        "format": FORMAT,
+        "cell": _cell_record(cell, pte),
+        "program": {"file": pte.name, "size_bytes": pte.stat().st_size, "sha256": sha256_file(pte)},
+        "inputs": [{"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")} for x in inputs],
+        "options": opts,
+        "threads": {"requested": opts["threads"], "used": threads_used, "runtime_default": default_threads},
+        "load": load,
+        "warmup_iterations": timing["warmup_done"],
+        "first_run_ms": _ms(timing["first_run_ns"] / NS_PER_MS),
+        "iterations": n,
+        "iterations_requested": opts["iterations"],
+        "stopped_early": stopped_early,
+        "note": note,
+        "wall_s": round(timing["wall_s"], 3),
+        "latency_ms": {k: _ms(v) for k, v in stats.items()},
+        "samples_ms": [_ms(s / NS_PER_MS) for s in samples],
+        "memory": memory,
+        "host": host,
+        "load_average": {"before": load_before, "after": _loadavg(),
+                         "note": "1/5/15-minute system load; above the core count, other work competed"},
+        "timer": "time.perf_counter_ns around method.execute only; gc collected before warm-up, disabled until the timed loop ends",
+    }
+    out = Path(workdir) / BENCH
+    out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    info = {
+        "latency_p50_ms": record["latency_ms"]["p50"],
+        "latency_p90_ms": record["latency_ms"]["p90"],
+        "latency_trimmed_mean_ms": record["latency_ms"]["trimmed_mean"],
+        "latency_min_ms": record["latency_ms"]["min"],
+        "latency_max_ms": record["latency_ms"]["max"],
+        "latency_stdev_ms": record["latency_ms"]["stdev"],
+        "iterations": n,
+        "iterations_requested": opts["iterations"],
+        "stopped_early": stopped_early,
+        "load_ms": load["total_ms"],
+        "peak_rss_mb": _mb(peak),
+        "load_rss_delta_mb": _mb(memory["load_rss_delta_bytes"]),
+        "threads": threads_used,
+        "host": host_label(host),
+        "host_id": host["host_id"],
+        "load_average_1m": (record["load_average"]["after"] or [None])[0],
+        "program_sha256": record["program"]["sha256"],  # the bytes timed (the result counts only for them)
+    }
+    if note:
+        info["note"] = note
+    return BuildResult(files={BENCH: out}, info=info)
+
+
+# ---------------------------------------------------------------- baseline comparison
+
+def p50_of(entry: dict) -> float | None:
+    """The p50 (ms) of a bench info dict (``latency_p50_ms``) or of a bench.json (``latency_ms.p50``)."""
+    if not isinstance(entry, dict):
+        return None
+    value = entry.get("latency_p50_ms")
+    if value is None and isinstance(entry.get("latency_ms"), dict):
+        value = entry["latency_ms"].get("p50")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        return None
+    return float(value)
+
+
+def _host_id_of(entry: dict) -> str | None:
+    if entry.get("host_id"):
+        return entry["host_id"]
+    host = entry.get("host")
+    return host.get("host_id") if isinstance(host, dict) else None
+
+
+def baseline_deltas(current: dict, baseline: dict) -> list:
+    """One row per cell with a p50 in both mappings, sorted by cell name.
+
+    ``change_pct`` is (current - baseline) / baseline * 100: positive is slower.
+    ``same_host`` is True/False when both record a host_id, else None.
+    """
+    rows = []
+    for name in sorted(set(current) & set(baseline)):
+        now, then = p50_of(current[name]), p50_of(baseline[name])
+        if now is None or then is None:
+            continue
+        a, b = _host_id_of(current[name]), _host_id_of(baseline[name])
+        rows.append({"cell": name, "baseline_p50_ms": then, "current_p50_ms": now,
+                     "change_pct": round((now - then) / then * 100.0, 2),
+                     "same_host": (a == b) if a and b else None})
+    return rows
+
+
+def compare_with_baseline(current: dict, baseline: dict, threshold_pct: float) -> list:
+    """Cells whose p50 is more than ``threshold_pct`` percent slower than in ``baseline``.
+
+    ``current`` and ``baseline`` map cell name -> bench info (the builder's info,
+    or a whole bench.json). Cells missing from either side, or without a p50,
+    are not compared. Each returned row is a ``baseline_deltas`` row plus
+    ``threshold_pct`` and ``regression: True``.
+    """
+    if isinstance(threshold_pct, bool) or not isinstance(threshold_pct, (int, float)) or threshold_pct < 0:
+        raise ValueError(f"threshold_pct: expected a number >= 0, got {threshold_pct!r}")
+    return [{**row, "threshold_pct": threshold_pct, "regression": True}
+            for row in baseline_deltas(current, baseline) if row["change_pct"] > threshold_pct]
+
+
+def baseline_document(results: dict, **meta) -> dict:
+    """The baseline file's content for ``results`` (cell name -> bench info)."""
+    return {"format": BASELINE_FORMAT, **meta, "cells": {k: results[k] for k in sorted(results)}}
+
+
+def write_baseline(path: Path, results: dict, **meta) -> None:
+    from tasks.core.atomic import atomic_write_text
+
+    atomic_write_text(Path(path), json.dumps(baseline_document(results, **meta), indent=2, sort_keys=True) + "\n")
+
+
+def load_baseline(path: Path) -> dict:
+    """Read a baseline results file into {cell name: bench info}.
+
+    Format (JSON)::
+
+        {"format": "etforge-bench-baseline/1",
+         "created": "...", "pipeline": "...", "version": "...",      (optional, free-form)
+         "cells": {"small_cnn/xnnpack/fp32": {"latency_p50_ms": 0.42, "host_id": "...", ...}, ...}}
+
+    A bare mapping {cell name: bench info} is accepted too. Each bench info is the
+    benchmark task's info (``latency_p50_ms``) or a whole bench.json (``latency_ms.p50``);
+    entries without a p50 (a cell that did not run) are kept and never compared.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read baseline {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"baseline {path} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"baseline {path}: expected a JSON object, got {type(data).__name__}")
+    if "format" in data:
+        if data["format"] != BASELINE_FORMAT:
+            raise ValueError(f"baseline {path}: format {data['format']!r}, expected {BASELINE_FORMAT!r}")
+        cells = data.get("cells")
+        if not isinstance(cells, dict):
+            raise ValueError(f"baseline {path}: 'cells' must map cell names to bench results")
+    else:
+        cells = data
+    for name, entry in cells.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"baseline {path}: cell {name!r}: expected an object, got {type(entry).__name__}")
+        raw = entry.get("latency_p50_ms")
+        if raw is None and isinstance(entry.get("latency_ms"), dict):
+            raw = entry["latency_ms"].get("p50")
+        if raw is not None and p50_of(entry) is None:
+            raise ValueError(f"baseline {path}: cell {name!r}: p50 must be a positive number of ms, got {raw!r}")
+    return dict(cells)

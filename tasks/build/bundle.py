@@ -1,0 +1,164 @@
+"""A BundledProgram (.bpte) for a cell this host cannot run: the device checks itself.
+
+``program.bpte`` wraps the cell's .pte with one MethodTestCase per validation
+sample of the capture's reference.npz: the sample's inputs (cast to the
+program's input dtypes) and eager PyTorch's outputs (cast to the program's
+output dtypes). On the device, ExecuTorch's bundled-program support loads
+test case ``i`` and checks every output element with
+``|actual - expected| <= atol + rtol * |expected|``; in Python:
+``portable_lib._load_bundled_program_from_buffer(b).verify_result_with_bundled_expected_output("forward", i, rtol, atol)``.
+
+The .bpte format carries no tolerance, so ``bundled.json`` beside it records
+the (rtol, atol) the device must pass, derived from the cell's thresholds
+(one pair for every test case and output):
+
+- ``max_abs_error: E`` given: atol = E, rtol = 0 (the same elementwise bound).
+- else ``sqnr_db: S``: per output, atol = peak · 10^(-S/20), where peak is the
+  largest |expected| of that output over all samples; the largest over the
+  outputs is used, rtol = 0. An element error below this bound everywhere
+  keeps the SQNR at or above S minus the output's crest factor
+  (20·log10(peak / rms)); it is an elementwise stand-in for SQNR, not SQNR.
+- neither: rtol = 1e-3, atol = 1e-5 · max(1, peak).
+
+``cosine``, ``top1_agreement`` and ``top5_agreement`` have no elementwise
+form; bundled.json lists them under ``not_checked_on_device`` so a device
+harness that computes them can apply them to the outputs it gets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+from tasks.engine.cached_run import BuildResult
+
+BPTE = "program.bpte"
+INFO = "bundled.json"
+METHOD = "forward"
+ELEMENTWISE = ("max_abs_error", "sqnr_db")
+
+
+def tolerances(thresholds: dict, expected_outputs: list) -> dict:
+    """{"rtol", "atol", "rule"} from a cell's thresholds and the eager outputs ([N, ...] each)."""
+    import numpy as np
+
+    # Only finite values make a peak (capture refuses non-finite eager outputs anyway): a NaN
+    # peak would make a NaN tolerance. Thresholds are finite (the schemas refuse .nan/.inf).
+    peaks = [_finite_peak(y) for y in expected_outputs]
+    if "max_abs_error" in thresholds:
+        return {"rtol": 0.0, "atol": float(thresholds["max_abs_error"]), "rule": "max_abs_error"}
+    if "sqnr_db" in thresholds:
+        ratio = 10.0 ** (-float(thresholds["sqnr_db"]) / 20.0)
+        atol = max(peak * ratio for peak in peaks) if peaks else 0.0
+        if not (atol > 0.0 and math.isfinite(atol)):  # NaN-safe
+            atol = 1e-8
+        return {"rtol": 0.0, "atol": atol, "rule": "sqnr_db: peak |expected| * 10^(-sqnr_db/20)"}
+    return {"rtol": 1e-3, "atol": 1e-5 * max([1.0] + peaks), "rule": "default"}
+
+
+def _finite_peak(values) -> float:
+    import numpy as np
+
+    arr = np.abs(np.asarray(values, dtype=np.float64))
+    arr = arr[np.isfinite(arr)]
+    return float(np.max(arr)) if arr.size else 0.0
+
+
+def program_io_dtypes(pte_bytes: bytes) -> tuple[list, list]:
+    """(input dtypes, output dtypes) of the program's forward method; None for a non-tensor value."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+    from executorch.exir.schema import Tensor
+    from executorch.exir.tensor import get_scalar_type
+
+    program = deserialize_pte_binary(pte_bytes).program
+    plan = next((p for p in program.execution_plan if p.name == METHOD), None)
+    if plan is None:
+        raise ValueError(f"the program has no {METHOD!r} method "
+                         f"(has: {', '.join(p.name for p in program.execution_plan)})")
+
+    def dtype(index):
+        value = plan.values[index].val
+        return get_scalar_type(value.scalar_type) if isinstance(value, Tensor) else None
+
+    return [dtype(i) for i in plan.inputs], [dtype(i) for i in plan.outputs]
+
+
+def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path) -> BuildResult:
+    """Write program.bpte (the .pte plus one test case per validation sample) and bundled.json.
+
+    ``input_dtypes``: from the export info, used when the program's own cannot be read.
+    Status ``not-runnable``: nothing ran here; the device runs the test cases.
+    """
+    import torch
+    from executorch.devtools import BundledProgram
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+    from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
+
+    from tasks.build.capture import load_reference_samples
+
+    ref = load_reference_samples(reference)
+    pte_bytes = Path(pte).read_bytes()
+    try:
+        in_dtypes, out_dtypes = program_io_dtypes(pte_bytes)
+    except Exception:  # noqa: BLE001  (an unreadable header: fall back to the export info)
+        in_dtypes = [getattr(torch, d) if d else None for d in (input_dtypes or [])]
+        out_dtypes = []
+    if len(in_dtypes) not in (0, len(ref.inputs)):
+        raise ValueError(f"the program takes {len(in_dtypes)} inputs, the reference has {len(ref.inputs)}")
+    if out_dtypes and len(out_dtypes) != len(ref.outputs):
+        raise ValueError(f"the program returns {len(out_dtypes)} outputs, eager returned {len(ref.outputs)}")
+    cases = []
+    for n in range(ref.count):
+        inputs = [_tensor(x, _at(in_dtypes, i)) for i, x in enumerate(ref.sample_inputs(n))]
+        expected = [_tensor(y, _at(out_dtypes, i)) for i, y in enumerate(ref.sample_outputs(n))]
+        cases.append(MethodTestCase(inputs=inputs, expected_outputs=expected))
+    bundle = BundledProgram(None, [MethodTestSuite(method_name=METHOD, test_cases=cases)], pte_file_path=str(pte))
+    out = workdir / BPTE
+    out.write_bytes(serialize_from_bundled_program_to_flatbuffer(bundle))
+    tol = tolerances(cell.thresholds, ref.outputs)
+    info = {
+        "method": METHOD,
+        "test_cases": ref.count,
+        "inputs": ref.source,
+        "rtol": tol["rtol"],
+        "atol": tol["atol"],
+        "tolerance_rule": tol["rule"],
+        "thresholds": cell.thresholds,
+        "not_checked_on_device": sorted(k for k in cell.thresholds if k not in ELEMENTWISE
+                                        or (k == "sqnr_db" and "max_abs_error" in cell.thresholds)),
+        "delegates": list(cell.backend.delegates),
+        "size_bytes": out.stat().st_size,
+        "program_sha256": hashlib.sha256(pte_bytes).hexdigest(),  # the program bundled and judged
+    }
+    (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
+                                encoding="utf-8")
+    reason = (f"not runnable on this host (no {'/'.join(cell.backend.delegates) or cell.backend.name} runtime); "
+              f"{BPTE} carries {ref.count} test case(s), check on device with rtol={tol['rtol']:g}, "
+              f"atol={tol['atol']:.3g}")
+    return BuildResult(files={BPTE: out, INFO: workdir / INFO}, info=info, status="not-runnable", reason=reason)
+
+
+def verify_bundled(bpte: Path | bytes, rtol: float, atol: float, cases: int) -> int:
+    """Run test cases 0..cases-1 of a .bpte in this host's runtime (host-runnable programs only);
+    raise RuntimeError on the first mismatch. ``cases``: bundled.json's ``test_cases``."""
+    import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
+    from executorch.extension.pybindings import portable_lib
+
+    data = bpte if isinstance(bpte, bytes) else Path(bpte).read_bytes()
+    module = portable_lib._load_bundled_program_from_buffer(data)
+    for i in range(cases):
+        module.verify_result_with_bundled_expected_output(METHOD, i, rtol, atol)
+    return cases
+
+
+def _at(items: list, i: int):
+    return items[i] if i < len(items) else None
+
+
+def _tensor(array, dtype):
+    import torch
+
+    tensor = torch.from_numpy(array).contiguous()
+    return tensor.to(dtype) if dtype is not None and tensor.dtype != dtype else tensor

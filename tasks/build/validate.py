@@ -1,0 +1,169 @@
+"""Run a cell's .pte in the ExecuTorch runtime on every validation sample and compare with eager PyTorch.
+
+``numerics.json`` holds, per output, the metrics of ``tasks.build.numerics.compare_samples``
+over all N samples, the verdict against the cell's thresholds, where the inputs came
+from, and, for an fp32 cell that misses, the first graph node where the program
+diverges from eager (``tasks.build.divergence``).
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from pathlib import Path
+
+from tasks.engine.cached_run import BuildResult
+
+NUMERICS = "numerics.json"
+TOPK_THRESHOLDS = ("top1_agreement", "top5_agreement")
+
+
+def cast_inputs(inputs: list, input_dtypes: list | None) -> list:
+    """An fp16 program takes fp16 inputs; outputs are compared in float64 either way."""
+    import numpy as np
+
+    dtypes = list(input_dtypes or [])
+    dtypes += [None] * (len(inputs) - len(dtypes))
+    return [x.astype(np.dtype(dtype)) if dtype and x.dtype.kind == "f" and dtype != "bfloat16" else x
+            for x, dtype in zip(inputs, dtypes)]
+
+
+def run_program(pte: Path, inputs: list) -> list:
+    """Outputs of one run of ``pte`` on ``inputs`` (numpy arrays)."""
+    return run_program_samples(pte, [inputs])[0]
+
+
+def run_program_samples(pte: Path, samples: list) -> list:
+    """Outputs of ``pte`` for each sample (a list of numpy input arrays); one program load."""
+    import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
+    import torch
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(Path(pte).read_bytes())
+    method = program.load_method("forward")  # keep `program` alive while the method runs
+    results = []
+    for inputs in samples:
+        outputs = method.execute([torch.from_numpy(x).contiguous() for x in inputs])
+        results.append([o.detach().float().numpy() if isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16
+                        else o.detach().numpy() if isinstance(o, torch.Tensor) else o for o in outputs])
+    return results
+
+
+def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path,
+                   program: Path | None = None) -> BuildResult:
+    """Validate ``pte`` against the capture's ``reference``; ``program``: the capture's model.pt2,
+    used to find the first divergent node when an fp32 cell misses a threshold."""
+    import numpy as np
+
+    from tasks.build.capture import load_reference_samples
+    from tasks.core.digest import sha256_file
+    from tasks.build.numerics import compare_samples, verdict
+
+    program_sha256 = sha256_file(pte)  # the bytes this verdict is about (it counts only for them)
+    ref = load_reference_samples(reference)
+    samples = [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)]
+    results = run_program_samples(pte, samples)
+    if any(len(r) != len(ref.outputs) for r in results):
+        raise ValueError(f"program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}")
+    classification = getattr(cell.model, "task", "other") == "classification"
+    actual = [np.stack([r[i] for r in results]) for i in range(len(ref.outputs))]
+    metrics = [compare_samples(e, a, classification) for e, a in zip(ref.outputs, actual)]
+    misses = verdict(metrics, cell.thresholds, ref.output_names)
+    notes = []
+    if not classification and any(k in cell.thresholds for k in TOPK_THRESHOLDS):
+        notes.append(f"top-k thresholds not applied: model task is {getattr(cell.model, 'task', 'other')!r}, "
+                     "not 'classification'")
+    if ref.is_random:
+        notes.append("validated on random inputs: name representative data under the model's "
+                     "'validation' in pipeline.yaml")
+    report = {
+        "cell": cell.canonical(),
+        "program_sha256": program_sha256,
+        "inputs": ref.source,
+        "samples": ref.count,
+        "task": getattr(cell.model, "task", "other"),
+        "thresholds": cell.thresholds,
+        "outputs": metrics,
+        "passed": not misses,
+        "misses": misses,
+        "notes": notes,
+    }
+    divergence_text = None
+    if misses and cell.transform is None and program is not None:
+        worst = _worst_sample(metrics)
+        report["first_divergence"] = _diagnose(program, cell, samples[worst], worst)
+        divergence_text = describe_divergence(report["first_divergence"])
+    out = workdir / NUMERICS
+    out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
+    info = {"sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
+            "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
+            "cosine": pick_worst([m["cosine"] for m in metrics], min),
+            "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
+            "inputs": ref.source, "samples": ref.count, "passed": not misses, "program_sha256": program_sha256}
+    for key in TOPK_THRESHOLDS:
+        values = [m[key] for m in metrics if key in m]
+        if values:
+            info[key] = pick_worst(values, min)
+    if divergence_text:
+        info["first_divergence"] = divergence_text
+    if misses:
+        reason = "; ".join(misses + ([divergence_text] if divergence_text else []))
+        return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason=reason)
+    return BuildResult(files={NUMERICS: out}, info=info)
+
+
+def pick_worst(values: list, pick):
+    """``pick`` (min or max) of ``values``, or NaN when any is NaN (min/max would depend on the order)."""
+    import math
+
+    return math.nan if any(v != v for v in values) else pick(values)
+
+
+def describe_divergence(found: dict | None) -> str | None:
+    """One line for the failure reason, e.g. 'first divergence at node conv2d_3 (aten.conv2d), SQNR 12.0 dB'."""
+    if not found:
+        return None
+    if "error" in found:
+        return f"first divergence not found: {found['error']}"
+    if found.get("node") is None:
+        return "first divergence not found: every node matches eager within the threshold"
+    target = found["op_target"].removesuffix(".default")
+    where = f", {found['module_path']}" if found.get("module_path") else ""
+    sqnr = found["sqnr_db"]
+    sqnr_text = "-inf" if sqnr is not None and sqnr == float("-inf") else f"{sqnr:.1f}"
+    return f"first divergence at node {found['node']} ({target}{where}), SQNR {sqnr_text} dB"
+
+
+def _worst_sample(metrics: list) -> int:
+    worst = [(m["worst_sample_sqnr_db"], m["worst_sample"]) for m in metrics if m.get("worst_sample_sqnr_db") is not None]
+    # A NaN SQNR (a non-finite sample) is the worst; min() alone would depend on the order.
+    return min(worst, key=lambda w: (-float("inf") if w[0] != w[0] else w[0], w[1]))[1] if worst else 0
+
+
+def _diagnose(program: Path, cell, inputs: list, sample: int) -> dict:
+    """The first divergent node, or why it could not be found; never fails the validation itself."""
+    from tasks.build.divergence import first_divergence
+
+    try:
+        found = first_divergence(program, cell, inputs)
+    except Exception as exc:  # a diagnosis must not hide the verdict
+        traceback.print_exc()
+        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+                "sample": sample}
+    result = found or {"node": None}
+    result["sample"] = sample
+    return result
+
+
+def finite_json(value):
+    """``value`` with every non-finite float as a string ("-inf"), so the file stays strict JSON."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value

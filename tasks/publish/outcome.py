@@ -1,0 +1,352 @@
+"""A cell's outcome: the one decision that the summary, report, manifests, C++ header,
+release and the run's exit status all read (none of them re-derives it).
+
+    cell_outcome(plan, cell, host=None) -> CellOutcome
+    outcomes(plan, cells=None, host=None) -> [CellOutcome], in plan order
+    rejected_outcome(rejected) -> CellOutcome of a combination refused at plan time
+    failing(outcomes) -> the outcomes that fail the run
+    cells_of_tasks(plan, task_names, cells=None) -> the cells those tasks belong to
+
+Inputs are the state records of the cell's tasks (capture, quantize, export, size
+gate, validate, benchmark) whose key is the task's CURRENT key. A record with any
+other key (made before a threshold changed, hand-edited, left by another
+revision) does not exist here: the cell is then "not built" or "not validated",
+never shown with a stale verdict. A verdict (validate, or the benchmark) counts
+only when the sha256 of the program it judged (``program_sha256``) is the
+export's current sha256; one that names none counts for nothing. ``host`` (tasks.config.machine.host_fingerprint()) selects the
+benchmark record; without it benchmarks are not read.
+
+The state machine, first rule that applies:
+
+    failed         a current record of capture, quantize, export, size gate, validate or
+                   benchmark says failed (the first in that order): its reason and log
+    skipped        export skipped: this host cannot lower the backend (says what is missing)
+    blocked        a current record says blocked (a task it needs did not succeed)
+    not built      no current export record
+    skipped        validation skipped
+    not validated  exported, but no current verdict on this program
+    on-device      this host cannot run it: its .bpte carries the validation inputs, eager
+                   outputs and tolerances; the device checks itself
+    provisional    validated here, on seeded random inputs only
+    ok             validated here on the model's ``validation`` data
+
+then, for a cell that ``matrix.expected_failures`` names (pytest's strict xfail):
+
+    failed                  -> expected-failure       listed with reason and link
+    on-device               -> expected-failure       not checked here, so not shipped either
+    ok, provisional         -> unexpectedly-passing   fails the run until the entry is removed
+    any other state stays as it is (nothing was judged yet)
+
+and ``rejected`` for combinations the recipes refuse at plan time.
+
+Ships (manifests, C++ header, release): ok, provisional, on-device.
+Fails the run: failed, unexpectedly-passing.
+
+This module must not import torch or executorch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.engine.taskdicts import (benchmark_name, benchmark_spec, capture_spec, export_name, export_spec, quantize_spec,
+                              runs_here, size_gate_name, size_gate_spec, validate_name, validate_spec)
+from tasks.config.resolve import Cell, ExpectedFailure, Plan, RejectedCell
+from tasks.engine.cached_run import CachedTask, read_state
+
+SHIPS = ("ok", "provisional", "on-device")
+FAILS_RUN = ("failed", "unexpectedly-passing")
+PENDING = ("blocked", "not built", "not validated")  # no current verdict yet
+# Every status, in the order tables list their counts.
+STATUSES = ("ok", "provisional", "on-device", "failed", "unexpectedly-passing", "expected-failure",
+            "skipped", "blocked", "not built", "not validated", "rejected")
+METRICS = ("sqnr_db", "cosine", "max_abs_error", "top1_agreement", "top5_agreement")
+TOLERANCES = ("rtol", "atol", "tolerance_rule", "test_cases", "not_checked_on_device")
+# Task kinds whose records belong to cells (capture and quantize to every cell that uses them).
+CELL_TASK_KINDS = ("capture", "quantize", "export", "sizegate", "validate", "benchmark")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the cell's current records say about its program (None: not known). Read-only."""
+
+    program: Path | None = None  # the .pte in the working tree
+    size_bytes: int | None = None
+    sha256: str | None = None  # of the .pte, as its export recorded it
+    lowering_s: float | None = None
+    delegates: tuple = ()
+    executorch_version: str | None = None
+    input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
+    outputs: tuple = ()  # the capture's eager outputs: {"shape", "dtype"} each
+    delegated_ops: int | None = None
+    non_delegated_ops: int | None = None
+    size_vs_fp32: float | None = None
+    calibration: str | None = None  # where static quantization's calibration data came from
+    metrics: dict = field(default_factory=dict)  # of METRICS, finite numbers only
+    exact: bool = False  # validated here and identical to eager (infinite SQNR)
+    validated_on: str | None = None  # the inputs the verdict was measured on, e.g. "npz data/val.npz"
+    samples: int | None = None
+    bundle: Path | None = None  # on-device: the .bpte
+    bundle_sha256: str | None = None
+    tolerances: dict = field(default_factory=dict)  # on-device: of TOLERANCES
+    benchmark: dict | None = None  # the benchmark record's info (benchmarked here, current key)
+
+    @property
+    def latency_p50_ms(self) -> float | None:
+        return _finite((self.benchmark or {}).get("latency_p50_ms"))
+
+    @property
+    def coverage(self) -> float | None:
+        """Fraction of the graph's ops the backend took, or None."""
+        d, n = self.delegated_ops, self.non_delegated_ops
+        return d / (d + n) if d is not None and n is not None and d + n > 0 else None
+
+
+@dataclass(frozen=True)
+class CellOutcome:
+    cell: str  # model/backend/quantization
+    status: str  # one of STATUSES
+    reason: str  # one line ("" when there is nothing to add)
+    log: str | None = None  # the log of the task that decided a failure
+    task: str | None = None  # the task whose record decided a failure, skip or block
+    evidence: Evidence = field(default_factory=Evidence)
+    expected: ExpectedFailure | None = None  # the matrix.expected_failures entry naming the cell
+
+    @property
+    def ships(self) -> bool:
+        return self.status in SHIPS
+
+    @property
+    def fails_run(self) -> bool:
+        return self.status in FAILS_RUN
+
+
+def failing(outcomes) -> list:
+    """The outcomes that make the run fail (a non-zero exit), in the order given."""
+    return [o for o in outcomes if o.fails_run]
+
+
+def outcomes(plan: Plan, cells=None, host: dict | None = None) -> list:
+    """The outcome of each of ``cells`` (default: every cell of the plan), in that order."""
+    return [cell_outcome(plan, c, host) for c in (plan.cells if cells is None else cells)]
+
+
+def rejected_outcome(rejected: RejectedCell) -> CellOutcome:
+    return CellOutcome(cell=rejected.name, status="rejected", reason=rejected.reason)
+
+
+def cells_of_tasks(plan: Plan, task_names, cells=None) -> tuple:
+    """The cells (of ``cells``, default all) that the named tasks belong to, in plan order:
+    a capture belongs to every cell of its model, a quantize task to the cells that lower its graph."""
+    names = set(task_names)
+    pool = plan.cells if cells is None else tuple(cells)
+    out = []
+    for cell in pool:
+        own = {export_name(cell), validate_name(cell), size_gate_name(cell), benchmark_name(cell),
+               capture_spec(plan, cell.model).name}
+        if cell.transform is not None:
+            own.add(quantize_spec(plan, cell).name)
+        if own & names:
+            out.append(cell)
+    return tuple(out)
+
+
+def is_cell_task(task_name: str) -> bool:
+    return task_name.split(":", 1)[0] in CELL_TASK_KINDS
+
+
+# ---------------------------------------------------------------- reading records
+
+def current(spec: CachedTask) -> dict | None:
+    """The task's state record when it was made from the task's current key, else None."""
+    record = read_state(spec.state_file)
+    if isinstance(record, dict) and record.get("key") == spec.key:
+        return record
+    return None
+
+
+def _finite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return value
+
+
+def _info(record: dict | None) -> dict:
+    info = (record or {}).get("info")
+    return info if isinstance(info, dict) else {}
+
+
+def _judged(record: dict | None) -> str | None:
+    """The sha256 of the program a verdict record judged, if it names one."""
+    value = _info(record).get("program_sha256")
+    return value if isinstance(value, str) else None
+
+
+def _bound(record: dict | None, sha256: str | None) -> bool:
+    """A verdict counts only for the bytes it judged; one that names none counts for nothing."""
+    judged = _judged(record)
+    return judged is not None and judged == sha256
+
+
+def _records(plan: Plan, cell: Cell, host: dict | None) -> list:
+    """(task name, current record or None, spec) of the cell's tasks, in pipeline order."""
+    specs = [capture_spec(plan, cell.model)]
+    if cell.transform is not None and not cell.backend.missing:
+        specs.append(quantize_spec(plan, cell))
+    specs.append(export_spec(plan, cell))
+    if plan.fp32_sibling(cell) is not None and not cell.backend.missing:
+        specs.append(size_gate_spec(plan, cell))
+    specs.append(validate_spec(plan, cell))
+    if host is not None and runs_here(cell):
+        specs.append(benchmark_spec(plan, cell, host))
+    return [(s.name, current(s), s) for s in specs]
+
+
+def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> Evidence:
+    export, validate, bench = by_kind.get("export"), by_kind.get("validate"), by_kind.get("benchmark")
+    einfo = _info(export) if export and export.get("status") == "ok" else {}
+    facts: dict = {}
+    if einfo:
+        facts.update(program=plan.pte_path(cell), size_bytes=_finite(einfo.get("size_bytes")),
+                     sha256=einfo.get("sha256"), lowering_s=_finite(einfo.get("lowering_s")),
+                     delegates=tuple(einfo.get("delegates", cell.backend.delegates)),
+                     executorch_version=einfo.get("executorch_version"),
+                     input_dtypes=tuple(einfo.get("input_dtypes") or ()),
+                     delegated_ops=_finite(einfo.get("delegated_ops")),
+                     non_delegated_ops=_finite(einfo.get("non_delegated_ops")))
+    capture = by_kind.get("capture")
+    if capture and capture.get("status") == "ok":
+        facts["outputs"] = tuple(o for o in _info(capture).get("outputs") or () if isinstance(o, dict))
+    gate = by_kind.get("sizegate")
+    if gate:
+        facts["size_vs_fp32"] = _finite(_info(gate).get("size_vs_fp32"))
+    calibration = _info(by_kind.get("quantize")).get("calibration")
+    if isinstance(calibration, str):
+        facts["calibration"] = calibration
+    if validate and validate.get("status") in ("ok", "failed", "not-runnable") and _bound(validate, export_sha):
+        vinfo = _info(validate)
+        facts["validated_on"] = vinfo.get("inputs") if isinstance(vinfo.get("inputs"), str) else None
+        facts["samples"] = _finite(vinfo.get("samples", vinfo.get("test_cases")))
+        if validate["status"] == "not-runnable":
+            facts["bundle"] = plan.bundled_path(cell)
+            facts["bundle_sha256"] = ((validate.get("outputs") or {}).get("program.bpte") or {}).get("sha256")
+            facts["tolerances"] = {k: vinfo[k] for k in TOLERANCES if k in vinfo}
+        else:
+            facts["metrics"] = {k: _finite(vinfo.get(k)) for k in METRICS if _finite(vinfo.get(k)) is not None}
+            facts["exact"] = vinfo.get("sqnr_db") is None and vinfo.get("max_abs_error") == 0
+    if bench and bench.get("status") == "ok" and _bound(bench, export_sha):
+        facts["benchmark"] = _info(bench)
+    return Evidence(**facts)
+
+
+def cell_outcome(plan: Plan, cell: Cell, host: dict | None = None) -> CellOutcome:
+    """The outcome of ``cell`` from its current records (see the module docstring)."""
+    records = _records(plan, cell, host)
+    by_kind = {name.split(":", 1)[0]: record for name, record, _ in records}
+    export = by_kind["export"]
+    export_sha = _info(export).get("sha256") if export and export.get("status") == "ok" else None
+    evidence = _evidence(plan, cell, by_kind, export_sha)
+    natural = _natural(plan, cell, records, by_kind, export_sha, evidence)
+    return _with_expectation(plan.expected_failure(cell), natural)
+
+
+def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, evidence: Evidence) -> CellOutcome:
+    """The outcome before ``matrix.expected_failures`` is applied."""
+    def out(status, reason="", **kw):
+        return CellOutcome(cell=cell.name, status=status, reason=" ".join(str(reason).split()),
+                           evidence=evidence, **kw)
+
+    for name, record, _ in records:
+        # A failure under the current key counts, unless it names other bytes than this program
+        # (one that names none, e.g. a crash before it could, still counts: failing is the safe side).
+        if record and record.get("status") == "failed" and _judged(record) in (None, export_sha):
+            return out("failed", f"{name}: {record.get('reason') or 'failed'}", log=record.get("log"), task=name)
+    export = by_kind["export"]
+    if export and export.get("status") == "skipped":
+        return out("skipped", export.get("reason", ""), task=export_name(cell))
+    for name, record, _ in records:
+        if record and record.get("status") == "blocked":
+            return out("blocked", f"{name}: {record.get('reason', '')}", task=name)
+    if export is None or export.get("status") != "ok":
+        return out("not built", f"run `doit {export_name(cell)}`")
+    validate = by_kind["validate"]
+    if validate and validate.get("status") == "skipped":
+        return out("skipped", validate.get("reason", ""), task=validate_name(cell))
+    if validate is None or validate.get("status") not in ("ok", "not-runnable"):
+        return out("not validated", f"run `doit {validate_name(cell)}`")
+    if not _bound(validate, export_sha):
+        judged = _judged(validate)
+        return out("not validated", f"the verdict on record judged another program "
+                                    f"(sha256 {judged[:12] if judged else 'not recorded'}, "
+                                    f"this one is {str(export_sha)[:12]})")
+    notes = []
+    if str(evidence.calibration or "").startswith("random"):
+        notes.append("random calibration data (name some in pipeline.yaml)")
+    if validate["status"] == "not-runnable":
+        return out("on-device", "; ".join([validate.get("reason", "")] + notes))
+    if str(evidence.validated_on or "").startswith("random"):
+        notes.insert(0, f"validated on seeded random inputs only (name data under "
+                        f"models.{cell.model.name}.validation in pipeline.yaml)")
+        return out("provisional", "; ".join(notes))
+    return out("ok", "; ".join(notes))
+
+
+def _with_expectation(entry: ExpectedFailure | None, natural: CellOutcome) -> CellOutcome:
+    if entry is None:
+        return natural
+    declared = f"expected to fail: {entry.reason} ({entry.link})"
+    if natural.status == "failed":
+        return CellOutcome(cell=natural.cell, status="expected-failure", reason=f"{declared}; {natural.reason}",
+                           log=natural.log, task=natural.task, evidence=natural.evidence, expected=entry)
+    if natural.status == "on-device":
+        return CellOutcome(cell=natural.cell, status="expected-failure",
+                           reason=f"{declared}; not checked on this host", evidence=natural.evidence, expected=entry)
+    if natural.status in ("ok", "provisional"):
+        return CellOutcome(cell=natural.cell, status="unexpectedly-passing",
+                           reason=f"passed ({natural.status}) but {entry.where} declares it an expected failure "
+                                  f"({entry.reason}); remove that entry",
+                           evidence=natural.evidence, expected=entry)
+    return CellOutcome(cell=natural.cell, status=natural.status, reason=natural.reason, log=natural.log,
+                       task=natural.task, evidence=natural.evidence, expected=entry)
+
+
+# ---------------------------------------------------------------- views shared by the manifests and the release
+
+def verdict(o: CellOutcome) -> dict:
+    """How a shipped variant was checked, as the manifests, index.json and provenance.json say it:
+    validated here (the SQNR and other metrics, and the data they were measured on), or to be
+    checked on the device (its .bpte and the tolerances). JSON-ready, deterministic."""
+    ev = o.evidence
+    out = {"status": o.status, "inputs": ev.validated_on, "samples": ev.samples}
+    if o.status == "on-device" or ev.bundle is not None:
+        out.update(checked="on device", bundle=ev.bundle.name if ev.bundle else None,
+                   bundle_sha256=ev.bundle_sha256, rtol=_finite(ev.tolerances.get("rtol")),
+                   atol=_finite(ev.tolerances.get("atol")),
+                   not_checked_on_device=list(ev.tolerances.get("not_checked_on_device") or []))
+    else:
+        out.update(checked="here", exact=ev.exact, **{k: ev.metrics.get(k) for k in METRICS if k in ev.metrics})
+        out.setdefault("sqnr_db", None)  # null with exact: identical outputs (infinite SQNR)
+    return out
+
+
+def listing_reason(o: CellOutcome, base: Path) -> str:
+    """One line on why a cell is not shipped, the same on every identical run: a failure names
+    the task and its log (relative to ``base``), not the error text, which may name temp paths."""
+    if o.status == "failed" or (o.status == "expected-failure" and o.task):
+        log = _relative(o.log, base) if o.log else None
+        failure = f"{o.task} failed" + (f", log: {log}" if log else "")
+        if o.status == "failed":
+            return failure
+        return f"expected to fail: {o.expected.reason} ({o.expected.link}); {failure}"
+    if o.status == "unexpectedly-passing":
+        return f"passes, but {o.expected.where} declares it an expected failure; remove that entry"
+    return o.reason
+
+
+def _relative(path, base: Path) -> str:
+    try:
+        return Path(path).relative_to(base).as_posix()
+    except ValueError:
+        return Path(path).name

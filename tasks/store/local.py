@@ -1,0 +1,334 @@
+"""Content-addressed store: ``artifacts/cache/<k[:2]>/<k>/``, optionally backed by a remote.
+
+An entry is a directory of blobs plus ``manifest.json`` (sha256 and size of
+each blob, and the task's info). It is assembled in a temp directory and
+renamed into place, so an entry either exists whole or not at all. Every
+``get`` verifies each blob; a mismatch discards the entry and reports a miss.
+A local miss is looked up in the remote store (tasks/remote.py), verified the
+same way, and kept locally; a built entry is uploaded unless the remote is
+read-only.
+
+The remote only ever speeds things up. The first time it fails in a run
+(unreachable, refusing, misconfigured), one warning says so, and every worker
+of that run carries on with the local store alone: a marker file under
+``artifacts/.etforge/`` holding the run's id tells the others. Entries that
+could not be uploaded are listed in ``artifacts/.etforge/pending-uploads/`` (one
+empty file per key) and uploaded by a later run (``upload_pending``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from tasks.core.atomic import atomic_copy
+from tasks.core.digest import canonical_json, sha256_file
+from tasks.store.remote import RemoteError, UntrustedEntry
+
+MANIFEST = "manifest.json"
+REMOTE_DOWN = "remote-down"  # holds the id of the run that found the remote failing
+PENDING = "pending-uploads"  # one empty file per key whose upload is owed to the remote
+
+
+class CorruptEntry(Exception):
+    pass
+
+
+def read_entry(entry: Path) -> tuple[dict, dict]:
+    """(blob name -> path, info) of a complete entry whose blobs all match; raises otherwise."""
+    manifest = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
+    files = {}
+    for name, meta in manifest["files"].items():
+        blob = entry / name
+        if Path(name).name != name or name in (MANIFEST, ".", ".."):
+            raise CorruptEntry(f"bad blob name {name!r}")
+        if blob.stat().st_size != meta["size"] or sha256_file(blob) != meta["sha256"]:
+            raise CorruptEntry(name)
+        files[name] = blob
+    return files, manifest.get("info", {})
+
+
+class Store:
+    def __init__(self, root: Path, remote=None, state_dir: Path | None = None):
+        self.root = Path(root)
+        self.remote = remote  # a tasks.store.remote.RemoteStore, or None
+        self.state_dir = Path(state_dir) if state_dir else self.root.parent / ".etforge"
+        # One store per doit invocation, made before process workers fork: they share this id.
+        self.run_id = uuid.uuid4().hex
+        self._remote_ok = True  # False once this process saw the remote fail (or was told so)
+        self._untrusted: set = set()  # keys already warned about (bad signature)
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / key[:2] / key
+
+    def has(self, key: str) -> bool:
+        """Cheap local existence check (a stat); ``get`` does the verification."""
+        return (self.entry_dir(key) / MANIFEST).is_file()
+
+    def manifest(self, key: str) -> dict | None:
+        """The local entry's manifest as stored (not verified), or None."""
+        try:
+            return json.loads((self.entry_dir(key) / MANIFEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def entry_record(self, key: str) -> dict:
+        """What a state record keeps of the local entry: each blob's sha256, size and mtime and
+        the manifest's size and mtime, so that "is it still there" is a stat per file.
+        Empty when the entry is gone (the record then never counts as up to date)."""
+        manifest = self.manifest(key)
+        entry = self.entry_dir(key)
+        try:
+            record = {MANIFEST: _stat(entry / MANIFEST)}
+            for name, meta in (manifest or {}).get("files", {}).items():
+                record[name] = {"sha256": meta["sha256"], **_stat(entry / name)}
+        except (OSError, KeyError, TypeError, AttributeError):
+            return {}
+        return record if manifest is not None else {}
+
+    def blob_sha256(self, key: str, name: str) -> str | None:
+        """sha256 of blob ``name`` of the local entry, as its manifest records it."""
+        meta = ((self.manifest(key) or {}).get("files") or {}).get(name)
+        return meta.get("sha256") if isinstance(meta, dict) else None
+
+    @contextlib.contextmanager
+    def lock(self, key: str):
+        """Exclusive across processes: one worker rebuilds a missing entry, the others wait for it."""
+        path = self.root / "locks" / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released by the kernel if the holder dies
+            yield
+
+    def new_workdir(self) -> Path:
+        """A scratch directory on the store's filesystem for a builder's outputs."""
+        tmp = self.root / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="build-", dir=tmp))
+
+    def get(self, key: str) -> tuple[dict, dict] | None:
+        """(blob name -> path, info) for a verified entry (local, else remote), or None.
+
+        A local hit is also offered to a writable remote (a no-op when it has it), so
+        outputs built before the remote was configured, or whose upload failed, get shared.
+        """
+        hit = self._get_local(key)
+        if hit is not None:
+            self._share(key)
+            return hit
+        if self._remote_usable() and self._fetch(key):
+            hit = self._get_local(key)
+        return hit
+
+    def _get_local(self, key: str) -> tuple[dict, dict] | None:
+        entry = self.entry_dir(key)
+        try:
+            seen = entry.stat().st_ino
+        except OSError:
+            return None
+        try:
+            return read_entry(entry)
+        except (CorruptEntry, ValueError, KeyError, OSError):
+            self.discard(key, only=seen)
+            return None
+
+    def _fetch(self, key: str) -> bool:
+        staging = self.new_workdir()
+        try:
+            try:
+                if not self.remote.fetch(key, staging):
+                    return False
+            except RemoteError as exc:
+                self._remote_failed(exc)
+                return False
+            except UntrustedEntry as exc:
+                if key not in self._untrusted:
+                    self._untrusted.add(key)
+                    warn(str(exc))
+                return False
+            try:
+                read_entry(staging)
+            except (CorruptEntry, ValueError, KeyError, OSError):
+                self.remote.discard(key)  # never serve it, and stop others from trying
+                return False
+            self._install(staging, key)
+            return True
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _install(self, staging: Path, key: str) -> Path:
+        _fsync_dir_files(staging)
+        entry = self.entry_dir(key)
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        if entry.exists():
+            try:
+                read_entry(entry)
+                return entry  # another task built the same key first: keep theirs, readers may be using it
+            except (CorruptEntry, ValueError, KeyError, OSError):
+                self.discard(key)
+        try:
+            os.rename(staging, entry)
+        except OSError:
+            if not self.has(key):  # lost a race with another writer: theirs is as good
+                raise
+        return entry
+
+    def put(self, key: str, files: dict, info: dict, expect: dict | None = None) -> tuple[dict, dict]:
+        """Store ``files`` (blob name -> path) under ``key``; return (stored paths, info).
+
+        The info is the stored entry's: another writer may have installed the same key first.
+        ``expect``: blob name -> sha256 the copies must have (CorruptEntry otherwise).
+        """
+        staging = self.new_workdir()
+        try:
+            manifest = {"key": key, "files": {}, "info": info}
+            for name, src in sorted(files.items()):
+                dst = staging / name
+                shutil.copyfile(src, dst)
+                manifest["files"][name] = {"sha256": sha256_file(dst), "size": dst.stat().st_size}
+                if expect is not None and expect.get(name) != manifest["files"][name]["sha256"]:
+                    raise CorruptEntry(f"{src} does not have the expected sha256")
+            (staging / MANIFEST).write_text(canonical_json(manifest), encoding="utf-8")
+            entry = self._install(staging, key)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        self._share(key)
+        stored = self.manifest(key)
+        return {name: entry / name for name in files}, (stored or manifest).get("info", info)
+
+    def discard(self, key: str, only: int | None = None) -> None:
+        """Remove the local entry; ``only``: the inode of the entry directory that failed
+        verification, so that an entry another worker has just reinstalled is left alone."""
+        entry = self.entry_dir(key)
+        try:
+            if only is not None and entry.stat().st_ino != only:
+                return
+        except OSError:
+            return
+        # Rename first so a half-deleted entry is never mistaken for a whole one.
+        trash = self.root / "tmp" / f"discard-{key}-{uuid.uuid4().hex[:12]}"
+        trash.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(entry, trash)
+        except OSError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def reject(self, key: str) -> None:
+        """Discard an entry that verified but must not be used: locally and on a writable remote."""
+        self.discard(key)
+        if self.remote is not None and not self.remote.read_only and self._remote_usable():
+            self.remote.discard(key)  # best effort; a rebuilt entry replaces it anyway
+
+    # -- the remote: an accelerator that may fail ---------------------------
+
+    def _remote_usable(self) -> bool:
+        if self.remote is None or not self._remote_ok:
+            return False
+        try:
+            if (self.state_dir / REMOTE_DOWN).read_text(encoding="utf-8") == self.run_id:
+                self._remote_ok = False  # another worker of this run found it failing
+        except OSError:
+            pass
+        return self._remote_ok
+
+    def _remote_failed(self, exc: RemoteError) -> None:
+        """Stop using the remote for the rest of this run, in every worker; warn once."""
+        self._remote_ok = False
+        if self._first_in_run(REMOTE_DOWN):
+            owed = "" if self.remote.read_only else ", what it cannot upload is uploaded by a later run"
+            warn(f"{exc}; carrying on with the local cache for this run (misses are built here{owed})")
+
+    def _first_in_run(self, name: str) -> bool:
+        """Mark ``name`` for this run; True for the one caller (of any worker) that marked it."""
+        path = self.state_dir / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a+", encoding="utf-8") as handle:
+                fcntl.flock(handle, fcntl.LOCK_EX)
+                handle.seek(0)
+                if handle.read() == self.run_id:
+                    return False
+                handle.seek(0)
+                handle.truncate()
+                handle.write(self.run_id)
+                return True
+        except OSError:
+            return True
+
+    def _share(self, key: str) -> None:
+        """Offer a local entry to a writable remote; owe it (pending) when the remote cannot take it."""
+        if self.remote is None or self.remote.read_only:
+            return
+        if self._remote_usable():
+            try:
+                self.remote.upload(key, self.entry_dir(key))
+                return
+            except RemoteError as exc:
+                self._remote_failed(exc)
+        try:
+            pending = self.state_dir / PENDING
+            pending.mkdir(parents=True, exist_ok=True)
+            (pending / key).touch()
+        except OSError:
+            pass  # only a reminder: the next run that uses this entry offers it again
+
+    def has_pending(self) -> bool:
+        try:
+            return any(os.scandir(self.state_dir / PENDING))
+        except OSError:
+            return False
+
+    def upload_pending(self) -> int:
+        """Upload what earlier runs owe a writable remote; return how many entries went up.
+        Stops at the first remote failure (warned once); the rest stays pending."""
+        if self.remote is None or self.remote.read_only:
+            return 0
+        pending = self.state_dir / PENDING
+        try:
+            keys = sorted(os.listdir(pending))
+        except OSError:
+            return 0
+        uploaded = 0
+        for key in keys:
+            if not self._remote_usable():
+                break
+            if self._get_local(key) is not None:  # verified: a corrupt entry is dropped, not shared
+                try:
+                    self.remote.upload(key, self.entry_dir(key))
+                except RemoteError as exc:
+                    self._remote_failed(exc)
+                    break
+                except ValueError:
+                    pass  # not a cache key, or not an entry: nothing to share
+                else:
+                    uploaded += 1
+            (pending / key).unlink(missing_ok=True)
+        return uploaded
+
+
+def warn(message: str) -> None:
+    print(f"etforge: warning: {message}", file=sys.stderr, flush=True)
+
+
+def _stat(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _fsync_dir_files(directory: Path) -> None:
+    for path in directory.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def materialize(blob: Path, target: Path) -> None:
+    """Copy a verified blob to its working-tree path atomically."""
+    atomic_copy(blob, target)
