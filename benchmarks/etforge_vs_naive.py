@@ -65,7 +65,7 @@ def naive_cell(plan, cell, out_dir: Path) -> None:
     from tasks.build.samples import calibration_batches
     from tasks.build.lower import partitioners_for
     from tasks.build.model_loading import build_model, example_inputs
-    from tasks.config.recipes import load_callable
+    from tasks.core.dotted_path import load_callable
 
     model = build_model(cell.model, plan.root)
     inputs = example_inputs(cell.model, plan.seed)

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO))
 from tasks.engine import taskdicts as doit_tasks  # noqa: E402
 from tasks.config.code_deps import project_files  # noqa: E402
 from tasks.core.errors import PipelineError  # noqa: E402
-from tasks.core.digest import DigestCache  # noqa: E402
+from tasks.config.digest_cache import DigestCache  # noqa: E402
 from tasks.config.resolve import resolve  # noqa: E402
 from tasks.config.recipes import load_recipe  # noqa: E402
 

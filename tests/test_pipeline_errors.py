@@ -573,7 +573,7 @@ def test_resolve_does_not_import_torch(tmp_path):
         "import sys\n"
         "from pathlib import Path\n"
         "import tasks.engine.entry\n"
-        "from tasks.core.digest import DigestCache\n"
+        "from tasks.config.digest_cache import DigestCache\n"
         "from tasks.config.resolve import resolve\n"
         # A private digest memo: the repo's artifacts/ is left alone.
         "plan = resolve(Path(sys.argv[1]), digests=DigestCache(Path(sys.argv[2])))\n"

@@ -23,7 +23,7 @@ FRESH_PROCESS_ENV = "ETFORGE_EXPORT_FRESH_PROCESS"  # set in the interpreter _bu
 
 def partitioners_for(backend) -> list:
     """Partitioners of every chain member, in priority order: later ones take what earlier ones leave."""
-    from tasks.config.recipes import load_callable
+    from tasks.core.dotted_path import load_callable
 
     out = []
     for member in backend.members:
@@ -35,7 +35,7 @@ def partitioners_for(backend) -> list:
 def lowering_contexts(backend) -> list:
     """Context managers the chain's members need around lowering (tasks.build.partitioners.LOWERING_CONTEXTS)."""
     from tasks.build.partitioners import LOWERING_CONTEXTS
-    from tasks.config.recipes import load_callable
+    from tasks.core.dotted_path import load_callable
 
     names = dict.fromkeys(LOWERING_CONTEXTS[m.partitioner] for m in backend.members
                           if m.partitioner in LOWERING_CONTEXTS)

@@ -22,7 +22,7 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
     from tasks.build.samples import calibration_batches
     from tasks.build.capture import load_reference
     from tasks.build.model_loading import build_model
-    from tasks.config.recipes import load_callable
+    from tasks.core.dotted_path import load_callable
 
     transform = cell.transform
     start = time.monotonic()

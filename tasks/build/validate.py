@@ -144,13 +144,13 @@ def _worst_sample(metrics: list) -> int:
 def _diagnose(program: Path, cell, inputs: list, sample: int) -> dict:
     """The first divergent node, or why it could not be found; never fails the validation itself."""
     from tasks.build.divergence import first_divergence
+    from tasks.core.text import first_line
 
     try:
         found = first_divergence(program, cell, inputs)
     except Exception as exc:  # a diagnosis must not hide the verdict
         traceback.print_exc()
-        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
-                "sample": sample}
+        return {"error": first_line(exc), "sample": sample}
     result = found or {"node": None}
     result["sample"] = sample
     return result

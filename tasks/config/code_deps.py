@@ -62,7 +62,7 @@ class ImportGraph:
 
     def __init__(self, root: Path, digests=None):
         self.root = Path(root).resolve()
-        self.digests = digests  # tasks.core.digest.DigestCache or None
+        self.digests = digests  # tasks.config.digest_cache.DigestCache or None
         self._edges: dict = {}  # file -> frozenset of project files it imports
 
     def reach(self, entries: Iterable[Path]) -> frozenset:

@@ -37,13 +37,6 @@ class Recipe:
         return {k: v["default"] for k, v in (self.data.get("options") or {}).items() if "default" in v}
 
 
-def load_callable(ref: str):
-    """Import the ``module:function`` a recipe names (inside task actions only)."""
-    import importlib
-
-    module_name, func_name = ref.split(":")
-    return getattr(importlib.import_module(module_name), func_name)
-
 
 def available(kind: str, root: Path = RECIPE_ROOT) -> list[str]:
     return sorted(p.stem for p in (root / KIND_DIRS[kind]).glob("*.yaml"))

@@ -16,8 +16,9 @@ from tasks.config import schema
 from tasks.config.code_deps import ImportGraph
 from tasks.core.errors import PipelineError
 from tasks.config.requirements import missing_requirement
-from tasks.core.digest import DigestCache, digest, toolchain_versions
-from tasks.config.tools import ToolVersions, stage_tools
+from tasks.config.digest_cache import DigestCache
+from tasks.core.digest import digest
+from tasks.config.tools import ToolVersions, stage_tools, toolchain_versions
 from tasks.config.yamlfile import LoadedYaml, format_path, load_yaml
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent

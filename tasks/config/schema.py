@@ -12,7 +12,6 @@ import difflib
 import json
 import math
 from functools import lru_cache
-from pathlib import Path
 
 import jsonschema
 

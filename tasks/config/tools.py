@@ -26,6 +26,12 @@ from pathlib import Path
 
 from tasks.core.digest import sha256_file
 
+# Bump when the meaning of any cached output changes without its inputs changing.
+# 2: keys derived from the stage table (tasks/store/stages.py), code by import closure.
+SCHEMA_VERSION = 2
+# Distributions every task uses; a backend's or scheme's own tools (coremltools,
+# openvino, an SDK...) are declared in its recipe and join only its tasks' keys.
+TOOLCHAIN_PACKAGES = ("torch", "torchvision", "executorch", "torchao")
 # What each kind of recipe may declare under ``tools:``, and which task's key it joins.
 STAGES = {"backend": ("lowering", "runtime"), "quantization": ("quantize",)}
 
@@ -135,3 +141,12 @@ def stage_tools(recipe_data: dict, stage: str, entry: str | None = None) -> Tool
         node = node.get(entry) or {}
     return ToolSet.from_data(node)
 
+
+
+def toolchain_versions(version=None) -> dict:
+    """Installed versions of TOOLCHAIN_PACKAGES, read from package metadata (never imports torch).
+
+    ``version``: a memoising ``name -> version or None`` lookup (ToolVersions.distribution).
+    """
+    version = version or ToolVersions().distribution
+    return {"etforge_schema": SCHEMA_VERSION, **{name: version(name) for name in TOOLCHAIN_PACKAGES}}

@@ -30,6 +30,7 @@ from typing import Callable
 from tasks.core.atomic import atomic_write_text
 from tasks.store.local import MANIFEST, Store, materialize
 from tasks.core.digest import canonical_json, sha256_file
+from tasks.core.text import first_line
 from tasks.engine.log_capture import output_to
 
 DONE = ("ok", "skipped", "not-runnable")
@@ -244,9 +245,3 @@ def _build_and_store(task: CachedTask, store: Store, build, inputs, workdir: Pat
                  entry=store.entry_record(task.key))
     return True
 
-
-def first_line(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.filename:  # name the path: "No space left on device: /x"
-        return f"{type(exc).__name__}: {exc.strerror}: {exc.filename}"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

@@ -46,7 +46,8 @@ from doit.runner import (ERROR, FAILURE, JobTask, JobTaskPickle, MRunner, MThrea
 from doit.task import DelayedLoaded
 
 from tasks.engine import runlock
-from tasks.engine.lifecycle import RunLifecycle, say
+from tasks.core.console import say
+from tasks.engine.lifecycle import RunLifecycle
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # Workers are forks of the main process (which has not imported torch): they share its

@@ -13,7 +13,8 @@ from tasks.engine import taskdicts as doit_tasks
 from tasks.store.local import Store
 from tasks.core.errors import PipelineError
 from tasks.config.machine import host_fingerprint
-from tasks.engine.lifecycle import RunLifecycle, say, task_specs
+from tasks.core.console import say
+from tasks.engine.lifecycle import RunLifecycle, task_specs
 from tasks.store.remote import RemoteError
 from tasks.config.resolve import Plan, digest_cache_for, resolve
 from tasks.publish.progress import make_reporter

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,17 +30,12 @@ from tasks.publish import release
 from tasks.engine import runlock
 from tasks.publish import summary
 from tasks.core.atomic import atomic_write_text
+from tasks.core.console import say
 from tasks.config.resolve import Plan
 from tasks.engine.cached_run import CachedTask, read_state, record_failure
 
 # tempfile.mkstemp names of tasks/atomic.py: ".<target>.<8 random chars>.tmp"
 ATOMIC_TEMP = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
-
-
-def say(line: str) -> None:
-    stream = sys.__stderr__ or sys.stderr
-    stream.write(line.rstrip("\n") + "\n")
-    stream.flush()
 
 
 @dataclass(frozen=True)

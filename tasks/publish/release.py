@@ -48,7 +48,8 @@ from tasks.publish import outcome
 from tasks.core.atomic import atomic_write_bytes, atomic_write_text
 from tasks.engine.taskdicts import export_name, matrix_task_deps, validate_name
 from tasks.core.digest import canonical_json, sha256_file
-from tasks.engine.cached_run import first_line, read_state
+from tasks.core.text import first_line
+from tasks.engine.cached_run import read_state
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
 # Backend recipes whose .pte bytes were measured identical across two clean builds in

@@ -31,6 +31,8 @@ import shutil
 import uuid
 from pathlib import Path
 
+from tasks.core.text import one_line
+
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.hmac"  # hex HMAC-SHA256 of the manifest's bytes under the shared secret
 _KEY = re.compile(r"[A-Za-z0-9_-]{3,128}")
@@ -52,8 +54,7 @@ class UntrustedEntry(Exception):
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= 300 else text[:297] + "..."
+    return one_line(exc, 300) or type(exc).__name__
 
 
 def _redact(url: str) -> str:

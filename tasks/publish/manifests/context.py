@@ -50,6 +50,7 @@ from tasks.core.atomic import atomic_write_text
 from tasks.store.local import Store
 from tasks.engine.taskdicts import matrix_task_deps
 from tasks.core.digest import canonical_json, digest, sha256_file
+from tasks.core.text import one_line
 from tasks.config.resolve import Plan
 from tasks.engine.cached_run import BuildResult, CachedTask, is_up_to_date, read_state, run_cached
 from tasks.core.paths import TEMPLATE_DIR
@@ -258,11 +259,6 @@ def _unique(names: list, make, reserved=frozenset()) -> dict:
 
 # ---------------------------------------------------------------- context
 
-def _one_line(text: str, limit: int = 200) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 def _relative(plan: Plan, path) -> str:
     try:
         return Path(path).relative_to(plan.out_dir).as_posix()
@@ -312,9 +308,9 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
             built.append((cell, result))
         else:
             excluded.append({"cell": cell.name, "status": result.status,
-                             "reason": _one_line(outcome.listing_reason(result, plan.out_dir))})
+                             "reason": one_line(outcome.listing_reason(result, plan.out_dir))})
     models_of_cells = {c.model.name for c in cells}
-    excluded += [{"cell": r.name, "status": "rejected", "reason": _one_line(r.reason)} for r in plan.rejected
+    excluded += [{"cell": r.name, "status": "rejected", "reason": one_line(r.reason)} for r in plan.rejected
                  if r.model in models_of_cells]
 
     names = [c.name for c, _ in built]
@@ -444,7 +440,7 @@ def _environment():
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
                              autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     env.filters.update(dart=_dart_string, dart_double=_dart_double, cmake=_cmake_string, yaml=_yaml_string,
-                       comment=_one_line)
+                       comment=one_line)
     return env
 
 

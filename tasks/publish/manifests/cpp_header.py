@@ -31,22 +31,19 @@ from pathlib import Path
 
 from tasks.publish import outcome
 from tasks.core.atomic import atomic_write_text
+from tasks.core.text import one_line
 from tasks.core.paths import TEMPLATE_DIR
 
 TEMPLATE = "etforge_models.h.j2"
 HEADER_NAME = "etforge_models.h"
 FORMAT_VERSION = 1
 DEFAULT_ORDER = ("vulkan", "openvino", "xnnpack", "portable")
+COMMENT_LIMIT = 160  # characters of a // comment line in the header
 LAYOUTS = ("tree", "flat")  # tree: <model>/<stem>.pte as under artifacts/<pipeline>/; flat: <stem>.pte
 
 
 class HeaderError(Exception):
     """The header cannot be written (bad order entry, unknown layout)."""
-
-
-def _one_line(text, limit: int = 160) -> str:
-    line = " ".join(str(text).split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _check_order(plan, order) -> list:
@@ -136,7 +133,7 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
             "rtol": verdict.get("rtol"),
             "atol": verdict.get("atol"),
         })
-    excluded += [{"cell": r.name, "reason": f"rejected: {_one_line(r.reason)}"} for r in plan.rejected
+    excluded += [{"cell": r.name, "reason": f"rejected: {one_line(r.reason, COMMENT_LIMIT)}"} for r in plan.rejected
                  if cells is plan.cells or any(c.model.name == r.model for c in cells)]
     models = []
     for name in dict.fromkeys(v["model"] for v in variants):
@@ -186,7 +183,7 @@ def c_double(value) -> str:
 
 def c_comment(value) -> str:
     """Text safe inside a // comment: one line, no trailing backslash (a line splice)."""
-    text = _one_line(value)
+    text = one_line(value, COMMENT_LIMIT)
     return text.rstrip("\\")
 
 
