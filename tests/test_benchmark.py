@@ -121,8 +121,8 @@ def test_inputs_cast_like_validation(program):
 
 
 def test_options_are_checked():
-    assert resolve_options(None) == {"warmup": 10, "iterations": 100, "threads": None,
-                                     "max_seconds": 20.0, "method": "forward"}
+    assert resolve_options(None) == {"warmup": 5, "iterations": 50, "threads": None,
+                                     "max_seconds": 10.0, "method": "forward"}
     for bad in ({"iterations": 0}, {"warmup": -1}, {"threads": 0}, {"max_seconds": 0},
                 {"iterations": "100"}, {"iterationz": 5}, {"threads": True}):
         with pytest.raises(ValueError, match="benchmark option"):

@@ -24,7 +24,8 @@ from conftest import REPO, SMALL_PIPELINE, Project, make_project
 from tasks.publish.manifests import context as manifest
 from tasks.store.local import Store
 from tasks.engine.taskdicts import export_spec, quantize_spec, validate_spec
-from tasks.config.resolve import Plan, resolve
+from tasks.config.model import Plan
+from tasks.config.resolve import resolve
 
 MODELS = ("linreg", "cnn")
 BACKENDS = ("xnnpack", "portable")

@@ -138,7 +138,7 @@ def test_bundled_tolerances_come_from_finite_values_only():
 def test_image_samples_are_resized_normalized_and_counted(tmp_path):
     from models.sample_images import copy_sample_images
     from tasks.build.samples import load_samples
-    from tasks.config.resolve import InputSpec, ModelSpec
+    from tasks.config.model import InputSpec, ModelSpec
 
     folder = tmp_path / "imgs"
     copy_sample_images(folder, count=3)

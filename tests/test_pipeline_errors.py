@@ -26,6 +26,7 @@ if str(REPO) not in sys.path:
 
 from tasks.core.errors import PipelineError  # noqa: E402
 from tasks.config.resolve import resolve  # noqa: E402
+from tasks.config.selection import select  # noqa: E402
 from tasks.config.recipes import available  # noqa: E402
 
 KNOWN_BACKENDS = ", ".join(available("backend"))
@@ -473,7 +474,7 @@ def test_unknown_model_in_selection(tmp_path, monkeypatch):
     monkeypatch.chdir(pipeline.parent)
     plan = resolve(pipeline)
     with pytest.raises(PipelineError) as info:
-        plan.select(model="nope")
+        select(plan, model="nope")
     assert str(info.value) == "pipeline.yaml:2: models: unknown model 'nope' on the command line; known: linreg"
 
 

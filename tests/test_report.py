@@ -20,7 +20,8 @@ import pytest
 from conftest import make_project
 from tasks.publish import summary
 from tasks.engine.taskdicts import export_spec, validate_spec
-from tasks.config.resolve import RejectedCell, resolve
+from tasks.config.model import RejectedCell
+from tasks.config.resolve import resolve
 from tasks.publish.report.page import bar_chart, format_ms, scatter_chart, write_report
 from tasks.engine.cached_run import read_state
 

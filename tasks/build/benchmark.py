@@ -8,11 +8,13 @@ and writes ``bench.json``. A time budget (``max_seconds``) stops a slow
 
 Options (``pipeline.yaml`` ``benchmark:`` section, all optional):
 
-    warmup       10     untimed iterations first (capped at a quarter of the budget)
-    iterations   100    timed iterations
+    warmup       5      untimed iterations first (capped at a quarter of the budget)
+    iterations   50     timed iterations
     threads      null   runtime threadpool size; null keeps the runtime's default
-    max_seconds  20     wall-clock budget for warm-up plus timed iterations; null: none
+    max_seconds  10     wall-clock budget for warm-up plus timed iterations; null: none
     method       forward
+
+(the defaults are tasks/config/defaults.py BENCHMARK, the same for a pipeline and a direct call)
 
 Baseline comparison is pure: ``compare_with_baseline(current, baseline, pct)``
 takes two ``{cell name: bench info}`` mappings (see ``load_baseline`` for the
@@ -34,12 +36,13 @@ import sys
 import time
 from pathlib import Path
 
+from tasks.config import defaults
 from tasks.engine.cached_run import BuildResult
 
 BENCH = "bench.json"
 FORMAT = "etforge-bench/1"
 BASELINE_FORMAT = "etforge-bench-baseline/1"
-DEFAULTS = {"warmup": 10, "iterations": 100, "threads": None, "max_seconds": 20.0, "method": "forward"}
+DEFAULTS = defaults.BENCHMARK
 WARMUP_BUDGET_SHARE = 0.25  # warm-up may use at most this share of max_seconds
 TRIM = 0.10  # trimmed mean drops this share of samples from each end (middle 80%)
 NS_PER_MS = 1e6

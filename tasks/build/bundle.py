@@ -18,7 +18,7 @@ the (rtol, atol) the device must pass, derived from the cell's thresholds
   outputs is used, rtol = 0. An element error below this bound everywhere
   keeps the SQNR at or above S minus the output's crest factor
   (20·log10(peak / rms)); it is an elementwise stand-in for SQNR, not SQNR.
-- neither: rtol = 1e-3, atol = 1e-5 · max(1, peak).
+- neither: rtol = 1e-3, atol = 1e-5 · max(1, peak) (tasks/config/defaults.py BUNDLE_RTOL, BUNDLE_ATOL_PER_PEAK).
 
 ``cosine``, ``top1_agreement`` and ``top5_agreement`` have no elementwise
 form; bundled.json lists them under ``not_checked_on_device`` so a device
@@ -32,6 +32,7 @@ import json
 import math
 from pathlib import Path
 
+from tasks.config.defaults import BUNDLE_ATOL_PER_PEAK, BUNDLE_RTOL
 from tasks.engine.cached_run import BuildResult
 
 BPTE = "program.bpte"
@@ -42,8 +43,6 @@ ELEMENTWISE = ("max_abs_error", "sqnr_db")
 
 def tolerances(thresholds: dict, expected_outputs: list) -> dict:
     """{"rtol", "atol", "rule"} from a cell's thresholds and the eager outputs ([N, ...] each)."""
-    import numpy as np
-
     # Only finite values make a peak (capture refuses non-finite eager outputs anyway): a NaN
     # peak would make a NaN tolerance. Thresholds are finite (the schemas refuse .nan/.inf).
     peaks = [_finite_peak(y) for y in expected_outputs]
@@ -55,7 +54,7 @@ def tolerances(thresholds: dict, expected_outputs: list) -> dict:
         if not (atol > 0.0 and math.isfinite(atol)):  # NaN-safe
             atol = 1e-8
         return {"rtol": 0.0, "atol": atol, "rule": "sqnr_db: peak |expected| * 10^(-sqnr_db/20)"}
-    return {"rtol": 1e-3, "atol": 1e-5 * max([1.0] + peaks), "rule": "default"}
+    return {"rtol": BUNDLE_RTOL, "atol": BUNDLE_ATOL_PER_PEAK * max([1.0] + peaks), "rule": "default"}
 
 
 def _finite_peak(values) -> float:

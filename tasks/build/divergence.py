@@ -10,7 +10,7 @@ the runtime value of every node. Each node's SQNR (runtime vs eager, dB) is
 computed as in ``tasks.build.numerics``.
 
 The first divergent node is the first in topological order whose SQNR is
-below the threshold (the cell's ``sqnr_db``, else 40 dB) **and** whose error
+below the threshold (the cell's ``sqnr_db``, else tasks/config/defaults.py DIVERGENCE_SQNR_DB, 40 dB) **and** whose error
 persists: at least one of its nearest tapped consumers is below the threshold
 too, or it has none (it feeds the outputs). A node whose own reading diverges
 while its consumers agree with eager is a tap artifact, not a divergence:
@@ -30,7 +30,8 @@ import math
 import operator
 from pathlib import Path
 
-DEFAULT_SQNR_DB = 40.0
+from tasks.config.defaults import DIVERGENCE_SQNR_DB
+
 MAX_TAPS = 2000
 ZERO_SIGNAL_ATOL = 1e-4
 
@@ -87,7 +88,7 @@ def node_sqnrs(program_path_pt2: Path, cell, inputs: list, *, threshold_db: floa
     from tasks.build.numerics import sqnr_db
 
     threshold = float(threshold_db if threshold_db is not None
-                      else (cell.thresholds or {}).get("sqnr_db", DEFAULT_SQNR_DB))
+                      else (cell.thresholds or {}).get("sqnr_db", DIVERGENCE_SQNR_DB))
     tensors = [x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
     exported = torch.export.load(program_path_pt2)
     tapped, specs = tap_intermediate_outputs_(exported, rules=[(_float_tensor_node, FULL_TENSOR)],

@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 
+from tasks.config.defaults import SIZE_GATE_OVERHEAD_BYTES
 from tasks.core.paths import REPO_ROOT
 from tasks.engine.cached_run import BuildResult
 
@@ -191,11 +192,7 @@ def delegation_gate(cell, info: dict) -> str | None:
     return None
 
 
-# Bytes a scheme may add for its own bookkeeping (quantization parameters, quantize and
-# dequantize nodes, casts) before its saving shows. Measured with executorch 1.5.1: up to
-# ~3 KB for static int8 of a 4-layer CNN with 7 KB of weights (XNNPACK, portable), ~1.2 KB
-# for linreg; a recipe may declare its own (OpenVINO int8: ~30 KB).
-OVERHEAD_BYTES = 6144
+OVERHEAD_BYTES = SIZE_GATE_OVERHEAD_BYTES  # tasks/config/defaults.py
 
 
 def size_gate(cell, quantized: dict, fp32: dict, weights: dict) -> tuple[dict, str | None]:

@@ -18,7 +18,7 @@ normalized with ``mean``/``std`` (per channel; default 0 and 1):
   chelsea.png p=0.79 for class 285 this way, 0.39 after a shorter-side resize
   and crop.)
 
-At most ``samples`` samples are used (default 16). Without data, seeded
+At most ``samples`` samples are used (default: tasks/config/defaults.py SAMPLES). Without data, seeded
 random samples stand in and the description says so.
 """
 
@@ -26,8 +26,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-DEFAULT_SAMPLES = 16
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+from tasks.config.defaults import IMAGE_SUFFIXES, SAMPLES
 
 
 def load_samples(model_spec, data_spec: dict | None, root: Path, seed: int,
@@ -39,7 +38,7 @@ def load_samples(model_spec, data_spec: dict | None, root: Path, seed: int,
     """
     import numpy as np
 
-    count = samples or (data_spec or {}).get("samples", DEFAULT_SAMPLES)
+    count = samples or (data_spec or {}).get("samples", SAMPLES)
     if data_spec is None:
         rng = np.random.default_rng(seed)
         batches = [tuple(rng.standard_normal(i.shape).astype(i.dtype) for i in model_spec.inputs)

@@ -21,6 +21,9 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
+from tasks.core.digest import digest, sha256_file
+from tasks.core.paths import REPO_ROOT
+
 
 def module_name(file: Path, root: Path) -> str | None:
     """``a/b/c.py`` -> ``a.b.c``, ``a/b/__init__.py`` -> ``a.b``; None outside ``root``."""
@@ -111,16 +114,16 @@ class ImportGraph:
         found: set = set()
         for level, module, names in self._records(file):
             if names is None:  # import a.b.c
-                found |= self._files_of(module)
+                found |= self.files_of(module)
                 continue
             base = self._absolute(level, module, package)
             if base is None:
                 continue
             if base:
-                found |= self._files_of(base)
+                found |= self.files_of(base)
             for imported in names:  # `from pkg import mod` imports pkg/mod.py
                 if imported != "*":
-                    found |= self._files_of(f"{base}.{imported}" if base else imported, submodule=True)
+                    found |= self.files_of(f"{base}.{imported}" if base else imported, submodule=True)
         found.discard(file)
         return found
 
@@ -137,7 +140,7 @@ class ImportGraph:
             base += module.split(".")
         return ".".join(base)
 
-    def _files_of(self, dotted: str, submodule: bool = False) -> set:
+    def files_of(self, dotted: str, submodule: bool = False) -> set:
         """The project files importing ``dotted`` runs: each package's __init__.py on the way.
 
         ``submodule``: only the last part's own file, since a.b was already resolved
@@ -176,3 +179,39 @@ class ImportGraph:
 def project_files(entries: Iterable[Path], root: Path, digests=None) -> frozenset:
     """The files under ``root`` that importing ``entries`` runs, ``entries`` included."""
     return ImportGraph(root, digests).reach(entries)
+
+
+class CodeDigests:
+    """The digest of the etforge code that entry modules run: their static import closure.
+
+    How a stage's key covers the code that decides its result (tasks/store/keys.py):
+    one way for every stage, instead of file lists or a module hashing itself. File
+    digests go through the DigestCache (a stat per file on a no-op run); each closure
+    is computed once per process.
+    """
+
+    def __init__(self, digests=None, root: Path = REPO_ROOT):
+        self.root = Path(root).resolve()
+        self.digests = digests  # tasks.config.digest_cache.DigestCache or None
+        self._graph = ImportGraph(self.root, digests)
+        self._memo: dict = {}
+
+    def files(self, modules: Iterable[str]) -> list:
+        """The files (relative, sorted) that importing ``modules`` runs; a module not found is an error."""
+        entries = []
+        for module in modules:
+            found = self._graph.files_of(module)
+            if not found:
+                raise ValueError(f"module {module!r} is not part of etforge ({self.root})")
+            entries += found
+        return sorted(f.relative_to(self.root).as_posix() for f in self._graph.reach(entries))
+
+    def of(self, modules: Iterable[str]) -> str:
+        """sha256 over the relative names and contents of the closure of ``modules``."""
+        key = tuple(sorted(modules))
+        if key not in self._memo:
+            self._memo[key] = digest({rel: self._file_digest(self.root / rel) for rel in self.files(key)})
+        return self._memo[key]
+
+    def _file_digest(self, path: Path) -> str:
+        return self.digests.file_digest(path) if self.digests is not None else sha256_file(path)

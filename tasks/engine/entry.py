@@ -16,9 +16,10 @@ from tasks.config.machine import host_fingerprint
 from tasks.core.console import say
 from tasks.engine.lifecycle import RunLifecycle, task_specs
 from tasks.store.remote import RemoteError
-from tasks.config.resolve import Plan, digest_cache_for, resolve
+from tasks.config.model import Plan
+from tasks.config.resolve import digest_cache_for, resolve
+from tasks.config.selection import pipeline_path, select, shard
 from tasks.publish.progress import make_reporter
-from tasks.core.paths import REPO_ROOT
 
 
 
@@ -30,18 +31,6 @@ class Selection:
     host: dict  # tasks.config.machine.host_fingerprint(): benchmark results are only valid on it
 
 
-def pipeline_path(get_var, initial_workdir: str | None) -> Path:
-    """``doit pipeline=FILE`` wins over $ETFORGE_PIPELINE, then the repo's pipeline.yaml.
-
-    doit has already changed into dodo.py's directory, so a relative path is
-    taken from the directory doit was started in.
-    """
-    value = get_var("pipeline", None) or os.environ.get("ETFORGE_PIPELINE")
-    if not value:
-        return REPO_ROOT / "pipeline.yaml"
-    return Path(initial_workdir or os.getcwd(), value).absolute()
-
-
 def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
     """Resolve the pipeline and the command-line sub-matrix, or exit with a one-line error.
 
@@ -51,10 +40,10 @@ def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
         path = pipeline_path(get_var, initial_workdir)
         digests = digest_cache_for(path)
         plan = resolve(path, digests)
-        cells = plan.select(model=get_var("model", None), backend=get_var("backend", None),
-                            quantization=get_var("quant", None) or get_var("quantization", None))
+        cells = select(plan, model=get_var("model", None), backend=get_var("backend", None),
+                       quantization=get_var("quant", None) or get_var("quantization", None))
         if get_var("shard", None):
-            cells = plan.shard(cells, get_var("shard", None))
+            cells = shard(plan, cells, get_var("shard", None))
         ensure_writable(plan)
         digests.save()  # only once everything checked out: a bad input writes nothing
     except PipelineError as exc:

@@ -31,7 +31,7 @@ from tasks.engine import runlock
 from tasks.publish import summary
 from tasks.core.atomic import atomic_write_text
 from tasks.core.console import say
-from tasks.config.resolve import Plan
+from tasks.config.model import Plan
 from tasks.engine.cached_run import CachedTask, read_state, record_failure
 
 # tempfile.mkstemp names of tasks/atomic.py: ".<target>.<8 random chars>.tmp"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from tasks.store.local import Store
-from tasks.config.resolve import Cell, ModelSpec, Plan
+from tasks.config.model import Cell, ModelSpec, Plan
 from tasks.engine.cached_run import (PROGRAM, PROGRAM_SHA256, BuildResult, Blocked, CachedTask, Skip, is_up_to_date,
                           read_state, run_cached)
 
@@ -247,7 +247,7 @@ def _run_benchmark(plan: Plan, cell: Cell, store: Store, host: dict) -> bool:
         from tasks.build.benchmark import build_benchmark
 
         exported, info, capture = given
-        options = {k: v for k, v in plan.benchmark.items() if k not in ("baseline", "regression_pct")}
+        options = plan.benchmark
         return build_benchmark(cell, exported[PROGRAM], capture["reference.npz"],
                                info.get("input_dtypes", []), options, workdir)
 

@@ -53,7 +53,7 @@ from pathlib import Path
 
 from tasks.engine.taskdicts import (benchmark_name, benchmark_spec, capture_spec, export_name, export_spec, quantize_spec,
                               runs_here, size_gate_name, size_gate_spec, validate_name, validate_spec)
-from tasks.config.resolve import Cell, ExpectedFailure, Plan, RejectedCell
+from tasks.config.model import Cell, ExpectedFailure, Plan, RejectedCell
 from tasks.engine.cached_run import CachedTask, read_state
 
 SHIPS = ("ok", "provisional", "on-device")

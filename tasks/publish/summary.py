@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tasks.publish import outcome
 from tasks.publish.outcome import CellOutcome
-from tasks.config.resolve import Cell, Plan
+from tasks.config.model import Cell, Plan
 
 
 def human_size(n) -> str:
@@ -59,7 +59,7 @@ def rows(plan: Plan, outcomes: list) -> list:
 
 def add_baseline_flags(plan: Plan, outcomes: list, rows: list) -> None:
     """Flag cells slower than the pipeline's benchmark baseline, if it names one."""
-    if not plan.benchmark.get("baseline") or not rows:
+    if not plan.benchmark_baseline or not rows:
         return
     from tasks.publish.report.page import baseline_regressions
 

@@ -45,13 +45,15 @@ import sys
 from pathlib import Path
 
 from tasks.publish.manifests import cpp_header
+from tasks.config import defaults, recipes
+from tasks.config.manifest_options import check_options
 from tasks.publish import outcome
 from tasks.core.atomic import atomic_write_text
 from tasks.store.local import Store
 from tasks.engine.taskdicts import matrix_task_deps
 from tasks.core.digest import canonical_json, digest, sha256_file
 from tasks.core.text import one_line
-from tasks.config.resolve import Plan
+from tasks.config.model import Plan
 from tasks.engine.cached_run import BuildResult, CachedTask, is_up_to_date, read_state, run_cached
 from tasks.core.paths import TEMPLATE_DIR
 
@@ -62,18 +64,6 @@ TEMPLATES = {DART: "models.g.dart.j2", PUBSPEC: "pubspec_assets.yaml.j2", CMAKE:
 FILES = (DART, PUBSPEC, CMAKE, INDEX, HEADER)
 INDEX_FORMAT = "1.0"  # the community Flutter model store's index.json "version"
 
-# Fallback order per platform (Dart's Platform.operatingSystem names), best first.
-# `default` serves any platform not listed. Portable (no delegate) runs everywhere,
-# so it closes every list: a model that has only a portable variant still loads.
-DEFAULT_PLATFORMS = {
-    "android": ["qnn", "vulkan", "xnnpack", "portable"],
-    "ios": ["coreml", "mps", "xnnpack", "portable"],
-    "macos": ["coreml", "mps", "xnnpack", "portable"],
-    "linux": ["vulkan", "openvino", "xnnpack", "portable"],
-    "windows": ["vulkan", "openvino", "xnnpack", "portable"],
-    "default": ["xnnpack", "portable"],
-}
-DEFAULT_OPTIONS = {"assets_dir": "assets/models", "base_url": "", "install_dir": "share/etforge/models"}
 
 # Delegate id (as recorded in a program) -> (target of an ExecuTorch source build,
 # target of the pip wheel's find_package(executorch) package, or None when no wheel ships it).
@@ -121,7 +111,6 @@ DART_RESERVED = frozenset("""
     pipeline pipelineVersion executorchVersion models variants assets hashCode runtimeType
     toString noSuchMethod int double num bool
 """.split())  # keywords, EtforgeModels' own members, and the lowercase types its body names
-PLATFORM_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 
 
 class ManifestError(Exception):
@@ -130,94 +119,15 @@ class ManifestError(Exception):
 
 # ---------------------------------------------------------------- options
 
-def check_options(raw, backends, recipes, quantizations) -> list:
-    """Problems in a ``manifests:`` section as (key path, message) pairs; [] when fine.
-
-    ``backends``: the pipeline's backend names; ``recipes``: known backend recipe names
-    (an order may name a backend the pipeline does not build, e.g. the default ``qnn``).
-    """
-    if raw is None:
-        return []
-    if not isinstance(raw, dict):
-        return [((), f"expected a mapping, got {_kind(raw)}")]
-    problems = []
-    allowed = {"assets_dir", "base_url", "install_dir", "platforms", "models"}
-    for key in sorted(set(raw) - allowed):
-        problems.append(((key,), f"unknown key; expected one of {', '.join(sorted(allowed))}"))
-    for key in ("assets_dir", "base_url", "install_dir"):
-        if key in raw and not isinstance(raw[key], str):
-            problems.append(((key,), f"expected a string, got {_kind(raw[key])}"))
-    for key in ("assets_dir", "install_dir"):
-        value = raw.get(key)
-        if isinstance(value, str) and (not value.strip("/") or value.startswith("/") or ".." in value.split("/")):
-            problems.append(((key,), f"expected a relative path without '..', got {value!r}"))
-    problems += _check_platforms(raw.get("platforms"), ("platforms",), backends, recipes, quantizations)
-    models = raw.get("models")
-    if models is not None:
-        if not isinstance(models, dict):
-            problems.append((("models",), f"expected a mapping of model names, got {_kind(models)}"))
-        else:
-            for name, spec in models.items():
-                path = ("models", name)
-                if not isinstance(spec, dict):
-                    problems.append((path, f"expected a mapping, got {_kind(spec)}"))
-                    continue
-                model_allowed = {"category", "input_size", "labels_file", "labels_url", "platforms"}
-                for key in sorted(set(spec) - model_allowed):
-                    problems.append((path + (key,), f"unknown key; expected one of {', '.join(sorted(model_allowed))}"))
-                for key in ("category", "labels_file", "labels_url"):
-                    if key in spec and not isinstance(spec[key], str):
-                        problems.append((path + (key,), f"expected a string, got {_kind(spec[key])}"))
-                size = spec.get("input_size")
-                if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
-                    problems.append((path + ("input_size",), f"expected a positive integer, got {size!r}"))
-                problems += _check_platforms(spec.get("platforms"), path + ("platforms",),
-                                             backends, recipes, quantizations)
-    return problems
-
-
-def _check_platforms(platforms, path, backends, recipes, quantizations) -> list:
-    if platforms is None:
-        return []
-    if not isinstance(platforms, dict):
-        return [(path, f"expected a mapping of platform -> list of backends, got {_kind(platforms)}")]
-    problems = []
-    known = set(backends) | set(recipes)
-    for platform, order in platforms.items():
-        if not isinstance(platform, str) or not PLATFORM_NAME.match(platform):
-            problems.append((path + (platform,), "expected a platform name such as android, ios, macos, "
-                                                 "linux, windows or default"))
-            continue
-        if not isinstance(order, list) or not all(isinstance(e, str) for e in order):
-            problems.append((path + (platform,), f"expected a list of backend names, got {_kind(order)}"))
-            continue
-        for i, entry in enumerate(order):
-            backend, _, quant = entry.partition("/")
-            if backend not in known:
-                problems.append((path + (platform, i), f"unknown backend {backend!r}; declared: "
-                                                       f"{', '.join(backends)} (or any backend recipe)"))
-            elif quant and quant not in quantizations:
-                problems.append((path + (platform, i), f"unknown quantization {quant!r}; "
-                                                       f"declared: {', '.join(quantizations)}"))
-    return problems
-
-
-def _kind(value) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            type(None): "nothing"}.get(type(value), type(value).__name__)
-
-
 def options_for(plan: Plan) -> dict:
-    """The resolved ``manifests:`` options: defaults, then the pipeline's section."""
+    """The resolved ``manifests:`` options: defaults (tasks/config/defaults.py), then the pipeline's section."""
     raw = plan.manifests
-    from tasks.config import recipes
-
     problems = check_options(raw, list(plan.backends), recipes.available("backend"), list(plan.quantizations))
     if problems:
         path, message = problems[0]
         raise ManifestError(f"manifests.{'.'.join(str(p) for p in path)}: {message}".replace(".:", ":"))
-    platforms = {**DEFAULT_PLATFORMS, **(raw.get("platforms") or {})}
-    return {**DEFAULT_OPTIONS, **{k: raw[k] for k in DEFAULT_OPTIONS if k in raw},
+    platforms = {**defaults.PLATFORM_ORDER, **(raw.get("platforms") or {})}
+    return {**defaults.MANIFEST_OPTIONS, **{k: raw[k] for k in defaults.MANIFEST_OPTIONS if k in raw},
             "platforms": {p: list(platforms[p]) for p in sorted(platforms)},
             "models": raw.get("models") or {}}
 
@@ -397,7 +307,7 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         "version": plan.version,
         "source": plan.file.name,
         "executorch_version": plan.toolchain.get("executorch") or "",
-        "options": {k: options[k] for k in DEFAULT_OPTIONS},
+        "options": {k: options[k] for k in defaults.MANIFEST_OPTIONS},
         "platforms": sorted({p for m in models for p in m["fallback"]}),
         "variants": variants,
         "models": models,
@@ -405,7 +315,7 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         "delegate_targets": {d: [t for t in DELEGATE_TARGETS.get(d, (None, None))[::-1] if t] for d in delegates},
         # The C++ runner's header, in the desktop Linux fallback order of the Dart manifest.
         "cpp_header": cpp_header.header_context(plan, cells, order=tuple(options["platforms"].get(
-            "linux", DEFAULT_PLATFORMS["linux"])), outcomes=results),
+            "linux", defaults.PLATFORM_ORDER["linux"])), outcomes=results),
     }
 
 

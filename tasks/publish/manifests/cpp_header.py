@@ -29,6 +29,7 @@ import math
 import sys
 from pathlib import Path
 
+from tasks.config import defaults
 from tasks.publish import outcome
 from tasks.core.atomic import atomic_write_text
 from tasks.core.text import one_line
@@ -37,7 +38,7 @@ from tasks.core.paths import TEMPLATE_DIR
 TEMPLATE = "etforge_models.h.j2"
 HEADER_NAME = "etforge_models.h"
 FORMAT_VERSION = 1
-DEFAULT_ORDER = ("vulkan", "openvino", "xnnpack", "portable")
+DEFAULT_ORDER = defaults.CPP_HEADER_ORDER
 COMMENT_LIMIT = 160  # characters of a // comment line in the header
 LAYOUTS = ("tree", "flat")  # tree: <model>/<stem>.pte as under artifacts/<pipeline>/; flat: <stem>.pte
 

@@ -479,12 +479,12 @@ def benchmark_results(plan, cells, host: dict) -> dict:
 
 def baseline_regressions(plan, bench: dict) -> list:
     """Rows of benchmark.compare_with_baseline against the pipeline's baseline file, if any."""
-    baseline = plan.benchmark.get("baseline")
+    baseline = plan.benchmark_baseline
     if not baseline or not (plan.root / baseline).is_file():
         return []
     from tasks.build.benchmark import compare_with_baseline, load_baseline
 
-    return compare_with_baseline(bench, load_baseline(plan.root / baseline), plan.benchmark["regression_pct"])
+    return compare_with_baseline(bench, load_baseline(plan.root / baseline), plan.regression_pct)
 
 
 def _render_current(plan, cells, host: dict) -> str:

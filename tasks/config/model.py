@@ -1,0 +1,318 @@
+"""The resolved pipeline: frozen dataclasses, built once from pipeline.yaml (tasks/config/resolve.py).
+
+Everything downstream (stage keys, task records, outcomes, manifests) reads a
+Plan, never the raw YAML. The same canonical serialization of a cell feeds its
+cache keys, its manifest entry and its report row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tasks.config import recipes
+from tasks.config.code_deps import CodeDigests
+from tasks.core.digest import digest
+
+# Matrix dimension -> the pipeline.yaml section that declares its names.
+SECTIONS = {"model": "models", "backend": "backends", "quantization": "quantization"}
+# (until the stage table) entry modules of each kind of task: their import closure joins its key
+STAGE_CODE = {"capture": ("tasks.build.capture",), "quantize": ("tasks.build.quantize", "tasks.build.quantizers"),
+              "export": ("tasks.build.lower", "tasks.build.partitioners", "tasks.build.coreml_reproducible"),
+              "validate": ("tasks.build.validate",), "benchmark": ("tasks.build.benchmark",)}
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str
+    shape: tuple
+    dtype: str
+
+    def canonical(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    source: dict  # {"python": ..., "file": rel path, "sha256": ...} or {"torchvision": ...}
+    kwargs: dict
+    weights: dict | None  # {"path": rel path, "sha256": ...}
+    inputs: tuple
+    calibration: dict | None  # {"npz"|"images": rel path, "sha256": digest, ...}; None: random
+    validation: dict | None  # same form; the inputs the reference outputs are computed on
+    task: str  # classification enables top-k agreement
+
+    def canonical(self) -> dict:
+        # The name is not part of the content: renaming a model reuses its cache.
+        return {"source": self.source, "kwargs": self.kwargs, "weights": self.weights,
+                "inputs": [i.canonical() for i in self.inputs], "validation": self.validation,
+                "task": self.task}
+
+
+@dataclass(frozen=True)
+class BackendMember:
+    """One backend recipe with resolved options; a chain has several, in priority order."""
+
+    recipe: str
+    partitioner: str | None
+    options: dict
+    delegates: tuple
+    host_runnable: bool
+    missing: str | None  # what this host lacks to lower it, or None
+    min_coverage: float | None = None  # the recipe's minimum delegation coverage; None: no delegate
+    tools: dict = field(default_factory=dict)  # versions of its lowering tools (tasks/tools.py)
+    runtime_tools: dict = field(default_factory=dict)  # versions of what runs its programs here
+
+    def canonical(self) -> dict:
+        return {"recipe": self.recipe, "partitioner": self.partitioner, "options": self.options,
+                "delegates": list(self.delegates), "missing": self.missing, "tools": self.tools}
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    members: tuple  # of BackendMember
+    # The fraction of compute ops its delegates must take (tasks/export.py delegation_gate):
+    # gates.min_delegation_coverage in pipeline.yaml, else the highest of its members' recipes.
+    # None: no member has a delegate (portable), so no gate.
+    min_coverage: float | None = None
+
+    @property
+    def primary(self) -> BackendMember:
+        return self.members[0]
+
+    @property
+    def delegates(self) -> tuple:
+        return tuple(dict.fromkeys(d for m in self.members for d in m.delegates))
+
+    @property
+    def host_runnable(self) -> bool:
+        return all(m.host_runnable for m in self.members)
+
+    @property
+    def missing(self) -> str | None:
+        return next((f"{m.recipe}: {m.missing}" for m in self.members if m.missing), None)
+
+    @property
+    def runtime_tools(self) -> dict:
+        return {name: v for m in self.members for name, v in m.runtime_tools.items()}
+
+    def canonical(self) -> dict:
+        return {"members": [m.canonical() for m in self.members]}
+
+
+@dataclass(frozen=True)
+class QuantSpec:
+    name: str
+    recipe: recipes.Recipe = field(repr=False, compare=False)
+    options: dict
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.recipe.data.get("calibration"))
+
+
+@dataclass(frozen=True)
+class Transform:
+    """How a cell's graph is quantized before lowering (shared by cells with equal keys)."""
+
+    method: str  # pt2e | torchao | dtype
+    ref: str  # dotted factory, or the dtype name
+    options: dict
+    calibrated: bool
+    label: str  # names the quantize task; unique per distinct config of a model and scheme
+    tools: dict = field(default_factory=dict)  # versions of the quantizer's tools (tasks/tools.py)
+
+    def canonical(self) -> dict:  # the label only names the task: not part of the content
+        return {"method": self.method, "ref": self.ref, "options": self.options, "calibrated": self.calibrated,
+                "tools": self.tools}
+
+
+@dataclass(frozen=True)
+class Cell:
+    model: ModelSpec
+    backend: BackendSpec  # with the scheme's backend_options applied
+    quant: QuantSpec
+    thresholds: dict
+    transform: Transform | None  # None: lower the captured fp32 graph as is
+    # The scheme's size gate for this backend ({"weights", "max_ratio"[, "overhead_bytes"]},
+    # tasks/export.py size_gate); None when the scheme declares none (fp32).
+    size_gate: dict | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.model.name}/{self.backend.name}/{self.quant.name}"
+
+    @property
+    def stem(self) -> str:
+        return f"{self.model.name}_{self.backend.name}_{self.quant.name}"
+
+    def canonical(self) -> dict:
+        """One serialization feeds the cache key, manifests and report rows."""
+        return {"model": self.model.name, "backend": self.backend.name,
+                "quantization": self.quant.name, "thresholds": self.thresholds,
+                "delegates": list(self.backend.delegates),
+                "inputs": [i.canonical() for i in self.model.inputs]}
+
+
+@dataclass(frozen=True)
+class RejectedCell:
+    """A combination of the matrix that etforge refuses to build, with the reason."""
+
+    model: str
+    backend: str
+    quantization: str
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}/{self.backend}/{self.quantization}"
+
+
+@dataclass(frozen=True)
+class ExpectedFailure:
+    """An entry of ``matrix.expected_failures``: cells known to fail, with why and where it is tracked.
+
+    A dimension left out (None) matches every value of it, as in ``exclude``.
+    """
+
+    model: str | None
+    backend: str | None
+    quantization: str | None
+    reason: str
+    link: str
+    where: str  # "pipeline.yaml:31: matrix.expected_failures[0]", for messages
+
+    def matches(self, cell: Cell) -> bool:
+        return all(want is None or want == cell_dim(cell, dim) for dim, want in
+                   (("model", self.model), ("backend", self.backend), ("quantization", self.quantization)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    file: Path
+    display: str  # the file as errors name it
+    section_lines: dict  # matrix dimension -> line of its section in the file
+    root: Path
+    name: str
+    version: str
+    models: dict
+    backends: dict
+    quantizations: dict
+    cells: tuple
+    rejected: tuple  # of RejectedCell
+    gates: dict
+    cache_remote: str | None  # fsspec URL of the shared cache
+    cache_read_only: bool
+    benchmark: dict  # the builder's options (tasks/build/benchmark.py), every default filled in
+    benchmark_baseline: str | None  # a results file to flag regressions against (relative to root)
+    regression_pct: float  # slower than the baseline by more than this is flagged
+    seed: int
+    toolchain: dict
+    code: CodeDigests = field(repr=False, compare=False)  # digests of etforge's own code, for keys
+    manifests: dict = field(default_factory=dict)  # the `manifests:` section (tasks/config/manifest_options.py)
+    artifacts_allow_outside: bool = False  # `artifacts: {allow_outside: true}`: follow links out of the project
+    expected_failures: tuple = ()  # of ExpectedFailure; never part of a key (they change no output)
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def out_dir(self) -> Path:
+        return self.artifacts_dir / self.name
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.artifacts_dir / "cache"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.out_dir / ".state"
+
+    def cell_dir(self, cell: Cell) -> Path:
+        return self.out_dir / cell.model.name
+
+    def pte_path(self, cell: Cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.pte"
+
+    def export_info_path(self, cell: Cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.export.json"
+
+    def numerics_path(self, cell: Cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.numerics.json"
+
+    def bundled_path(self, cell: Cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.bpte"
+
+    def bundled_info_path(self, cell: Cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.bundled.json"
+
+    def bench_path(self, cell: Cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.bench.json"
+
+    @property
+    def report_path(self) -> Path:
+        return self.out_dir / "report.html"
+
+    def log_path(self, task_name: str) -> Path:
+        return self.out_dir / "logs" / (task_name.replace(":", "__").replace("/", "__") + ".log")
+
+    # Cache keys: everything that can change a task's output, nothing else.
+    def capture_key(self, model: ModelSpec) -> str:
+        return digest({"task": "capture", "model": model.canonical(), "seed": self.seed,
+                       "toolchain": self.toolchain, "code": self.code.of(STAGE_CODE["capture"])})
+
+    def quantize_key(self, cell: Cell) -> str | None:
+        if cell.transform is None:
+            return None
+        return digest({"task": "quantize", "capture": self.capture_key(cell.model),
+                       "transform": cell.transform.canonical(),
+                       "calibration": cell.model.calibration if cell.transform.calibrated else None,
+                       "toolchain": self.toolchain, "code": self.code.of(STAGE_CODE["quantize"])})
+
+    def graph_key(self, cell: Cell) -> str:
+        """The key of the graph this cell lowers: quantized, or the fp32 capture."""
+        return self.quantize_key(cell) or self.capture_key(cell.model)
+
+    def fp32_sibling(self, cell: Cell) -> Cell | None:
+        """The same model and backend in fp32, for the size gate of a cell whose scheme declares one."""
+        if cell.size_gate is None:
+            return None
+        return next((c for c in self.cells if c.transform is None and c.model.name == cell.model.name
+                     and c.backend.name == cell.backend.name and c.quant.name == "fp32"), None)
+
+    def export_key(self, cell: Cell) -> str:
+        return digest({"task": "export", "graph": self.graph_key(cell),
+                       "backend": cell.backend.canonical(),
+                       "min_coverage": cell.backend.min_coverage,
+                       "toolchain": self.toolchain, "code": self.code.of(STAGE_CODE["export"])})
+
+    def size_gate_key(self, cell: Cell, sibling: Cell) -> str:
+        return digest({"task": "size-gate", "export": self.export_key(cell), "fp32": self.export_key(sibling),
+                       "capture": self.capture_key(cell.model), "gate": cell.size_gate,
+                       "code": self.code.of(STAGE_CODE["export"])})
+
+    def validate_key(self, cell: Cell) -> str:
+        # Only a cell that runs here uses its runtime tools; the others get a .bpte.
+        runtime = cell.backend.runtime_tools if cell.backend.host_runnable else {}
+        return digest({"task": "validate", "export": self.export_key(cell),
+                       "capture": self.capture_key(cell.model), "thresholds": cell.thresholds,
+                       "host_runnable": cell.backend.host_runnable, "runtime_tools": runtime,
+                       "toolchain": self.toolchain, "code": self.code.of(STAGE_CODE["validate"])})
+
+    def expected_failure(self, cell: Cell) -> ExpectedFailure | None:
+        """The first ``matrix.expected_failures`` entry that names ``cell``, or None."""
+        return next((e for e in self.expected_failures if e.matches(cell)), None)
+
+    def benchmark_key(self, cell: Cell, host: dict) -> str:
+        options = self.benchmark
+        return digest({"task": "benchmark", "export": self.export_key(cell), "capture": self.capture_key(cell.model),
+                       "options": options, "host": host, "runtime_tools": cell.backend.runtime_tools,
+                       "code": self.code.of(STAGE_CODE["benchmark"])})
+
+
+def cell_dim(cell: Cell, dim: str) -> str:
+    return {"model": cell.model.name, "backend": cell.backend.name,
+            "quantization": cell.quant.name}[dim]
