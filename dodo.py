@@ -6,72 +6,34 @@
     doit 'export:linreg/*'    the same by task-name pattern
     doit pipeline=other.yaml  another pipeline file (or $ETFORGE_PIPELINE)
 
+The composition root: it resolves the pipeline (tasks/config), makes one doit
+task creator per stage of the stage table (tasks/store/stages.py, through
+tasks/engine), and wires publishing into the engine: the run lifecycle is
+handed the exit status (tasks/publish/exit_status.py) and doit the progress
+reporter (tasks/publish/progress.py), so the engine never imports publishing.
+Loading it also installs etforge's doit runners (tasks/engine/doit_runner.py):
+the run lock, cleanup after killed runs, worker-death handling and the exit
+status, whatever the reporter.
+
 torch and executorch are imported only inside task actions, so loading this
-file and deciding that nothing changed stays fast. Loading it also installs
-etforge's doit runners (tasks/doit_runner.py): the run lock, cleanup after
-killed runs, worker-death handling and the exit status, whatever the reporter.
+file and deciding that nothing changed stays fast.
 """
 
 from doit import get_initial_workdir, get_var
 
-from tasks.engine import doit_runner
-from tasks.engine import taskdicts as doit_tasks
-from tasks.engine.entry import doit_config, load_selection, run_lifecycle
+from tasks.engine import doit_runner, entry
+from tasks.engine.lifecycle import RunLifecycle
+from tasks.publish.exit_status import ExitStatus
+from tasks.publish.progress import make_reporter
+from tasks.store.stages import STAGES
 
-SELECTION = load_selection(get_var, get_initial_workdir())
-LIFECYCLE = run_lifecycle(SELECTION)
+SELECTION = entry.load_selection(get_var, get_initial_workdir())
+EXIT_STATUS = ExitStatus(SELECTION.plan, SELECTION.host, SELECTION.specs, SELECTION.cells_by_task)
+LIFECYCLE = RunLifecycle(SELECTION.layout, SELECTION.specs, judge=EXIT_STATUS.decide)
 doit_runner.install(LIFECYCLE)
-DOIT_CONFIG = doit_config(SELECTION, LIFECYCLE)
+DOIT_CONFIG = entry.doit_config(SELECTION, make_reporter(SELECTION.plan, SELECTION.specs, SELECTION.cells_by_task,
+                                                         SELECTION.host))
 
-
-def task_capture():
-    """torch.export each model once, shared by all of its cells"""
-    yield from doit_tasks.capture_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
-
-
-def task_quantize():
-    """quantize each model once per quantizer config, shared by its cells"""
-    yield from doit_tasks.quantize_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
-
-
-def task_export():
-    """lower each cell (model x backend x quantization) to a .pte"""
-    yield from doit_tasks.export_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
-
-
-def task_sizegate():
-    """check each quantized .pte is smaller than its fp32 sibling"""
-    yield from doit_tasks.size_gate_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
-
-
-def task_validate():
-    """run each host-runnable .pte and compare it with eager PyTorch"""
-    yield from doit_tasks.validate_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store)
-
-
-def task_benchmark():
-    """time each host-runnable .pte (run with -n 1 for comparable figures)"""
-    yield from doit_tasks.benchmark_tasks(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)
-
-
-def task_report():
-    """write the self-contained HTML report of the selected cells"""
-    from tasks.publish.report.page import report_task
-
-    yield report_task(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)
-
-
-def task_release():
-    """pack artifacts/release/<name>-<version>.tar.gz (allow_failures=1 packs despite failed cells,
-    strict=1 refuses provisional ones)"""
-    from tasks.publish.release import release_task
-
-    yield release_task(SELECTION.plan, SELECTION.cells, SELECTION.host, get_var("allow_failures", "0") == "1",
-                       strict=get_var("strict", "0") == "1")
-
-
-def task_manifest():
-    """write Dart, pubspec, CMake and JSON manifests of the built cells"""
-    from tasks.publish.manifests.context import manifest_task  # appended on its own; the import stays local
-
-    yield manifest_task(SELECTION.plan, SELECTION.cells, SELECTION.store, SELECTION.host)
+# One task creator per stage, in pipeline order: task_capture, task_quantize, task_export, ...
+for _stage in STAGES:
+    globals()[f"task_{_stage.name}"] = entry.task_creator(SELECTION, _stage, get_var)

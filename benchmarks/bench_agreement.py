@@ -113,7 +113,7 @@ def main(argv=None) -> int:
     from executorch.extension.pybindings import portable_lib
 
     from tasks.build.benchmark import build_benchmark, current_thread_count
-    from tasks.build.capture import load_reference
+    from tasks.build.reference import load_reference
 
     with tempfile.TemporaryDirectory(prefix="bench-agreement-") as tmp:
         tmp = Path(tmp)

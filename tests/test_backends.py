@@ -208,7 +208,8 @@ def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
     import torch
 
     import executorch.kernels.quantized  # noqa: F401  (q/dq ops left outside the delegate)
-    from tasks.build.quantizers import ethos_u_int8, pt2e_quantize
+    from tasks.build.quantize import pt2e_quantize
+    from tasks.build.quantizers import ethos_u_int8
 
     model, x, _, program = cnn
     options = defaults(recipe(name))
@@ -223,7 +224,7 @@ def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
 def test_fallback_chain_coreml_then_xnnpack(cnn):
     from executorch.exir import to_edge_transform_and_lower
 
-    from tasks.build.lower import delegation_coverage
+    from tasks.build.gates import delegation_coverage
 
     _, _, _, program = cnn
     edge = to_edge_transform_and_lower(program, partitioner=partitioners("coreml") + partitioners("xnnpack"))
@@ -309,8 +310,9 @@ def test_the_coverage_gate_passes_a_fully_delegated_program(coverage_run):
 
 
 def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(coverage_run):
-    from tasks.build.lower import delegation_gate
+    from tasks.build.gates import delegation_gate
     from tasks.config.resolve import resolve
+    from tasks.store.specs import spec_of
 
     project, _ = coverage_run
     before = resolve(project.pipeline)
@@ -322,7 +324,7 @@ def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(co
     cell = next(c for c in after.cells if c.model.name == "mostly_portable")
     old = next(c for c in before.cells if c.model.name == "mostly_portable")
     assert (old.backend.min_coverage, cell.backend.min_coverage) == (0.5, 0.2)
-    assert after.export_key(cell) != before.export_key(old)  # a changed minimum judges the program again
+    assert spec_of(after, "export", cell).key != spec_of(before, "export", old).key  # a changed minimum judges the program again
     info = _export_state(project, "mostly_portable/xnnpack/fp32")["info"]
     assert delegation_gate(cell, info) is None
     assert "took 1 of 5 compute ops (20%" in delegation_gate(old, info)

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.build.benchmark import (BASELINE_FORMAT, BENCH, build_benchmark, compare_with_baseline,
-                             current_thread_count, load_baseline, prepare_inputs, resolve_options,
-                             summarize, write_baseline)
+from tasks.build.benchmark import (BENCH, build_benchmark, current_thread_count, prepare_inputs, resolve_options,
+                                   summarize)
+from tasks.publish.baseline import BASELINE_FORMAT, compare_with_baseline, load_baseline, write_baseline
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "bench_agreement.py"

@@ -1,7 +1,7 @@
 """cpp/runner: the C++ multi-backend runner, built with CMake against the pip wheel's runtime.
 
 One small project (linreg and the small CNN on xnnpack and portable, fp32) is
-exported and validated once per module; its etforge_models.h (tasks/cpp_header.py) is rendered
+exported and validated once per module; its etforge_models.h (tasks/publish/manifests/cpp_header.py) is rendered
 with two hand-made additions: a `vulkan` variant (delegate VulkanBackend, which
 this runtime lacks) pointing at the linreg XNNPACK program, and a model whose
 only variant records a wrong sha256. The runner is configured and built once
@@ -23,9 +23,10 @@ import pytest
 
 from conftest import REPO, make_project
 from tasks.publish.manifests import cpp_header
-from tasks.engine.taskdicts import export_spec, validate_spec
+from tasks.publish import literals
+from tasks.store.specs import spec_of
 from tasks.config.resolve import resolve
-from tasks.engine.cached_run import read_state
+from tasks.store.records import read_state
 
 MODELS = {"linreg": (1, 4), "cnn": (1, 3, 8, 8)}
 BACKENDS = ("xnnpack", "portable")
@@ -152,7 +153,7 @@ def test_header_lists_built_cells_in_fallback_order_from_the_state_records(built
         assert [v["backend"] for v in model["variants"]] == ["xnnpack", "portable"]  # desktop order
         for v in model["variants"]:
             cell = next(c for c in plan.cells if c.name == v["id"])
-            info = read_state(export_spec(plan, cell).state_file)["info"]
+            info = read_state(spec_of(plan, "export", cell).state_file)["info"]
             assert (v["sha256"], v["size"]) == (info["sha256"], info["size_bytes"])
             assert v["sha256"] in text and f"{v['size']}u" in text
             assert v["file"] == f"{cell.model.name}/{cell.stem}.pte"
@@ -179,7 +180,7 @@ def test_header_lists_built_cells_in_fallback_order_from_the_state_records(built
 def test_header_leaves_out_unbuilt_cells_and_escapes_strings(built, tmp_path):
     plan = built.plan
     cnn_xnnpack = next(c for c in plan.cells if c.name == "cnn/xnnpack/fp32")
-    state = export_spec(plan, cnn_xnnpack).state_file
+    state = spec_of(plan, "export", cnn_xnnpack).state_file
     saved = state.read_bytes()
     try:
         state.unlink()
@@ -189,8 +190,8 @@ def test_header_leaves_out_unbuilt_cells_and_escapes_strings(built, tmp_path):
     assert [v["id"] for m in ctx["models"] for v in m["variants"]] == [
         "linreg/xnnpack/fp32", "linreg/portable/fp32", "cnn/portable/fp32"]
     assert ctx["excluded"] == [{"cell": "cnn/xnnpack/fp32", "reason": "not built: run `doit export:cnn/xnnpack/fp32`"}]
-    assert cpp_header.c_string('a"b\\c?\n\u00e9') == '"a\\"b\\\\c\\?\\012\\303\\251"'
-    assert cpp_header.c_comment("x\ny\\") == "x y"
+    assert literals.c_string('a"b\\c?\n\u00e9') == '"a\\"b\\\\c\\?\\012\\303\\251"'
+    assert literals.c_comment("x\ny\\") == "x y"
 
 
 # ---------------------------------------------------------------- the runner
@@ -300,7 +301,7 @@ def fake_export(plan, cell, status="ok"):
     import hashlib
     import json
 
-    spec = export_spec(plan, cell)
+    spec = spec_of(plan, "export", cell)
     info = {"size_bytes": 100 + len(cell.name), "sha256": hashlib.sha256(cell.name.encode()).hexdigest(),
             "delegates": list(cell.backend.delegates), "input_dtypes": ["float32"]}
     spec.state_file.parent.mkdir(parents=True, exist_ok=True)
@@ -308,7 +309,7 @@ def fake_export(plan, cell, status="ok"):
                                            "info": info if status == "ok" else {}, "outputs": {}}))
     if status != "ok":
         return
-    check = validate_spec(plan, cell)
+    check = spec_of(plan, "validate", cell)
     if cell.backend.host_runnable:
         record = {"status": "ok", "info": {"sqnr_db": None, "max_abs_error": 0.0, "cosine": 1.0,
                                            "inputs": "random (seeded)", "samples": 1, "passed": True,

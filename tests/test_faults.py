@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import LINREG_PIPELINE, REPO, Project, copy_project, make_project, state
-from tasks.store.local import read_entry
+from tasks.store.entries import read_entry
 
 
 def start_doit(project, *args):

@@ -18,12 +18,12 @@ import pytest
 from conftest import REPO, Project, make_project
 
 sys.path.insert(0, str(REPO))
-from tasks.engine import taskdicts as doit_tasks  # noqa: E402
 from tasks.config.code_deps import project_files  # noqa: E402
 from tasks.core.errors import PipelineError  # noqa: E402
 from tasks.config.digest_cache import DigestCache  # noqa: E402
 from tasks.config.resolve import resolve  # noqa: E402
 from tasks.config.recipes import load_recipe  # noqa: E402
+from tasks.store.specs import spec_of  # noqa: E402
 
 BENCH = "benchmark: {warmup: 1, iterations: 3, max_seconds: 2}\n"
 # Tasks over the whole matrix: they re-run when what they show changes.
@@ -210,12 +210,10 @@ def all_keys(pipeline: Path) -> dict:
     plan = resolve(pipeline, DigestCache(pipeline.parent / "digests.json"))
     keys = {}
     for cell in plan.cells:
-        keys[doit_tasks.capture_name(cell.model)] = plan.capture_key(cell.model)
-        if cell.transform:
-            keys[doit_tasks.quantize_name(cell)] = plan.quantize_key(cell)
-        keys[doit_tasks.export_name(cell)] = plan.export_key(cell)
-        keys[doit_tasks.validate_name(cell)] = plan.validate_key(cell)
-        keys[doit_tasks.benchmark_name(cell)] = plan.benchmark_key(cell, {})
+        for stage in ("capture", "quantize", "export", "validate", "benchmark"):
+            if stage != "quantize" or cell.transform:
+                spec = spec_of(plan, stage, cell, host={})
+                keys[spec.name] = spec.key
     return keys
 
 

@@ -21,9 +21,15 @@ import pytest
 import yaml
 
 from conftest import REPO, SMALL_PIPELINE, Project, make_project
+from tasks.config.manifest_options import check_options
+from tasks.engine.actions import matrix_up_to_date, run_matrix_stage
 from tasks.publish.manifests import context as manifest
+from tasks.publish.manifests import naming, render
+from tasks.store.keys import content_key
+from tasks.store.layout import layout_of
 from tasks.store.local import Store
-from tasks.engine.taskdicts import export_spec, quantize_spec, validate_spec
+from tasks.store.specs import spec_of
+from tasks.store.stages import STAGE
 from tasks.config.model import Plan
 from tasks.config.resolve import resolve
 
@@ -150,7 +156,7 @@ class WithManifests:
 def fake_export(plan, cell, status="ok", reason="", **info):
     """State records for ``cell``'s export under its current key, as run_cached writes them,
     and, for an ok export, a passing validation of it (a cell ships only with a verdict)."""
-    spec = export_spec(plan, cell)
+    spec = spec_of(plan, "export", cell)
     payload = {"size_bytes": 1000 + len(cell.name), "sha256": hashlib.sha256(cell.name.encode()).hexdigest(),
                "delegates": list(cell.backend.delegates), "executorch_version": "1.5.1",
                "input_dtypes": ["float32"] * len(cell.model.inputs), **info}
@@ -160,7 +166,7 @@ def fake_export(plan, cell, status="ok", reason="", **info):
     spec.state_file.parent.mkdir(parents=True, exist_ok=True)
     spec.state_file.write_text(json.dumps(record))
     if status == "ok":
-        check = validate_spec(plan, cell)
+        check = spec_of(plan, "validate", cell)
         check.state_file.write_text(json.dumps({
             "task": check.name, "key": check.key, "status": "ok", "reason": "", "outputs": {},
             "info": {"sqnr_db": 80.0, "cosine": 1.0, "max_abs_error": 1e-6, "inputs": "random (seeded)",
@@ -193,7 +199,7 @@ def test_manifest_runs_after_the_exports_and_writes_every_file(built):
     start = out.index("start   manifest")
     for cell in ALL_CELLS:
         assert out.index(f"ok      export:{cell}") < start
-    assert sorted(p.name for p in (built.out / "manifests").iterdir()) == sorted(manifest.FILES)
+    assert sorted(p.name for p in (built.out / "manifests").iterdir()) == sorted(render.FILES)
 
 
 def test_second_manifest_run_executes_nothing(copy):
@@ -206,7 +212,7 @@ def test_second_manifest_run_executes_nothing(copy):
 def test_manifests_are_deterministic_and_restored_byte_identical(copy):
     before = read_manifests(copy)
     plan = resolve(copy.pipeline)
-    rendered = manifest.render(manifest.build_context(plan))  # rendered afresh, not from the cache
+    rendered = render.render(manifest.build_context(plan))  # rendered afresh, not from the cache
     assert {k: v.encode() for k, v in rendered.items()} == before
     shutil.rmtree(copy.out / "manifests")
     run = copy.doit("manifest")
@@ -243,7 +249,7 @@ def test_dart_manifest_parses_and_matches_the_exports(built):
     assert syntax_errors(tree) == []
     exports, captures = states(built, "export"), states(built, "capture")
     variants = dart_constants(tree, "ModelVariant")
-    expected = {manifest.dart_identifier(c.replace("/", "_")): c for c in ALL_CELLS}
+    expected = {naming.dart_identifier(c.replace("/", "_")): c for c in ALL_CELLS}
     assert set(variants) == set(expected)
     for ident, cell in expected.items():
         v, info = variants[ident], exports[cell]["info"]
@@ -374,10 +380,10 @@ def test_cmake_project_includes_builds_and_installs_the_models(built, tmp_path):
             for line in printed if line.startswith("ETFORGE ")}
     printed = dict(line.split(" ", 1) for line in printed if not line.startswith("ETFORGE "))
     exports = states(built, "export")
-    assert set(rows) == {manifest.cmake_identifier(c.replace("/", "_")) for c in ALL_CELLS}
+    assert set(rows) == {naming.cmake_identifier(c.replace("/", "_")) for c in ALL_CELLS}
     for cell in ALL_CELLS:
         model, backend, quant = cell.split("/")
-        pte, sha, size, delegates, targets, package = rows[manifest.cmake_identifier(cell.replace("/", "_"))]
+        pte, sha, size, delegates, targets, package = rows[naming.cmake_identifier(cell.replace("/", "_"))]
         assert Path(pte).resolve() == (built.out / model / f"{model}_{backend}_{quant}.pte").resolve()
         assert sha == exports[cell]["info"]["sha256"] and int(size) == exports[cell]["info"]["size_bytes"]
         xnn = backend == "xnnpack"
@@ -420,7 +426,7 @@ def test_failed_skipped_unbuilt_and_rejected_cells_are_listed_not_shipped(copy):
     cells = {c.name: c for c in plan.cells}
     fake_export(plan, cells["cnn/xnnpack/fp16"], status="failed", reason="RuntimeError: /tmp/build-x1/boom")
     fake_export(plan, cells["linreg/xnnpack/fp16"], status="skipped", reason="cannot lower here: no SDK")
-    spec = validate_spec(plan, cells["cnn/portable/fp32"])
+    spec = spec_of(plan, "validate", cells["cnn/portable/fp32"])
     spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": "failed",
                                            "reason": "sqnr 3 dB below 60", "info": {}, "log": str(spec.log_file)}))
     context = manifest.build_context(plan)
@@ -438,21 +444,21 @@ def test_failed_skipped_unbuilt_and_rejected_cells_are_listed_not_shipped(copy):
     assert "not available for portable" in excluded["linreg/portable/fp16"]["reason"]
     assert set(excluded) == {"cnn/xnnpack/fp16", "linreg/xnnpack/fp16", "cnn/portable/fp32",
                              "linreg/portable/fp16", "cnn/portable/fp16"}
-    files = manifest.render(context)
-    for name in (manifest.DART, manifest.PUBSPEC, manifest.CMAKE):
+    files = render.render(context)
+    for name in (render.DART, render.PUBSPEC, render.CMAKE):
         comments = [line for line in files[name].splitlines() if line.lstrip().startswith(("//", "#"))]
         for cell, e in excluded.items():
             assert any(cell in line and e["status"] in line for line in comments), (name, cell)
         assert "cnn_portable_fp32.pte" not in "\n".join(l for l in files[name].splitlines() if l not in comments)
     assert "/tmp/build-x1" not in "".join(files.values())  # failure texts vary run to run; logs do not
-    assert json.loads(files[manifest.INDEX])["excluded"] == context["excluded"]
-    assert syntax_errors(parse_dart(files[manifest.DART])) == []
-    assert yaml.safe_load(files[manifest.PUBSPEC])["flutter"]["assets"] == [
+    assert json.loads(files[render.INDEX])["excluded"] == context["excluded"]
+    assert syntax_errors(parse_dart(files[render.DART])) == []
+    assert yaml.safe_load(files[render.PUBSPEC])["flutter"]["assets"] == [
         f"assets/models/{c.replace('/', '_')}.pte" for c in shipped]
 
     # A cell whose graph never came (its capture or quantization failed) is failed, not "not built".
-    export_spec(plan, cells["linreg/xnnpack/fp16"]).state_file.unlink()
-    spec = quantize_spec(plan, cells["linreg/xnnpack/fp16"])
+    spec_of(plan, "export", cells["linreg/xnnpack/fp16"]).state_file.unlink()
+    spec = spec_of(plan, "quantize", cells["linreg/xnnpack/fp16"])
     spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": "failed", "info": {},
                                            "log": str(spec.log_file)}))
     excluded = {e["cell"]: e for e in manifest.build_context(plan)["excluded"]}
@@ -471,8 +477,8 @@ def test_pipeline_options_set_fallback_order_urls_and_model_metadata(copy):
                            "platforms": {"ios": ["xnnpack"]}}},
     })
     context = manifest.build_context(plan)
-    files = manifest.render(context)
-    tree = parse_dart(files[manifest.DART])
+    files = render.render(context)
+    tree = parse_dart(files[render.DART])
     assert syntax_errors(tree) == []
     entries = dart_constants(tree, "ModelEntry")
     assert entries["linreg"]["fallbackOrder"]["ios"] == ["linregPortableFp32", "linregXnnpackFp32"]
@@ -481,15 +487,15 @@ def test_pipeline_options_set_fallback_order_urls_and_model_metadata(copy):
     assert entries["cnn"]["fallbackOrder"]["ios"] == ["cnnXnnpackFp32"]
     assert entries["cnn"]["fallbackOrder"]["linux"] == ["cnnXnnpackFp32", "cnnPortableFp32"]  # the default
     assert dart_constants(tree, "ModelVariant")["cnnPortableFp32"]["asset"] == "assets/ml/cnn_portable_fp32.pte"
-    index = json.loads(files[manifest.INDEX])
+    index = json.loads(files[render.INDEX])
     assert index["baseUrl"] == "https://example.com/models/v1/"
     cnn = next(m for m in index["models"] if m["name"] == "cnn_xnnpack_fp32.pte")
     assert cnn["remoteUrl"] == "https://example.com/models/v1/cnn_xnnpack_fp32.pte"
     assert (cnn["category"], cnn["inputSize"], cnn["labelsFile"]) == ("classification", 224, "labels.txt")
     assert cnn["labelsRemoteUrl"] == "https://example.com/models/v1/labels.txt"
-    assert 'set(ETFORGE_MODELS_INSTALL_DIR "share/demo")' in files[manifest.CMAKE]
-    assert "set(ETFORGE_MODEL_LINREG_FALLBACK_IOS LINREG_PORTABLE_FP32 LINREG_XNNPACK_FP32)" in files[manifest.CMAKE]
-    assert manifest.manifest_key(context) != manifest.manifest_key(manifest.build_context(resolve(copy.pipeline)))
+    assert 'set(ETFORGE_MODELS_INSTALL_DIR "share/demo")' in files[render.CMAKE]
+    assert "set(ETFORGE_MODEL_LINREG_FALLBACK_IOS LINREG_PORTABLE_FP32 LINREG_XNNPACK_FP32)" in files[render.CMAKE]
+    assert content_key(plan, STAGE["manifest"], context) != content_key(plan, STAGE["manifest"], manifest.build_context(resolve(copy.pipeline)))
 
 
 def test_manifests_section_of_pipeline_yaml_reaches_the_files(copy):
@@ -507,7 +513,7 @@ def test_manifests_section_of_pipeline_yaml_reaches_the_files(copy):
 
 
 def test_bad_manifest_options_are_reported_with_their_key():
-    check = lambda raw: manifest.check_options(raw, ["xnnpack", "portable"], ["coreml", "xnnpack"], ["fp32"])
+    check = lambda raw: check_options(raw, ["xnnpack", "portable"], ["coreml", "xnnpack"], ["fp32"])
     assert check(None) == [] and check({}) == []
     assert check({"platforms": {"ios": ["coreml", "xnnpack/fp32"]}}) == []
     assert check({"platform": {}}) == [(("platform",), "unknown key; expected one of assets_dir, base_url, "
@@ -533,8 +539,8 @@ def test_odd_names_make_valid_unique_dart_and_cmake_identifiers(tmp_path):
     for cell in plan.cells:
         fake_export(plan, cell)
     context = manifest.build_context(plan)
-    files = manifest.render(context)
-    tree = parse_dart(files[manifest.DART])
+    files = render.render(context)
+    tree = parse_dart(files[render.DART])
     assert syntax_errors(tree) == []
     variants = dart_constants(tree, "ModelVariant")
     entries = dart_constants(tree, "ModelEntry")
@@ -549,12 +555,12 @@ def test_odd_names_make_valid_unique_dart_and_cmake_identifiers(tmp_path):
     assert {"A_B_XNNPACK_FP32", "A_B_XNNPACK_FP32_2", "3D_NET_PORTABLE_FP32", "CLASS_XNNPACK_FP32"} <= set(cmake_ids)
     if shutil.which("cmake") is None:
         return
-    paths = manifest.write_manifests(context, plan.out_dir / "manifests")
+    paths = render.write_manifests(context, layout_of(plan).manifest_dir)
     src = tmp_path / "src"
     src.mkdir()
     (src / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.16)\nproject(names NONE)\n"
-        f"include(\"{paths[manifest.CMAKE].as_posix()}\")\n"
+        f"include(\"{paths[render.CMAKE].as_posix()}\")\n"
         "foreach(v IN LISTS ETFORGE_VARIANTS)\n  message(STATUS \"V ${v} ${ETFORGE_${v}_FILE}\")\nendforeach()\n")
     configure = _cmake("-S", str(src), "-B", str(tmp_path / "build"))
     assert configure.returncode == 0, configure.stdout + configure.stderr
@@ -575,7 +581,7 @@ def test_two_variants_with_one_file_name_are_refused(tmp_path):
                                                      "would both ship as m_xnnpack_portable_fp32.pte"):
         manifest.build_context(plan)
     # The task fails with that reason in its state record (the reporter's finish line reads it).
-    assert manifest.run_manifest(plan, Store(plan.cache_dir)) is False
-    record = json.loads((plan.state_dir / "manifest.json").read_text())
+    assert run_matrix_stage(plan, "manifest", plan.cells, Store(layout_of(plan).cache_dir)) is False
+    record = json.loads((layout_of(plan).state_dir / "manifest.json").read_text())
     assert record["status"] == "failed" and "would both ship as" in record["reason"]
-    assert not manifest.manifest_up_to_date(plan, Store(plan.cache_dir))
+    assert not matrix_up_to_date(plan, "manifest", plan.cells, Store(layout_of(plan).cache_dir))

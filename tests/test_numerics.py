@@ -214,7 +214,7 @@ def _workdir(built, name: str):
 
 
 def test_capture_records_every_validation_sample_and_where_it_came_from(built):
-    from tasks.build.capture import load_reference, load_reference_samples
+    from tasks.build.reference import load_reference, load_reference_samples
 
     capture = built["capture"]
     assert capture.info["inputs"] == "images data/images"
@@ -230,7 +230,7 @@ def test_capture_records_every_validation_sample_and_where_it_came_from(built):
 
 
 def test_format1_reference_still_loads(tmp_path):
-    from tasks.build.capture import load_reference, load_reference_samples
+    from tasks.build.reference import load_reference, load_reference_samples
 
     path = tmp_path / "reference.npz"
     np.savez(path, input_0=np.zeros((1, 4), np.float32), output_0=np.ones((1, 1), np.float32))
@@ -347,7 +347,7 @@ def _make_broken(original):
 
 
 def test_first_divergence_of_a_correct_lowering_is_none(built):
-    from tasks.build.capture import load_reference
+    from tasks.build.reference import load_reference
     from tasks.build.divergence import first_divergence, node_sqnrs
 
     inputs, _ = load_reference(built["capture"].files["reference.npz"])

@@ -29,7 +29,7 @@ from tasks.publish.manifests import context as manifest
 from tasks.publish import outcome
 from tasks.publish import release
 from tasks.publish import summary
-from tasks.engine.taskdicts import validate_spec
+from tasks.store.specs import spec_of
 from tasks.config.machine import host_fingerprint
 from tasks.config.resolve import resolve
 from test_manifest import dart_constants, parse_dart, syntax_errors
@@ -310,7 +310,7 @@ def test_a_stale_record_is_never_shown_as_the_verdict(copy):
         release.build_release(plan, plan.cells, allow_failures=True, host=host)
 
     # A hand-edited record: under the current key, but naming other bytes than the program's.
-    spec = validate_spec(plan, target)
+    spec = spec_of(plan, "validate", target)
     record = json.loads(spec.state_file.read_text())
     assert record["key"] != spec.key and record["status"] == "ok"  # the stale record, still on disk
     forged = {**record, "key": spec.key, "info": {**record["info"], "program_sha256": "0" * 64}}

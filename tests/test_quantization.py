@@ -201,7 +201,7 @@ def test_fp16_weights_stored_as_fp32_fail_the_size_gate_with_the_ratio(built):
 
 def test_a_scheme_with_nothing_to_take_fails_the_size_gate(built):
     """8da8w takes linear layers; on a model without one the "quantized" program is the fp32 one."""
-    from tasks.build.lower import size_gate
+    from tasks.build.gates import size_gate
 
     project, _ = built
     gate = sizegate(project, "convnet/xnnpack/8da8w")

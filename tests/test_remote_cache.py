@@ -19,7 +19,8 @@ import pytest
 
 from conftest import free_port
 from tasks.store.local import Store
-from tasks.store.remote import MANIFEST, SIGNATURE, RemoteError, RemoteStore, UntrustedEntry, remote_from_url
+from tasks.store.entries import ENTRY_MANIFEST as MANIFEST, SIGNATURE
+from tasks.store.remote import RemoteError, RemoteStore, UntrustedEntry, remote_from_url
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "etforge-cache"

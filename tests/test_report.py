@@ -19,11 +19,12 @@ import pytest
 
 from conftest import make_project
 from tasks.publish import summary
-from tasks.engine.taskdicts import export_spec, validate_spec
+from tasks.store.specs import spec_of
 from tasks.config.model import RejectedCell
 from tasks.config.resolve import resolve
-from tasks.publish.report.page import bar_chart, format_ms, scatter_chart, write_report
-from tasks.engine.cached_run import read_state
+from tasks.publish.report.charts import bar_chart, scatter_chart
+from tasks.publish.report.page import format_ms, write_report
+from tasks.store.records import read_state
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -178,7 +179,7 @@ def test_table_shows_size_accuracy_latency_and_delegation(page):
     text = dom.row_text
     for cell in plan.cells:
         row = " ".join(text[cell.name].split())
-        info = (read_state(export_spec(plan, cell).state_file) or {}).get("info") or {}
+        info = (read_state(spec_of(plan, "export", cell).state_file) or {}).get("info") or {}
         if "size_bytes" in info:
             assert summary.human_size(info["size_bytes"]) in row
             total = info["delegated_ops"] + info["non_delegated_ops"]
@@ -192,7 +193,7 @@ def test_table_shows_size_accuracy_latency_and_delegation(page):
         else:
             assert " ms" not in row  # missing benchmark: "-"
     for cell in plan.cells:
-        sqnr = ((read_state(validate_spec(plan, cell).state_file) or {}).get("info") or {}).get("sqnr_db")
+        sqnr = ((read_state(spec_of(plan, "validate", cell).state_file) or {}).get("info") or {}).get("sqnr_db")
         if sqnr is not None:
             assert f"{sqnr:.1f}" in text[cell.name]
     assert "random inputs" in text["linreg/xnnpack/int8"]  # validated on seeded random tensors
@@ -206,7 +207,7 @@ def test_table_shows_size_accuracy_latency_and_delegation(page):
 def test_charts_have_one_bar_per_measured_cell_and_one_point_per_quantized_cell(page):
     plan, dom, bench = page["plan"], page["dom"], page["bench"]
     sized = {c.name for c in plan.cells
-             if "size_bytes" in ((read_state(export_spec(plan, c).state_file) or {}).get("info") or {})}
+             if "size_bytes" in ((read_state(spec_of(plan, "export", c).state_file) or {}).get("info") or {})}
     size_bars = {a["data-cell"] for a in dom.find("rect", data_metric="size", data_cell=True)}
     latency_bars = {a["data-cell"] for a in dom.find("rect", data_metric="latency", data_cell=True)}
     assert len(dom.find("rect", data_metric="size", data_cell=True)) == len(sized)
@@ -219,7 +220,7 @@ def test_charts_have_one_bar_per_measured_cell_and_one_point_per_quantized_cell(
 
     quantized = set()
     for c in plan.cells:
-        vinfo = (read_state(validate_spec(plan, c).state_file) or {}).get("info") or {}
+        vinfo = (read_state(spec_of(plan, "validate", c).state_file) or {}).get("info") or {}
         if c.transform is not None and vinfo.get("sqnr_db") is not None and c.name in sized:
             quantized.add(c.name)
     points = [a["data-cell"] for a in dom.find("path", data_cell=True)]

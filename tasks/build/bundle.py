@@ -32,12 +32,12 @@ import json
 import math
 from pathlib import Path
 
+from tasks.build.program_io import METHOD
 from tasks.config.defaults import BUNDLE_ATOL_PER_PEAK, BUNDLE_RTOL
-from tasks.engine.cached_run import BuildResult
+from tasks.store.results import BuildResult
 
 BPTE = "program.bpte"
 INFO = "bundled.json"
-METHOD = "forward"
 ELEMENTWISE = ("max_abs_error", "sqnr_db")
 
 
@@ -65,44 +65,25 @@ def _finite_peak(values) -> float:
     return float(np.max(arr)) if arr.size else 0.0
 
 
-def program_io_dtypes(pte_bytes: bytes) -> tuple[list, list]:
-    """(input dtypes, output dtypes) of the program's forward method; None for a non-tensor value."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-    from executorch.exir.schema import Tensor
-    from executorch.exir.tensor import get_scalar_type
-
-    program = deserialize_pte_binary(pte_bytes).program
-    plan = next((p for p in program.execution_plan if p.name == METHOD), None)
-    if plan is None:
-        raise ValueError(f"the program has no {METHOD!r} method "
-                         f"(has: {', '.join(p.name for p in program.execution_plan)})")
-
-    def dtype(index):
-        value = plan.values[index].val
-        return get_scalar_type(value.scalar_type) if isinstance(value, Tensor) else None
-
-    return [dtype(i) for i in plan.inputs], [dtype(i) for i in plan.outputs]
-
-
 def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path) -> BuildResult:
     """Write program.bpte (the .pte plus one test case per validation sample) and bundled.json.
 
     ``input_dtypes``: from the export info, used when the program's own cannot be read.
     Status ``not-runnable``: nothing ran here; the device runs the test cases.
     """
-    import torch
     from executorch.devtools import BundledProgram
     from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
     from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
 
-    from tasks.build.capture import load_reference_samples
+    from tasks.build.program_io import cast_inputs, program_io_dtypes
+    from tasks.build.reference import load_reference_samples
 
     ref = load_reference_samples(reference)
     pte_bytes = Path(pte).read_bytes()
     try:
         in_dtypes, out_dtypes = program_io_dtypes(pte_bytes)
     except Exception:  # noqa: BLE001  (an unreadable header: fall back to the export info)
-        in_dtypes = [getattr(torch, d) if d else None for d in (input_dtypes or [])]
+        in_dtypes = list(input_dtypes or [])
         out_dtypes = []
     if len(in_dtypes) not in (0, len(ref.inputs)):
         raise ValueError(f"the program takes {len(in_dtypes)} inputs, the reference has {len(ref.inputs)}")
@@ -110,7 +91,7 @@ def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir:
         raise ValueError(f"the program returns {len(out_dtypes)} outputs, eager returned {len(ref.outputs)}")
     cases = []
     for n in range(ref.count):
-        inputs = [_tensor(x, _at(in_dtypes, i)) for i, x in enumerate(ref.sample_inputs(n))]
+        inputs = cast_inputs(ref.sample_inputs(n), in_dtypes)
         expected = [_tensor(y, _at(out_dtypes, i)) for i, y in enumerate(ref.sample_outputs(n))]
         cases.append(MethodTestCase(inputs=inputs, expected_outputs=expected))
     bundle = BundledProgram(None, [MethodTestSuite(method_name=METHOD, test_cases=cases)], pte_file_path=str(pte))
@@ -157,6 +138,7 @@ def _at(items: list, i: int):
 
 
 def _tensor(array, dtype):
+    """An expected output as the program returns it (any dtype: outputs are compared as given)."""
     import torch
 
     tensor = torch.from_numpy(array).contiguous()

@@ -4,56 +4,18 @@ Every backend cell of the model lowers from this one ``model.pt2``; the
 validation of every cell compares against ``reference.npz``, which holds the
 validation samples and the eager nn.Module's outputs on them.
 
-``reference.npz`` (format 2):
-
-- ``samples``: 0-d int64, N, the number of samples (its presence marks format 2)
-- ``source``: 0-d unicode string, where the inputs came from: ``random (seeded)``,
-  ``images data/images`` or ``npz data/val.npz``
-- ``input_<i>``: ``[N, *shape of input i]`` (the declared shape, batch axis included)
-- ``output_<i>``: ``[N, *shape of output i]``, eager outputs (pytree leaves in order)
-- ``output_names``: 1-d unicode, the name of each output where the model's output pytree
-  gives one (a dict key or attribute, e.g. ``logits``), else "" (optional)
-
-Sample ``n`` of input ``i`` is ``input_<i>[n]``, exactly what the program takes.
-Format 1 (no ``samples`` key: one sample, ``input_<i>`` without the N axis) still loads.
-Without ``validation`` data in pipeline.yaml, N = 1 and the sample is seeded random.
+The format of ``reference.npz`` is tasks/build/reference.py's.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.engine.cached_run import BuildResult
+from tasks.build.reference import RANDOM_SOURCE, REFERENCE, write_reference
+from tasks.store.results import BuildRequest, BuildResult
 
 PROGRAM = "model.pt2"
-REFERENCE = "reference.npz"
-RANDOM_SOURCE = "random (seeded)"
-
-
-@dataclass
-class Reference:
-    """The contents of a reference.npz: N samples of inputs and eager outputs."""
-
-    inputs: list  # per input: [N, *shape]
-    outputs: list  # per output: [N, *shape]
-    source: str
-    output_names: list = field(default_factory=list)  # per output: its pytree name, or ""
-
-    @property
-    def count(self) -> int:
-        return int(self.inputs[0].shape[0]) if self.inputs else 0
-
-    def sample_inputs(self, n: int) -> list:
-        return [x[n] for x in self.inputs]
-
-    def sample_outputs(self, n: int) -> list:
-        return [y[n] for y in self.outputs]
-
-    @property
-    def is_random(self) -> bool:
-        return self.source.startswith("random")
 
 
 def flatten_outputs(outputs) -> list:
@@ -99,8 +61,12 @@ def reference_samples(model_spec, root: Path, seed: int) -> tuple[list, str]:
     return [tuple(torch.from_numpy(x) for x in batch) for batch in batches], source
 
 
+def capture_stage(request: BuildRequest) -> BuildResult:
+    """The capture stage's builder (tasks/store/stages.py)."""
+    return build_capture(request.subject, request.plan.root, request.plan.seed, request.workdir)
+
+
 def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResult:
-    import numpy as np
     import torch
 
     from tasks.build.model_loading import build_model
@@ -119,15 +85,7 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
         return BuildResult(status="failed", reason=failure)
     program = torch.export.export(model, samples[0], strict=False)
     torch.export.save(program, workdir / PROGRAM)
-    arrays = {f"input_{i}": np.stack([s[i].detach().numpy() for s in samples])
-              for i in range(len(samples[0]))}
-    arrays.update({f"output_{i}": np.stack([out[i].detach().numpy() for out in eager])
-                   for i in range(len(eager[0]))})
-    arrays["samples"] = np.array(len(samples), dtype=np.int64)
-    arrays["output_names"] = np.array(names, dtype=str)
-    arrays["source"] = np.array(source)
-    with open(workdir / REFERENCE, "wb") as f:
-        np.savez(f, **arrays)
+    write_reference(workdir / REFERENCE, samples, eager, names, source)
     info = {"export_s": round(time.monotonic() - start, 3), "inputs": source, "samples": len(samples),
             "outputs": [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in eager[0]],
             "weight_bytes": weight_bytes(program)}
@@ -193,29 +151,3 @@ def weight_bytes(program) -> dict:
                     counted.add(id(tensor))
                     out[kind] += size(tensor)
     return out
-
-
-def load_reference_samples(path: Path) -> Reference:
-    """Every sample of a reference.npz (format 1 files load as one sample)."""
-    import numpy as np
-
-    with np.load(path) as data:
-        inputs = [data[k] for k in _numbered(data.files, "input_")]
-        outputs = [data[k] for k in _numbered(data.files, "output_")]
-        if "samples" not in data.files:
-            return Reference([x[None] for x in inputs], [y[None] for y in outputs], RANDOM_SOURCE)
-        source = str(data["source"]) if "source" in data.files else RANDOM_SOURCE
-        names = [str(n) for n in data["output_names"]] if "output_names" in data.files else []
-    return Reference(inputs, outputs, source, names)
-
-
-def load_reference(path: Path) -> tuple[list, list]:
-    """(inputs, outputs) of the first sample: example inputs shaped like the model's inputs."""
-    reference = load_reference_samples(path)
-    return reference.sample_inputs(0), reference.sample_outputs(0)
-
-
-def _numbered(files: list, prefix: str) -> list:
-    """``prefix<i>`` keys in index order (``output_names`` is not one)."""
-    return sorted((k for k in files if k.startswith(prefix) and k[len(prefix):].isdigit()),
-                  key=lambda k: int(k[len(prefix):]))

@@ -3,16 +3,16 @@
 Two flows, told apart by what a factory returns:
 
 * **PT2E** (``quantizer: tasks.build.quantizers:<fn>``, ``fn(options) -> Quantizer``):
-  ``torch.export.export(model, x).module(check_guards=False)`` ->
+  the captured graph ``.module(check_guards=False)`` ->
   ``prepare_pt2e(gm, quantizer)`` -> calibrate -> ``convert_pt2e`` ->
   ``torch.export.export`` again -> lower with the backend's partitioners
-  (see ``pt2e_quantize``). Quantize/dequantize ops left outside a delegate
+  (tasks/build/quantize.py ``pt2e_quantize``). Quantize/dequantize ops left outside a delegate
   need ``import executorch.kernels.quantized`` before ``to_executorch()``.
   A factory with a ``fold_quantize = False`` attribute (OpenVINO) must be
   converted with ``convert_pt2e(gm, fold_quantize=False)``.
 * **torchao** (``fn(options) -> AOBaseConfig``): ``quantize_(model, config)``
   on the eager model, ``unwrap_tensor_subclass``, then export and lower as a
-  float model (see ``torchao_quantize``). No calibration.
+  float model (tasks/build/quantize.py ``torchao_quantize``). No calibration.
   ``unwrap_tensor_subclass`` matters: without it ``IntxWeightOnlyConfig``
   lowers on XNNPACK and silently computes garbage (SQNR -50..-180 dB); with it
   XNNPACK refuses (``Missing out variants: {'torchao::dequantize_affine'}``).
@@ -195,33 +195,3 @@ def coreml_palettize(options: dict):
     bits = int(options.get("bits", 4))
     return CodebookWeightOnlyConfig(dtype=getattr(torch, f"uint{bits}"),
                                     block_size=list(options.get("block_size", [-1, 16])))
-
-
-# --------------------------------------------------------------------------- flows
-
-
-def pt2e_quantize(model, example_inputs: tuple, quantizer, calibration, fold_quantize: bool = True) -> object:
-    """Prepare, calibrate (``calibration``: iterable of input tuples) and
-    convert; returns the converted GraphModule, to be exported again.
-    ``fold_quantize``: pass ``getattr(factory, "fold_quantize", True)``."""
-    import torch
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    # check_guards=False: Arm's DecomposeAdaptiveAvgPool2dPass fails on guard nodes.
-    gm = torch.export.export(model, example_inputs).module(check_guards=False)
-    gm = prepare_pt2e(gm, quantizer)
-    with torch.no_grad():
-        for batch in calibration:
-            gm(*batch)
-    return convert_pt2e(gm, fold_quantize=fold_quantize)
-
-
-def torchao_quantize(model, config, filter_fn=None):
-    """Quantize ``model`` in place with a torchao config and unwrap the
-    tensor subclasses so ``torch.export`` sees plain ops."""
-    from torchao.quantization import quantize_
-    from torchao.utils import unwrap_tensor_subclass
-
-    quantize_(model, config, filter_fn)
-    unwrap_tensor_subclass(model)
-    return model

@@ -12,41 +12,24 @@ import json
 import traceback
 from pathlib import Path
 
-from tasks.engine.cached_run import BuildResult
+from tasks.build.reference import REFERENCE
+from tasks.store.results import BuildRequest, BuildResult
 
 NUMERICS = "numerics.json"
+PROGRAM = "program.pte"
 TOPK_THRESHOLDS = ("top1_agreement", "top5_agreement")
 
 
-def cast_inputs(inputs: list, input_dtypes: list | None) -> list:
-    """An fp16 program takes fp16 inputs; outputs are compared in float64 either way."""
-    import numpy as np
+def validate_stage(request: BuildRequest) -> BuildResult:
+    """The validate stage's builder: runs the program here, or bundles it for the device to check."""
+    cell, export, capture = request.subject, request.upstream["export"], request.upstream["capture"]
+    if not cell.backend.host_runnable:
+        from tasks.build.bundle import build_bundled
 
-    dtypes = list(input_dtypes or [])
-    dtypes += [None] * (len(inputs) - len(dtypes))
-    return [x.astype(np.dtype(dtype)) if dtype and x.dtype.kind == "f" and dtype != "bfloat16" else x
-            for x, dtype in zip(inputs, dtypes)]
-
-
-def run_program(pte: Path, inputs: list) -> list:
-    """Outputs of one run of ``pte`` on ``inputs`` (numpy arrays)."""
-    return run_program_samples(pte, [inputs])[0]
-
-
-def run_program_samples(pte: Path, samples: list) -> list:
-    """Outputs of ``pte`` for each sample (a list of numpy input arrays); one program load."""
-    import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
-    import torch
-    from executorch.runtime import Runtime
-
-    program = Runtime.get().load_program(Path(pte).read_bytes())
-    method = program.load_method("forward")  # keep `program` alive while the method runs
-    results = []
-    for inputs in samples:
-        outputs = method.execute([torch.from_numpy(x).contiguous() for x in inputs])
-        results.append([o.detach().float().numpy() if isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16
-                        else o.detach().numpy() if isinstance(o, torch.Tensor) else o for o in outputs])
-    return results
+        return build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE],
+                             export.info.get("input_dtypes", []), request.workdir)
+    return build_validate(cell, export.files[PROGRAM], capture.files[REFERENCE],
+                          export.info.get("input_dtypes", []), request.workdir, program=capture.files["model.pt2"])
 
 
 def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path,
@@ -55,9 +38,10 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     used to find the first divergent node when an fp32 cell misses a threshold."""
     import numpy as np
 
-    from tasks.build.capture import load_reference_samples
-    from tasks.core.digest import sha256_file
     from tasks.build.numerics import compare_samples, verdict
+    from tasks.build.program_io import cast_inputs, run_program_samples
+    from tasks.build.reference import load_reference_samples
+    from tasks.core.digest import sha256_file
 
     program_sha256 = sha256_file(pte)  # the bytes this verdict is about (it counts only for them)
     ref = load_reference_samples(reference)

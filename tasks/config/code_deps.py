@@ -67,6 +67,7 @@ class ImportGraph:
         self.root = Path(root).resolve()
         self.digests = digests  # tasks.config.digest_cache.DigestCache or None
         self._edges: dict = {}  # file -> frozenset of project files it imports
+        self._found: dict = {}  # (directory, name) -> what _find found there
 
     def reach(self, entries: Iterable[Path]) -> frozenset:
         """``entries`` and every project file they import, directly or indirectly.
@@ -150,7 +151,9 @@ class ImportGraph:
         directory = self.root
         parts = dotted.split(".")
         for i, part in enumerate(parts):
-            found = self._find(directory, part)
+            if (directory, part) not in self._found:
+                self._found[directory, part] = self._find(directory, part)
+            found = self._found[directory, part]
             if found is None:
                 return files  # outside the project (or a name, not a module)
             file, is_package = found

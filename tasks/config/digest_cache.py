@@ -14,12 +14,14 @@ from pathlib import Path
 from tasks.core.atomic import atomic_write_text
 from tasks.core.digest import canonical_json, sha256_file
 
+PROJECT_MEMO = Path("artifacts") / ".etforge" / "digests.json"  # relative to the project directory
+
 
 class DigestCache:
     """sha256 of files, memoised by stat signature in a JSON state file.
 
     It also memoises small JSON values derived from a file's content (its
-    imports, for tasks/code_deps.py), keyed by the content's sha256, so a no-op
+    imports, for tasks/config/code_deps.py), keyed by the content's sha256, so a no-op
     run neither hashes nor parses a file it has seen before.
     """
 
@@ -73,3 +75,8 @@ class DigestCache:
         except OSError:
             pass  # only a memo: losing it costs a re-hash, never correctness
         self.dirty = False
+
+
+def digest_cache_for(pipeline_file: Path) -> DigestCache:
+    """The file-digest memo of the project that ``pipeline_file`` belongs to."""
+    return DigestCache(Path(pipeline_file).absolute().parent / PROJECT_MEMO)

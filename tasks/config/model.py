@@ -12,14 +12,9 @@ from pathlib import Path
 
 from tasks.config import recipes
 from tasks.config.code_deps import CodeDigests
-from tasks.core.digest import digest
 
 # Matrix dimension -> the pipeline.yaml section that declares its names.
 SECTIONS = {"model": "models", "backend": "backends", "quantization": "quantization"}
-# (until the stage table) entry modules of each kind of task: their import closure joins its key
-STAGE_CODE = {"capture": ("tasks.build.capture",), "quantize": ("tasks.build.quantize", "tasks.build.quantizers"),
-              "export": ("tasks.build.lower", "tasks.build.partitioners", "tasks.build.coreml_reproducible"),
-              "validate": ("tasks.build.validate",), "benchmark": ("tasks.build.benchmark",)}
 
 
 @dataclass(frozen=True)
@@ -214,67 +209,12 @@ class Plan:
     manifests: dict = field(default_factory=dict)  # the `manifests:` section (tasks/config/manifest_options.py)
     artifacts_allow_outside: bool = False  # `artifacts: {allow_outside: true}`: follow links out of the project
     expected_failures: tuple = ()  # of ExpectedFailure; never part of a key (they change no output)
+    # Values derived from this plan and nothing else (task keys), computed once per process.
+    memo: dict = field(default_factory=dict, repr=False, compare=False)
 
-    @property
-    def artifacts_dir(self) -> Path:
-        return self.root / "artifacts"
-
-    @property
-    def out_dir(self) -> Path:
-        return self.artifacts_dir / self.name
-
-    @property
-    def cache_dir(self) -> Path:
-        return self.artifacts_dir / "cache"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.out_dir / ".state"
-
-    def cell_dir(self, cell: Cell) -> Path:
-        return self.out_dir / cell.model.name
-
-    def pte_path(self, cell: Cell) -> Path:
-        return self.cell_dir(cell) / f"{cell.stem}.pte"
-
-    def export_info_path(self, cell: Cell) -> Path:
-        return self.cell_dir(cell) / f"{cell.stem}.export.json"
-
-    def numerics_path(self, cell: Cell) -> Path:
-        return self.cell_dir(cell) / f"{cell.stem}.numerics.json"
-
-    def bundled_path(self, cell: Cell) -> Path:
-        return self.cell_dir(cell) / f"{cell.stem}.bpte"
-
-    def bundled_info_path(self, cell: Cell) -> Path:
-        return self.cell_dir(cell) / f"{cell.stem}.bundled.json"
-
-    def bench_path(self, cell: Cell) -> Path:
-        return self.cell_dir(cell) / f"{cell.stem}.bench.json"
-
-    @property
-    def report_path(self) -> Path:
-        return self.out_dir / "report.html"
-
-    def log_path(self, task_name: str) -> Path:
-        return self.out_dir / "logs" / (task_name.replace(":", "__").replace("/", "__") + ".log")
-
-    # Cache keys: everything that can change a task's output, nothing else.
-    def capture_key(self, model: ModelSpec) -> str:
-        return digest({"task": "capture", "model": model.canonical(), "seed": self.seed,
-                       "toolchain": self.toolchain, "code": self.code.of(STAGE_CODE["capture"])})
-
-    def quantize_key(self, cell: Cell) -> str | None:
-        if cell.transform is None:
-            return None
-        return digest({"task": "quantize", "capture": self.capture_key(cell.model),
-                       "transform": cell.transform.canonical(),
-                       "calibration": cell.model.calibration if cell.transform.calibrated else None,
-                       "toolchain": self.toolchain, "code": self.code.of(STAGE_CODE["quantize"])})
-
-    def graph_key(self, cell: Cell) -> str:
-        """The key of the graph this cell lowers: quantized, or the fp32 capture."""
-        return self.quantize_key(cell) or self.capture_key(cell.model)
+    def expected_failure(self, cell: Cell) -> ExpectedFailure | None:
+        """The first ``matrix.expected_failures`` entry that names ``cell``, or None."""
+        return next((e for e in self.expected_failures if e.matches(cell)), None)
 
     def fp32_sibling(self, cell: Cell) -> Cell | None:
         """The same model and backend in fp32, for the size gate of a cell whose scheme declares one."""
@@ -282,35 +222,6 @@ class Plan:
             return None
         return next((c for c in self.cells if c.transform is None and c.model.name == cell.model.name
                      and c.backend.name == cell.backend.name and c.quant.name == "fp32"), None)
-
-    def export_key(self, cell: Cell) -> str:
-        return digest({"task": "export", "graph": self.graph_key(cell),
-                       "backend": cell.backend.canonical(),
-                       "min_coverage": cell.backend.min_coverage,
-                       "toolchain": self.toolchain, "code": self.code.of(STAGE_CODE["export"])})
-
-    def size_gate_key(self, cell: Cell, sibling: Cell) -> str:
-        return digest({"task": "size-gate", "export": self.export_key(cell), "fp32": self.export_key(sibling),
-                       "capture": self.capture_key(cell.model), "gate": cell.size_gate,
-                       "code": self.code.of(STAGE_CODE["export"])})
-
-    def validate_key(self, cell: Cell) -> str:
-        # Only a cell that runs here uses its runtime tools; the others get a .bpte.
-        runtime = cell.backend.runtime_tools if cell.backend.host_runnable else {}
-        return digest({"task": "validate", "export": self.export_key(cell),
-                       "capture": self.capture_key(cell.model), "thresholds": cell.thresholds,
-                       "host_runnable": cell.backend.host_runnable, "runtime_tools": runtime,
-                       "toolchain": self.toolchain, "code": self.code.of(STAGE_CODE["validate"])})
-
-    def expected_failure(self, cell: Cell) -> ExpectedFailure | None:
-        """The first ``matrix.expected_failures`` entry that names ``cell``, or None."""
-        return next((e for e in self.expected_failures if e.matches(cell)), None)
-
-    def benchmark_key(self, cell: Cell, host: dict) -> str:
-        options = self.benchmark
-        return digest({"task": "benchmark", "export": self.export_key(cell), "capture": self.capture_key(cell.model),
-                       "options": options, "host": host, "runtime_tools": cell.backend.runtime_tools,
-                       "code": self.code.of(STAGE_CODE["benchmark"])})
 
 
 def cell_dim(cell: Cell, dim: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tasks.config import defaults, recipes, schema
 from tasks.config.code_deps import CodeDigests, ImportGraph
-from tasks.config.digest_cache import DigestCache
+from tasks.config.digest_cache import DigestCache, digest_cache_for
 from tasks.config.manifest_options import check_options as check_manifest_options
 from tasks.config.matrix import MatrixResolver
 from tasks.config.model import SECTIONS, BackendMember, BackendSpec, ModelSpec, Plan, QuantSpec, InputSpec
@@ -183,11 +183,6 @@ class _Resolver:
             raise self.doc.error(("quantization_options", name) + opt_path, message)
         return (QuantSpec(name=name, recipe=recipe, options={**recipe.defaults(), **options}),
                 recipe.data.get("thresholds") or {})
-
-
-def digest_cache_for(pipeline_file: Path) -> DigestCache:
-    """The file-digest memo of the project that ``pipeline_file`` belongs to."""
-    return DigestCache(Path(pipeline_file).absolute().parent / "artifacts" / ".etforge" / "digests.json")
 
 
 def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:

@@ -8,74 +8,33 @@ file: a task whose entry other tasks read is up to date only while that entry
 is still there, and a verdict (validation, benchmark) only while the program
 it judged is the one stored under the export's key. Nothing is hashed on a
 no-op run; a blob that kept its size and mtime but not its bytes is caught
-when a consumer reads it (tasks/doit_tasks.py rebuilds it there). Failures are
+when a consumer reads it (tasks/engine/inputs.py rebuilds it there). Failures are
 recorded but never cached: a failed task runs again next time.
 
 A failed task still returns success to doit, so that nothing downstream of it
 is dropped silently (manifests and releases list failed cells instead of not
-running); tasks/lifecycle.py turns recorded failures into the run's exit status.
+running); tasks/publish/exit_status.py turns recorded failures into the run's exit status.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tasks.core.atomic import atomic_write_text
-from tasks.store.local import MANIFEST, Store, materialize
-from tasks.core.digest import canonical_json, sha256_file
+from tasks.core.digest import sha256_file
 from tasks.core.text import first_line
 from tasks.engine.log_capture import output_to
-
-DONE = ("ok", "skipped", "not-runnable")
-STORED = ("ok", "not-runnable")  # the statuses whose results are in the store
-PROGRAM = "program.pte"  # the export's blob a verdict judges
-PROGRAM_SHA256 = "program_sha256"  # the info field of a verdict naming the bytes it judged
-
-
-@dataclass(frozen=True)
-class CachedTask:
-    name: str  # the doit task name, e.g. export:linreg/xnnpack/fp32
-    key: str
-    outputs: dict  # blob name -> working-tree Path, or None to keep it in the store only
-    state_file: Path
-    log_file: Path
-    keep_entry: bool = False  # other tasks read this task's store entry: up to date only while it is there
-    judges: "CachedTask | None" = None  # the export whose program.pte this task's verdict is about
+from tasks.store.local import ENTRY_MANIFEST, Store, materialize
+from tasks.store.records import (DONE, PROGRAM_SHA256, STORED, TaskSpec, read_state, recorded_program_sha256,
+                                 write_state)
+from tasks.store.results import Blocked, Skip
 
 
-@dataclass
-class BuildResult:
-    """What a builder returns: blobs it wrote and facts for the summary."""
-
-    files: dict = field(default_factory=dict)  # blob name -> path in the work dir
-    info: dict = field(default_factory=dict)
-    status: str = "ok"  # ok | failed | skipped | not-runnable
-    reason: str = ""  # one line, for failed/skipped/not-runnable
-
-
-class Skip(Exception):
-    """Raised by a builder when the host cannot do this task; the message says why."""
-
-
-class Blocked(Exception):
-    """Raised when an upstream task failed: recorded, never up to date, not a failure itself."""
-
-
-def read_state(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def is_up_to_date(spec: CachedTask, store: Store) -> bool:
+def is_up_to_date(spec: TaskSpec, store: Store) -> bool:
     # (not named `task`: doit would pass its own Task object in that slot)
     record = read_state(spec.state_file)
     if not record or record.get("key") != spec.key or record.get("status") not in DONE:
@@ -90,7 +49,7 @@ def is_up_to_date(spec: CachedTask, store: Store) -> bool:
             return False
     if spec.keep_entry or None in spec.outputs.values():
         entry = record.get("entry") or {}
-        if MANIFEST not in entry or not all(_same_stat(store.entry_dir(spec.key) / name, meta)
+        if ENTRY_MANIFEST not in entry or not all(_same_stat(store.entry_dir(spec.key) / name, meta)
                                             for name, meta in entry.items()):
             return False
     if spec.judges is not None:
@@ -98,14 +57,6 @@ def is_up_to_date(spec: CachedTask, store: Store) -> bool:
         if judged is None or judged != recorded_program_sha256(spec.judges):
             return False
     return True
-
-
-def recorded_program_sha256(export: CachedTask) -> str | None:
-    """sha256 of the program the export's current state record says it stored (a JSON read)."""
-    record = read_state(export.state_file)
-    if not record or record.get("key") != export.key or record.get("status") not in STORED:
-        return None
-    return ((record.get("entry") or {}).get(PROGRAM) or {}).get("sha256")
 
 
 def _same_stat(path: Path, meta: dict) -> bool:
@@ -116,20 +67,7 @@ def _same_stat(path: Path, meta: dict) -> bool:
     return meta.get("size") == st.st_size and meta.get("mtime_ns") == st.st_mtime_ns
 
 
-def _write_state(task: CachedTask, status: str, *, info=None, reason="", cached=False,
-                 elapsed=0.0, outputs=None, log=None, entry=None) -> None:
-    record = {"task": task.name, "key": task.key, "status": status, "reason": reason,
-              "cached": cached, "elapsed_s": round(elapsed, 3), "info": info or {},
-              "outputs": outputs or {}, "entry": entry or {}, "log": str(log) if log else None}
-    atomic_write_text(task.state_file, canonical_json(record))
-
-
-def record_failure(task: CachedTask, reason: str) -> None:
-    """Fail ``task`` from outside its action (its worker process died running it)."""
-    _write_state(task, "failed", reason=reason, log=task.log_file)
-
-
-def _materialize_all(task: CachedTask, blobs: dict) -> dict:
+def _materialize_all(task: TaskSpec, blobs: dict) -> dict:
     outputs = {}
     for name, target in task.outputs.items():
         if target is None:
@@ -142,7 +80,7 @@ def _materialize_all(task: CachedTask, blobs: dict) -> dict:
     return outputs
 
 
-def run_cached(task: CachedTask, store: Store, build: Callable, *, inputs: Callable | None = None,
+def run_cached(task: TaskSpec, store: Store, build: Callable, *, inputs: Callable | None = None,
                accept: Callable[[dict], str | None] | None = None) -> bool:
     """doit action body. Outcomes go to the state record; False only when even that failed.
 
@@ -159,7 +97,7 @@ def run_cached(task: CachedTask, store: Store, build: Callable, *, inputs: Calla
         if hit is not None:
             blobs, info = hit
             outputs = _materialize_all(task, blobs)
-            _write_state(task, info.get("status", "ok"), info=info, reason=info.get("reason", ""),
+            write_state(task, info.get("status", "ok"), info=info, reason=info.get("reason", ""),
                          cached=True, elapsed=time.monotonic() - start, outputs=outputs,
                          entry=store.entry_record(task.key))
             return True
@@ -172,20 +110,20 @@ def run_cached(task: CachedTask, store: Store, build: Callable, *, inputs: Calla
         reason = first_line(exc)
         print(f"etforge: {task.name}: {reason}", file=sys.stderr)
         try:
-            _write_state(task, "failed", reason=reason, elapsed=time.monotonic() - start)
+            write_state(task, "failed", reason=reason, elapsed=time.monotonic() - start)
         except OSError:
             return False  # the state dir itself is unwritable: let doit fail the task
         return True
 
 
-def _from_working_tree(task: CachedTask, store: Store) -> tuple[dict, dict] | None:
+def _from_working_tree(task: TaskSpec, store: Store) -> tuple[dict, dict] | None:
     """Put a missing entry back from this task's own working-tree outputs, when its state
     record is for this key and every blob it stored is there with the recorded sha256
     (e.g. after ``rm -rf artifacts/cache``: the exports need not be lowered again)."""
     record = read_state(task.state_file)
     if not record or record.get("key") != task.key or record.get("status") not in STORED:
         return None
-    blobs = {name: meta.get("sha256") for name, meta in (record.get("entry") or {}).items() if name != MANIFEST}
+    blobs = {name: meta.get("sha256") for name, meta in (record.get("entry") or {}).items() if name != ENTRY_MANIFEST}
     if not blobs or any(task.outputs.get(name) is None for name in blobs):
         return None
     try:
@@ -197,7 +135,7 @@ def _from_working_tree(task: CachedTask, store: Store) -> tuple[dict, dict] | No
         return None
 
 
-def _trusted(task: CachedTask, store: Store, info: dict, accept) -> bool:
+def _trusted(task: TaskSpec, store: Store, info: dict, accept) -> bool:
     if accept is None:
         return True
     try:
@@ -212,35 +150,35 @@ def _trusted(task: CachedTask, store: Store, info: dict, accept) -> bool:
     return True
 
 
-def _build_and_store(task: CachedTask, store: Store, build, inputs, workdir: Path, start: float) -> bool:
+def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path, start: float) -> bool:
     try:
         task.log_file.unlink(missing_ok=True)
         given = inputs() if inputs is not None else None
         with output_to(task.log_file):
             result = build(workdir) if inputs is None else build(workdir, given)
     except Skip as skip:
-        _write_state(task, "skipped", reason=str(skip), elapsed=time.monotonic() - start, log=task.log_file)
+        write_state(task, "skipped", reason=str(skip), elapsed=time.monotonic() - start, log=task.log_file)
         return True
     except Blocked as blocked:
-        _write_state(task, "blocked", reason=str(blocked), elapsed=time.monotonic() - start)
+        write_state(task, "blocked", reason=str(blocked), elapsed=time.monotonic() - start)
         return True
     except Exception as exc:  # any builder error fails this task only
         task.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(task.log_file, "a", encoding="utf-8") as log:
             log.write(traceback.format_exc())
-        _write_state(task, "failed", reason=first_line(exc), elapsed=time.monotonic() - start,
+        write_state(task, "failed", reason=first_line(exc), elapsed=time.monotonic() - start,
                      log=task.log_file)
         return True
     info = {**result.info, "status": result.status, "reason": result.reason}
     if result.status == "failed":
         # Show the evidence (e.g. numerics.json) but never cache a failure.
         outputs = _materialize_all(task, result.files)
-        _write_state(task, "failed", info=info, reason=result.reason,
+        write_state(task, "failed", info=info, reason=result.reason,
                      elapsed=time.monotonic() - start, outputs=outputs, log=task.log_file)
         return True
     stored, info = store.put(task.key, result.files, info)  # the stored info: another writer may have won
     outputs = _materialize_all(task, stored)
-    _write_state(task, info.get("status", result.status), info=info, reason=info.get("reason", ""),
+    write_state(task, info.get("status", result.status), info=info, reason=info.get("reason", ""),
                  elapsed=time.monotonic() - start, outputs=outputs, log=task.log_file,
                  entry=store.entry_record(task.key))
     return True

@@ -5,7 +5,7 @@ release and the run's exit status all read (none of them re-derives it).
     outcomes(plan, cells=None, host=None) -> [CellOutcome], in plan order
     rejected_outcome(rejected) -> CellOutcome of a combination refused at plan time
     failing(outcomes) -> the outcomes that fail the run
-    cells_of_tasks(plan, task_names, cells=None) -> the cells those tasks belong to
+    listing_reason(outcome, layout) -> one line on why a cell is not shipped
 
 Inputs are the state records of the cell's tasks (capture, quantize, export, size
 gate, validate, benchmark) whose key is the task's CURRENT key. A record with any
@@ -51,10 +51,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.engine.taskdicts import (benchmark_name, benchmark_spec, capture_spec, export_name, export_spec, quantize_spec,
-                              runs_here, size_gate_name, size_gate_spec, validate_name, validate_spec)
 from tasks.config.model import Cell, ExpectedFailure, Plan, RejectedCell
-from tasks.engine.cached_run import CachedTask, read_state
+from tasks.publish.baseline import p50_of
+from tasks.store.layout import ArtifactLayout, layout_of
+from tasks.store.records import current
+from tasks.store.specs import cell_specs
+from tasks.store.stages import STAGE, task_name
 
 SHIPS = ("ok", "provisional", "on-device")
 FAILS_RUN = ("failed", "unexpectedly-passing")
@@ -64,8 +66,6 @@ STATUSES = ("ok", "provisional", "on-device", "failed", "unexpectedly-passing", 
             "skipped", "blocked", "not built", "not validated", "rejected")
 METRICS = ("sqnr_db", "cosine", "max_abs_error", "top1_agreement", "top5_agreement")
 TOLERANCES = ("rtol", "atol", "tolerance_rule", "test_cases", "not_checked_on_device")
-# Task kinds whose records belong to cells (capture and quantize to every cell that uses them).
-CELL_TASK_KINDS = ("capture", "quantize", "export", "sizegate", "validate", "benchmark")
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ class Evidence:
 
     @property
     def latency_p50_ms(self) -> float | None:
-        return _finite((self.benchmark or {}).get("latency_p50_ms"))
+        return p50_of(self.benchmark or {})
 
     @property
     def coverage(self) -> float | None:
@@ -137,37 +137,10 @@ def rejected_outcome(rejected: RejectedCell) -> CellOutcome:
     return CellOutcome(cell=rejected.name, status="rejected", reason=rejected.reason)
 
 
-def cells_of_tasks(plan: Plan, task_names, cells=None) -> tuple:
-    """The cells (of ``cells``, default all) that the named tasks belong to, in plan order:
-    a capture belongs to every cell of its model, a quantize task to the cells that lower its graph."""
-    names = set(task_names)
-    pool = plan.cells if cells is None else tuple(cells)
-    out = []
-    for cell in pool:
-        own = {export_name(cell), validate_name(cell), size_gate_name(cell), benchmark_name(cell),
-               capture_spec(plan, cell.model).name}
-        if cell.transform is not None:
-            own.add(quantize_spec(plan, cell).name)
-        if own & names:
-            out.append(cell)
-    return tuple(out)
-
-
-def is_cell_task(task_name: str) -> bool:
-    return task_name.split(":", 1)[0] in CELL_TASK_KINDS
-
-
 # ---------------------------------------------------------------- reading records
 
-def current(spec: CachedTask) -> dict | None:
-    """The task's state record when it was made from the task's current key, else None."""
-    record = read_state(spec.state_file)
-    if isinstance(record, dict) and record.get("key") == spec.key:
-        return record
-    return None
-
-
-def _finite(value):
+def finite(value):
+    """``value`` when it is a finite number (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return None
     return value
@@ -192,16 +165,7 @@ def _bound(record: dict | None, sha256: str | None) -> bool:
 
 def _records(plan: Plan, cell: Cell, host: dict | None) -> list:
     """(task name, current record or None, spec) of the cell's tasks, in pipeline order."""
-    specs = [capture_spec(plan, cell.model)]
-    if cell.transform is not None and not cell.backend.missing:
-        specs.append(quantize_spec(plan, cell))
-    specs.append(export_spec(plan, cell))
-    if plan.fp32_sibling(cell) is not None and not cell.backend.missing:
-        specs.append(size_gate_spec(plan, cell))
-    specs.append(validate_spec(plan, cell))
-    if host is not None and runs_here(cell):
-        specs.append(benchmark_spec(plan, cell, host))
-    return [(s.name, current(s), s) for s in specs]
+    return [(s.name, current(s), s) for s in cell_specs(plan, cell, host)]
 
 
 def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> Evidence:
@@ -209,32 +173,32 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> 
     einfo = _info(export) if export and export.get("status") == "ok" else {}
     facts: dict = {}
     if einfo:
-        facts.update(program=plan.pte_path(cell), size_bytes=_finite(einfo.get("size_bytes")),
-                     sha256=einfo.get("sha256"), lowering_s=_finite(einfo.get("lowering_s")),
+        facts.update(program=layout_of(plan).pte_path(cell), size_bytes=finite(einfo.get("size_bytes")),
+                     sha256=einfo.get("sha256"), lowering_s=finite(einfo.get("lowering_s")),
                      delegates=tuple(einfo.get("delegates", cell.backend.delegates)),
                      executorch_version=einfo.get("executorch_version"),
                      input_dtypes=tuple(einfo.get("input_dtypes") or ()),
-                     delegated_ops=_finite(einfo.get("delegated_ops")),
-                     non_delegated_ops=_finite(einfo.get("non_delegated_ops")))
+                     delegated_ops=finite(einfo.get("delegated_ops")),
+                     non_delegated_ops=finite(einfo.get("non_delegated_ops")))
     capture = by_kind.get("capture")
     if capture and capture.get("status") == "ok":
         facts["outputs"] = tuple(o for o in _info(capture).get("outputs") or () if isinstance(o, dict))
     gate = by_kind.get("sizegate")
     if gate:
-        facts["size_vs_fp32"] = _finite(_info(gate).get("size_vs_fp32"))
+        facts["size_vs_fp32"] = finite(_info(gate).get("size_vs_fp32"))
     calibration = _info(by_kind.get("quantize")).get("calibration")
     if isinstance(calibration, str):
         facts["calibration"] = calibration
     if validate and validate.get("status") in ("ok", "failed", "not-runnable") and _bound(validate, export_sha):
         vinfo = _info(validate)
         facts["validated_on"] = vinfo.get("inputs") if isinstance(vinfo.get("inputs"), str) else None
-        facts["samples"] = _finite(vinfo.get("samples", vinfo.get("test_cases")))
+        facts["samples"] = finite(vinfo.get("samples", vinfo.get("test_cases")))
         if validate["status"] == "not-runnable":
-            facts["bundle"] = plan.bundled_path(cell)
+            facts["bundle"] = layout_of(plan).bundled_path(cell)
             facts["bundle_sha256"] = ((validate.get("outputs") or {}).get("program.bpte") or {}).get("sha256")
             facts["tolerances"] = {k: vinfo[k] for k in TOLERANCES if k in vinfo}
         else:
-            facts["metrics"] = {k: _finite(vinfo.get(k)) for k in METRICS if _finite(vinfo.get(k)) is not None}
+            facts["metrics"] = {k: finite(vinfo.get(k)) for k in METRICS if finite(vinfo.get(k)) is not None}
             facts["exact"] = vinfo.get("sqnr_db") is None and vinfo.get("max_abs_error") == 0
     if bench and bench.get("status") == "ok" and _bound(bench, export_sha):
         facts["benchmark"] = _info(bench)
@@ -265,17 +229,17 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
             return out("failed", f"{name}: {record.get('reason') or 'failed'}", log=record.get("log"), task=name)
     export = by_kind["export"]
     if export and export.get("status") == "skipped":
-        return out("skipped", export.get("reason", ""), task=export_name(cell))
+        return out("skipped", export.get("reason", ""), task=task_name(STAGE["export"], cell))
     for name, record, _ in records:
         if record and record.get("status") == "blocked":
             return out("blocked", f"{name}: {record.get('reason', '')}", task=name)
     if export is None or export.get("status") != "ok":
-        return out("not built", f"run `doit {export_name(cell)}`")
+        return out("not built", f"run `doit {task_name(STAGE['export'], cell)}`")
     validate = by_kind["validate"]
     if validate and validate.get("status") == "skipped":
-        return out("skipped", validate.get("reason", ""), task=validate_name(cell))
+        return out("skipped", validate.get("reason", ""), task=task_name(STAGE["validate"], cell))
     if validate is None or validate.get("status") not in ("ok", "not-runnable"):
-        return out("not validated", f"run `doit {validate_name(cell)}`")
+        return out("not validated", f"run `doit {task_name(STAGE['validate'], cell)}`")
     if not _bound(validate, export_sha):
         judged = _judged(validate)
         return out("not validated", f"the verdict on record judged another program "
@@ -322,8 +286,8 @@ def verdict(o: CellOutcome) -> dict:
     out = {"status": o.status, "inputs": ev.validated_on, "samples": ev.samples}
     if o.status == "on-device" or ev.bundle is not None:
         out.update(checked="on device", bundle=ev.bundle.name if ev.bundle else None,
-                   bundle_sha256=ev.bundle_sha256, rtol=_finite(ev.tolerances.get("rtol")),
-                   atol=_finite(ev.tolerances.get("atol")),
+                   bundle_sha256=ev.bundle_sha256, rtol=finite(ev.tolerances.get("rtol")),
+                   atol=finite(ev.tolerances.get("atol")),
                    not_checked_on_device=list(ev.tolerances.get("not_checked_on_device") or []))
     else:
         out.update(checked="here", exact=ev.exact, **{k: ev.metrics.get(k) for k in METRICS if k in ev.metrics})
@@ -331,11 +295,11 @@ def verdict(o: CellOutcome) -> dict:
     return out
 
 
-def listing_reason(o: CellOutcome, base: Path) -> str:
+def listing_reason(o: CellOutcome, layout: ArtifactLayout) -> str:
     """One line on why a cell is not shipped, the same on every identical run: a failure names
-    the task and its log (relative to ``base``), not the error text, which may name temp paths."""
+    the task and its log (as ``layout`` shows it), not the error text, which may name temp paths."""
     if o.status == "failed" or (o.status == "expected-failure" and o.task):
-        log = _relative(o.log, base) if o.log else None
+        log = layout.shown(o.log) if o.log else None
         failure = f"{o.task} failed" + (f", log: {log}" if log else "")
         if o.status == "failed":
             return failure
@@ -344,9 +308,3 @@ def listing_reason(o: CellOutcome, base: Path) -> str:
         return f"passes, but {o.expected.where} declares it an expected failure; remove that entry"
     return o.reason
 
-
-def _relative(path, base: Path) -> str:
-    try:
-        return Path(path).relative_to(base).as_posix()
-    except ValueError:
-        return Path(path).name

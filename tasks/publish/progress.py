@@ -1,7 +1,8 @@
 """doit reporter: a timestamped start/finish line per task, then the summary table.
 
-Display only: the run lock, cleanup, summary.json and the exit status belong to
-tasks/lifecycle.py, so they hold with any reporter (``doit -r json``).
+Display only: the run lock and cleanup belong to tasks/engine/lifecycle.py,
+summary.json and the exit status to tasks/publish/exit_status.py, so they hold
+with any reporter (``doit -r json``). dodo.py hands this class to doit.
 """
 
 from __future__ import annotations
@@ -10,16 +11,14 @@ import time
 
 from doit.reporter import ConsoleReporter
 
-from tasks.publish import summary
-from tasks.publish import outcome
-from tasks.engine.lifecycle import summary_rows
-from tasks.engine.cached_run import read_state
+from tasks.publish import outcome, summary
+from tasks.store.records import read_state
 
 
 def make_reporter(plan, specs: dict, cells_by_task: dict, host: dict):
     """A ConsoleReporter subclass bound to this plan (doit instantiates it).
 
-    ``specs``: task name -> CachedTask, whose state record the finish line reads.
+    ``specs``: task name -> TaskSpec, whose record the finish line reads.
     """
 
     class EtforgeReporter(ConsoleReporter):
@@ -92,6 +91,6 @@ def make_reporter(plan, specs: dict, cells_by_task: dict, host: dict):
             if not results:
                 return
             self.write(f"\n{plan.name}: {self.executed} task(s) run, {self.up_to_date} up to date\n")
-            self.write(summary.render(summary_rows(plan, results)) + "\n")
+            self.write(summary.render(summary.table(plan, results)) + "\n")
 
     return EtforgeReporter

@@ -5,7 +5,7 @@ nothing globbed from the working tree:
 
     models/<stem>.pte     every cell whose outcome ships (tasks/outcome.py: ok, provisional, on-device)
     models/<stem>.bpte    for on-device cells, the BundledProgram the device checks itself with
-    manifests/<file>      tasks/manifest.py's files, rendered here from the same outcomes
+    manifests/<file>      tasks/publish/manifests/ files, rendered here from the same outcomes
     report.html, provenance.json, SHA256SUMS
 
 Each program is read once, hashed, and packed only when its sha256 is the one its
@@ -44,12 +44,14 @@ import tempfile
 from pathlib import Path
 
 import tasks
-from tasks.publish import outcome
 from tasks.core.atomic import atomic_write_bytes, atomic_write_text
-from tasks.engine.taskdicts import export_name, matrix_task_deps, validate_name
 from tasks.core.digest import canonical_json, sha256_file
 from tasks.core.text import first_line
-from tasks.engine.cached_run import read_state
+from tasks.publish import outcome
+from tasks.store.layout import layout_of
+from tasks.store.records import read_state, write_state
+from tasks.store.specs import spec_of
+from tasks.store.stages import STAGE, task_name
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
 # Backend recipes whose .pte bytes were measured identical across two clean builds in
@@ -73,19 +75,15 @@ def release_name(plan) -> str:
 
 
 def release_dir(plan) -> Path:
-    return plan.artifacts_dir / "release" / release_name(plan)
+    return layout_of(plan).release_dir(release_name(plan))
 
 
 def archive_path(plan) -> Path:
-    return plan.artifacts_dir / "release" / f"{release_name(plan)}.tar.gz"
+    return layout_of(plan).archive_path(release_name(plan))
 
 
 def bench_path(plan) -> Path:
-    return plan.artifacts_dir / "release" / f"{release_name(plan)}.bench.json"
-
-
-def state_path(plan) -> Path:
-    return plan.state_dir / "release.json"
+    return layout_of(plan).release_bench_path(release_name(plan))
 
 
 def git_revision(root: Path) -> str:
@@ -107,9 +105,9 @@ def programs(plan, shipped: list) -> list:
     out = []
     for o in shipped:
         ev, cell = o.evidence, by_name[o.cell]
-        out.append((f"models/{ev.program.name}", ev.program, ev.sha256, export_name(cell)))
+        out.append((f"models/{ev.program.name}", ev.program, ev.sha256, task_name(STAGE["export"], cell)))
         if o.status == "on-device":
-            out.append((f"models/{ev.bundle.name}", ev.bundle, ev.bundle_sha256, validate_name(cell)))
+            out.append((f"models/{ev.bundle.name}", ev.bundle, ev.bundle_sha256, task_name(STAGE["validate"], cell)))
     return out
 
 
@@ -193,17 +191,17 @@ def _tar_bytes(directory: Path, prefix: str) -> bytes:
 
 
 def _listed(plan, o) -> dict:
-    return {"cell": o.cell, "status": o.status, "reason": outcome.listing_reason(o, plan.out_dir)}
+    return {"cell": o.cell, "status": o.status, "reason": outcome.listing_reason(o, layout_of(plan))}
 
 
 def build_release(plan, cells, allow_failures: bool, host: dict | None = None, strict: bool = False) -> dict:
-    from tasks.publish.manifests import context as manifest
+    from tasks.publish.manifests import context as manifest, render
     from tasks.publish.report.page import render_report
 
     results = outcome.outcomes(plan, cells, host)
     failing = outcome.failing(results)
     if failing and not allow_failures:
-        listed = "; ".join(f"{o.cell}: {o.status}: {outcome.listing_reason(o, plan.out_dir)}" for o in failing[:3])
+        listed = "; ".join(f"{o.cell}: {o.status}: {outcome.listing_reason(o, layout_of(plan))}" for o in failing[:3])
         more = f" (+{len(failing) - 3} more)" if len(failing) > 3 else ""
         raise ReleaseRefused(f"{len(failing)} cell(s) failed their gates: {listed}{more}; "
                              "fix them or run `doit release allow_failures=1`")
@@ -230,7 +228,7 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     for v in context["variants"]:  # the manifests name the bytes being packed, nothing else
         if hashlib.sha256(payload[f"models/{v['file']}"]).hexdigest() != v["sha256"]:
             raise ReleaseRefused(f"the manifests name sha256 {v['sha256']} for {v['file']}, not the packed file's")
-    for name, text in sorted(manifest.render(context).items()):
+    for name, text in sorted(render.render(context).items()):
         payload[f"manifests/{name}"] = text.encode("utf-8")
     models = {c.model.name for c in cells}
     rejected = [r for r in plan.rejected if r.model in models]
@@ -293,14 +291,13 @@ def remove_previous(plan) -> list:
 
 
 def _record(plan, status: str, reason: str = "", info: dict | None = None) -> None:
-    """The release's state record: what the exit status reads (tasks/reporter.py)."""
-    atomic_write_text(state_path(plan), canonical_json({"task": "release", "key": "", "status": status,
-                                                        "reason": reason, "info": info or {}}))
+    """The release's record: what the exit status reads (tasks/publish/exit_status.py)."""
+    write_state(spec_of(plan, "release"), status, key="", reason=reason, info=info)
 
 
 def accepted_failures(plan) -> set:
     """Cells that failed but that the last release packed around with allow_failures=1."""
-    record = read_state(state_path(plan)) or {}
+    record = read_state(spec_of(plan, "release").state_file) or {}
     if record.get("status") != "ok" or not (record.get("info") or {}).get("allow_failures"):
         return set()
     return set(record["info"].get("failures") or ())
@@ -330,14 +327,3 @@ def run_release(plan, cells, host: dict, allow_failures: bool, strict: bool = Fa
               f"({', '.join(result['failures'])}); provenance.json lists them")
     return True
 
-
-def release_task(plan, cells, host: dict, allow_failures: bool, strict: bool = False) -> dict:
-    return {
-        "basename": "release",
-        "doc": f"pack {archive_path(plan).relative_to(plan.root)} (refuses when a cell failed; allow_failures=1; "
-               "strict=1 also refuses provisional cells)",
-        "actions": [(run_release, [plan, cells, host, allow_failures, strict])],
-        "task_dep": matrix_task_deps(plan, cells) + ["manifest"],
-        "uptodate": [False],  # cheap, and it re-checks the gates every time
-        "verbosity": 2,
-    }

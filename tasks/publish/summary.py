@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.publish import outcome
+from tasks.publish import baseline, outcome
 from tasks.publish.outcome import CellOutcome
 from tasks.config.model import Cell, Plan
 
@@ -61,11 +61,9 @@ def add_baseline_flags(plan: Plan, outcomes: list, rows: list) -> None:
     """Flag cells slower than the pipeline's benchmark baseline, if it names one."""
     if not plan.benchmark_baseline or not rows:
         return
-    from tasks.publish.report.page import baseline_regressions
-
     bench = {o.cell: o.evidence.benchmark for o in outcomes if o.evidence.benchmark}
     try:
-        flags = baseline_regressions(plan, bench)
+        flags = baseline.regressions(plan, bench)
     except ValueError as exc:  # a malformed baseline file: say so, once
         rows[0]["note"] = "; ".join(filter(None, [rows[0]["note"], f"baseline not read: {exc}"]))
         return
@@ -76,6 +74,13 @@ def add_baseline_flags(plan: Plan, outcomes: list, rows: list) -> None:
             text = (f"REGRESSION: p50 {flag['current_p50_ms']:.3f} ms is {flag['change_pct']:+.0f}% vs baseline "
                     f"{flag['baseline_p50_ms']:.3f} ms" + (" (different host)" if flag.get("same_host") is False else ""))
             row["note"] = "; ".join(filter(None, [row["note"], text]))
+
+
+def table(plan: Plan, results: list) -> list:
+    """The summary's rows (summary.json, the console table): one per cell outcome, then the
+    refused combinations of their models."""
+    models = {o.cell.split("/")[0] for o in results}
+    return rows(plan, results) + [rejected_row(r) for r in plan.rejected if r.model in models]
 
 
 def render(rows: list) -> str:

@@ -1,6 +1,6 @@
 """Content-addressed store: ``artifacts/cache/<k[:2]>/<k>/``, optionally backed by a remote.
 
-An entry is a directory of blobs plus ``manifest.json`` (sha256 and size of
+An entry is a directory of blobs plus ``manifest.json`` (tasks/store/entries.py) (sha256 and size of
 each blob, and the task's info). It is assembled in a temp directory and
 renamed into place, so an entry either exists whole or not at all. Every
 ``get`` verifies each blob; a mismatch discards the entry and reports a miss.
@@ -30,29 +30,12 @@ from pathlib import Path
 
 from tasks.core.atomic import atomic_copy
 from tasks.core.digest import canonical_json, sha256_file
+from tasks.store.entries import ENTRY_MANIFEST, CorruptEntry, read_entry
+from tasks.store.layout import layout_of
 from tasks.store.remote import RemoteError, UntrustedEntry
 
-MANIFEST = "manifest.json"
 REMOTE_DOWN = "remote-down"  # holds the id of the run that found the remote failing
 PENDING = "pending-uploads"  # one empty file per key whose upload is owed to the remote
-
-
-class CorruptEntry(Exception):
-    pass
-
-
-def read_entry(entry: Path) -> tuple[dict, dict]:
-    """(blob name -> path, info) of a complete entry whose blobs all match; raises otherwise."""
-    manifest = json.loads((entry / MANIFEST).read_text(encoding="utf-8"))
-    files = {}
-    for name, meta in manifest["files"].items():
-        blob = entry / name
-        if Path(name).name != name or name in (MANIFEST, ".", ".."):
-            raise CorruptEntry(f"bad blob name {name!r}")
-        if blob.stat().st_size != meta["size"] or sha256_file(blob) != meta["sha256"]:
-            raise CorruptEntry(name)
-        files[name] = blob
-    return files, manifest.get("info", {})
 
 
 class Store:
@@ -70,12 +53,12 @@ class Store:
 
     def has(self, key: str) -> bool:
         """Cheap local existence check (a stat); ``get`` does the verification."""
-        return (self.entry_dir(key) / MANIFEST).is_file()
+        return (self.entry_dir(key) / ENTRY_MANIFEST).is_file()
 
     def manifest(self, key: str) -> dict | None:
         """The local entry's manifest as stored (not verified), or None."""
         try:
-            return json.loads((self.entry_dir(key) / MANIFEST).read_text(encoding="utf-8"))
+            return json.loads((self.entry_dir(key) / ENTRY_MANIFEST).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             return None
 
@@ -86,7 +69,7 @@ class Store:
         manifest = self.manifest(key)
         entry = self.entry_dir(key)
         try:
-            record = {MANIFEST: _stat(entry / MANIFEST)}
+            record = {ENTRY_MANIFEST: _stat(entry / ENTRY_MANIFEST)}
             for name, meta in (manifest or {}).get("files", {}).items():
                 record[name] = {"sha256": meta["sha256"], **_stat(entry / name)}
         except (OSError, KeyError, TypeError, AttributeError):
@@ -195,7 +178,7 @@ class Store:
                 manifest["files"][name] = {"sha256": sha256_file(dst), "size": dst.stat().st_size}
                 if expect is not None and expect.get(name) != manifest["files"][name]["sha256"]:
                     raise CorruptEntry(f"{src} does not have the expected sha256")
-            (staging / MANIFEST).write_text(canonical_json(manifest), encoding="utf-8")
+            (staging / ENTRY_MANIFEST).write_text(canonical_json(manifest), encoding="utf-8")
             entry = self._install(staging, key)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -332,3 +315,27 @@ def _fsync_dir_files(directory: Path) -> None:
 def materialize(blob: Path, target: Path) -> None:
     """Copy a verified blob to its working-tree path atomically."""
     atomic_copy(blob, target)
+
+
+def open_store(plan) -> Store:
+    """The plan's local store, backed by the shared remote when one is configured.
+
+    Uploads that failed in an earlier run (the remote was down) are retried here, once
+    per doit invocation, before any task runs; when the remote is still down, that is
+    the run's one warning and the tasks go on without it.
+    """
+    layout = layout_of(plan)
+    remote = None
+    if plan.cache_remote:
+        from tasks.store.remote import remote_from_url
+
+        secret = os.environ.get("ETFORGE_CACHE_KEY") or None
+        remote = remote_from_url(plan.cache_remote, read_only=plan.cache_read_only,
+                                 secret=secret.encode("utf-8") if secret else None)
+    store = Store(layout.cache_dir, remote=remote, state_dir=layout.etforge_dir)
+    if remote is not None and not remote.read_only and store.has_pending():
+        uploaded = store.upload_pending()
+        if uploaded:
+            print(f"etforge: remote cache {remote.name()}: uploaded {uploaded} entr{'y' if uploaded == 1 else 'ies'} "
+                  "an earlier run could not", file=sys.stderr, flush=True)
+    return store

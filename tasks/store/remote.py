@@ -32,10 +32,8 @@ import uuid
 from pathlib import Path
 
 from tasks.core.text import one_line
+from tasks.store.entries import ENTRY_MANIFEST, KEY_PATTERN, SIGNATURE, safe_blob_name
 
-MANIFEST = "manifest.json"
-SIGNATURE = "manifest.json.hmac"  # hex HMAC-SHA256 of the manifest's bytes under the shared secret
-_KEY = re.compile(r"[A-Za-z0-9_-]{3,128}")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # Protocols whose implementation lives in a separate package: (package, pip name).
 _EXTERNAL = {
@@ -59,13 +57,6 @@ def _one_line(exc: BaseException) -> str:
 
 def _redact(url: str) -> str:
     return re.sub(r"//[^/@]*@", "//***@", url)
-
-
-def safe_blob_name(name) -> bool:
-    """A blob name that stays inside its entry directory."""
-    return (isinstance(name, str) and name not in ("", MANIFEST, SIGNATURE) and "/" not in name
-            and "\\" not in name and "\0" not in name and ".." not in name
-            and not name.startswith("."))
 
 
 class RemoteStore:
@@ -133,7 +124,7 @@ class RemoteStore:
         return isinstance(fs, LocalFileSystem)
 
     def _entry(self, key: str) -> str:
-        if not isinstance(key, str) or not _KEY.fullmatch(key):
+        if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
             raise ValueError(f"not a cache key: {key!r}")
         _, root = self._filesystem()
         return f"{root}/{key[:2]}/{key}"
@@ -143,7 +134,7 @@ class RemoteStore:
     def _read_manifest(self, fs, entry: str) -> tuple[bytes, dict] | None:
         """The manifest's bytes and its parsed, checked form; None when absent or unusable."""
         try:
-            raw = fs.cat_file(f"{entry}/{MANIFEST}")
+            raw = fs.cat_file(f"{entry}/{ENTRY_MANIFEST}")
         except FileNotFoundError:
             return None
         try:
@@ -201,7 +192,7 @@ class RemoteStore:
                     raise _Refused(name)
                 written.append(target)
                 fs.get_file(f"{entry}/{name}", str(target))
-            target = dest / MANIFEST
+            target = dest / ENTRY_MANIFEST
             written.append(target)
             with open(target, "xb") as f:  # x: never through a planted file or link
                 f.write(raw)
@@ -245,7 +236,7 @@ class RemoteStore:
             raise RemoteError(f"remote cache {self._name()} is read-only: not uploading {key[:12]}")
         entry = Path(entry)
         try:
-            raw = (entry / MANIFEST).read_bytes()
+            raw = (entry / ENTRY_MANIFEST).read_bytes()
             files = json.loads(raw.decode("utf-8"))["files"]
         except (OSError, ValueError, KeyError) as exc:
             raise ValueError(f"not a cache entry: {entry}: {_one_line(exc)}") from exc
@@ -269,14 +260,14 @@ class RemoteStore:
 
     def _upload_objects(self, fs, entry: Path, files: dict, signature: bytes | None, remote: str) -> None:
         try:  # a stale manifest must not vouch for the blobs we are about to replace
-            fs.rm_file(f"{remote}/{MANIFEST}")
+            fs.rm_file(f"{remote}/{ENTRY_MANIFEST}")
         except FileNotFoundError:
             pass
         for name in sorted(files):
             fs.put_file(str(entry / name), f"{remote}/{name}")
         if signature is not None:
             fs.pipe_file(f"{remote}/{SIGNATURE}", signature)
-        fs.put_file(str(entry / MANIFEST), f"{remote}/{MANIFEST}")
+        fs.put_file(str(entry / ENTRY_MANIFEST), f"{remote}/{ENTRY_MANIFEST}")
 
     def _upload_dir(self, key: str, entry: Path, files: dict, signature: bytes | None, root: Path,
                     remote: Path) -> None:
@@ -289,7 +280,7 @@ class RemoteStore:
                 shutil.copyfile(entry / name, staging / name)
             if signature is not None:
                 (staging / SIGNATURE).write_bytes(signature)
-            shutil.copyfile(entry / MANIFEST, staging / MANIFEST)
+            shutil.copyfile(entry / ENTRY_MANIFEST, staging / ENTRY_MANIFEST)
             for path in staging.iterdir():
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
@@ -316,7 +307,7 @@ class RemoteStore:
                 self._discard_dir(key, Path(root), Path(remote))
                 return
             try:  # the manifest first: from then on the entry is a miss
-                fs.rm_file(f"{remote}/{MANIFEST}")
+                fs.rm_file(f"{remote}/{ENTRY_MANIFEST}")
             except FileNotFoundError:
                 pass
             fs.rm(remote, recursive=True)

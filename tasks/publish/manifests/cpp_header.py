@@ -30,16 +30,17 @@ import sys
 from pathlib import Path
 
 from tasks.config import defaults
-from tasks.publish import outcome
 from tasks.core.atomic import atomic_write_text
 from tasks.core.text import one_line
-from tasks.core.paths import TEMPLATE_DIR
+from tasks.publish import outcome, templates
+from tasks.publish.literals import C_COMMENT_LIMIT
+from tasks.publish.manifests.naming import fallback_order
+from tasks.store.layout import layout_of
 
 TEMPLATE = "etforge_models.h.j2"
 HEADER_NAME = "etforge_models.h"
 FORMAT_VERSION = 1
 DEFAULT_ORDER = defaults.CPP_HEADER_ORDER
-COMMENT_LIMIT = 160  # characters of a // comment line in the header
 LAYOUTS = ("tree", "flat")  # tree: <model>/<stem>.pte as under artifacts/<pipeline>/; flat: <stem>.pte
 
 
@@ -63,21 +64,6 @@ def _check_order(plan, order) -> list:
     return entries
 
 
-def _ordered(variants: list, order: list, append_unlisted: bool) -> list:
-    out, seen = [], set()
-    for entry in order:
-        backend, _, quant = entry.partition("/")
-        for v in variants:
-            names = (v["backend"],) if v["chain"] else (v["backend"], v["recipe"])
-            if backend in names and (not quant or quant == v["quantization"]) \
-                    and v["id"] not in seen:
-                seen.add(v["id"])
-                out.append({**v, "listed": True})
-    if append_unlisted:
-        out += [{**v, "listed": False} for v in variants if v["id"] not in seen]
-    return out
-
-
 def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree",
                    append_unlisted: bool = True, host: dict | None = None, outcomes=None) -> dict:
     """Everything the header is rendered from (plain JSON-serializable data).
@@ -98,7 +84,7 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
         result = (outcomes or {}).get(cell.name) or outcome.cell_outcome(plan, cell, host)
         if not result.ships:
             excluded.append({"cell": cell.name,
-                             "reason": f"{result.status}: {outcome.listing_reason(result, plan.out_dir)}"})
+                             "reason": f"{result.status}: {outcome.listing_reason(result, layout_of(plan))}"})
             continue
         ev = result.evidence
         outputs = list(ev.outputs) or None
@@ -134,11 +120,12 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
             "rtol": verdict.get("rtol"),
             "atol": verdict.get("atol"),
         })
-    excluded += [{"cell": r.name, "reason": f"rejected: {one_line(r.reason, COMMENT_LIMIT)}"} for r in plan.rejected
+    excluded += [{"cell": r.name, "reason": f"rejected: {one_line(r.reason, C_COMMENT_LIMIT)}"} for r in plan.rejected
                  if cells is plan.cells or any(c.model.name == r.model for c in cells)]
     models = []
     for name in dict.fromkeys(v["model"] for v in variants):
-        own = _ordered([v for v in variants if v["model"] == name], order, append_unlisted)
+        own = [{**v, "listed": listed} for v, listed in fallback_order(
+            [v for v in variants if v["model"] == name], order, chains_by_recipe=False, append_unlisted=append_unlisted)]
         if own:
             models.append({"name": name, "variants": own})
     return {
@@ -157,48 +144,8 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
 
 # ---------------------------------------------------------------- rendering
 
-def c_string(value) -> str:
-    """A C++ string literal for any text: printable ASCII as is, the rest as octal escapes."""
-    out = []
-    for byte in str(value).encode("utf-8"):
-        ch = chr(byte)
-        if ch in '"\\':
-            out.append("\\" + ch)
-        elif ch == "?":
-            out.append("\\?")  # never part of a trigraph, whatever the compiler's mode
-        elif 0x20 <= byte < 0x7F:
-            out.append(ch)
-        else:
-            out.append(f"\\{byte:03o}")  # at most three digits: never swallows what follows
-    return '"' + "".join(out) + '"'
-
-
-def c_double(value) -> str:
-    """A C++ double expression: a finite number, infinity, or NaN for None (not measured)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "std::numeric_limits<double>::quiet_NaN()"
-    if math.isinf(value):
-        return ("-" if value < 0 else "") + "std::numeric_limits<double>::infinity()"
-    return repr(float(value))
-
-
-def c_comment(value) -> str:
-    """Text safe inside a // comment: one line, no trailing backslash (a line splice)."""
-    text = one_line(value, COMMENT_LIMIT)
-    return text.rstrip("\\")
-
-
-def _environment():
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
-                             autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-    env.filters.update(cstr=c_string, ccomment=c_comment, cdouble=c_double)
-    return env
-
-
 def render_context(context: dict) -> str:
-    return _environment().get_template(TEMPLATE).render(**context)
+    return templates.render(TEMPLATE, **context)
 
 
 def render_header(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree",
@@ -240,7 +187,7 @@ def main(argv=None) -> int:
         from tasks.config.machine import host_fingerprint
 
         plan = resolve(Path(args.pipeline))
-        out = Path(args.output) if args.output else plan.out_dir / "manifests" / HEADER_NAME
+        out = Path(args.output) if args.output else layout_of(plan).manifest_dir / HEADER_NAME
         write_header(plan, out, order=[e.strip() for e in args.order.split(",") if e.strip()],
                      layout=args.layout, append_unlisted=not args.listed_only, host=host_fingerprint())
     except (PipelineError, HeaderError) as exc:
