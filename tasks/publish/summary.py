@@ -1,4 +1,4 @@
-"""The end-of-run table: one row per cell, each the cell's outcome (tasks/outcome.py)."""
+"""The end-of-run table: one row per cell, each the cell's outcome (tasks/publish/outcome.py)."""
 
 from __future__ import annotations
 
