@@ -51,11 +51,10 @@ def reference_samples(model_spec, root: Path, seed: int) -> tuple[list, str]:
     """(list of input tuples as torch tensors, source): the model's validation data or one seeded input."""
     import torch
 
-    from tasks.build.model_loading import example_inputs
+    from tasks.build.samples import load_samples, random_inputs
 
     if model_spec.validation is None:
-        return [example_inputs(model_spec, seed)], RANDOM_SOURCE
-    from tasks.build.samples import load_samples
+        return random_inputs(model_spec.inputs, seed), RANDOM_SOURCE
 
     batches, source = load_samples(model_spec, model_spec.validation, root, seed)
     return [tuple(torch.from_numpy(x) for x in batch) for batch in batches], source

@@ -10,11 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.config import recipes
+from tasks.config import defaults, recipes
 from tasks.config.code_deps import CodeDigests
 
 # Matrix dimension -> the pipeline.yaml section that declares its names.
 SECTIONS = {"model": "models", "backend": "backends", "quantization": "quantization"}
+
+
+INTEGER_DTYPES = {"int64": (-(1 << 63), 1 << 63), "int32": (-(1 << 31), 1 << 31), "int8": (-128, 128),
+                  "uint8": (0, 256)}  # dtype -> the values it holds, [lo, hi)
 
 
 @dataclass(frozen=True)
@@ -22,9 +26,36 @@ class InputSpec:
     name: str
     shape: tuple
     dtype: str
+    # The values random samples take (tasks/build/samples.py): integers in [lo, hi), hi exclusive;
+    # floats uniform in [lo, hi). None: floats standard normal, integers defaults.INT_INPUT_RANGE.
+    range: tuple | None = None
+
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype in INTEGER_DTYPES
+
+    def sample_range(self) -> tuple | None:
+        """The declared range, the default one of an integer input, or None (standard normal, or bool)."""
+        if self.range is not None:
+            return self.range
+        return defaults.INT_INPUT_RANGE if self.is_integer else None
 
     def canonical(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        out = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.range is not None:  # left out when undeclared: existing keys stay as they were
+            out["range"] = list(self.range)
+        return out
+
+
+def default_range_note(model) -> str | None:
+    """What a cell's outcome says when integer inputs of ``model`` were sampled in the default range."""
+    unranged = [i for i in model.inputs if i.is_integer and i.range is None]
+    if not unranged:
+        return None
+    lo, hi = defaults.INT_INPUT_RANGE
+    names = ", ".join(f"{i.name} ({i.dtype})" for i in unranged)
+    return (f"integer input{'s' if len(unranged) > 1 else ''} {names} sampled in the default range "
+            f"[{lo}, {hi}) (declare `range: [lo, hi]` under models.{model.name}.inputs)")
 
 
 @dataclass(frozen=True)

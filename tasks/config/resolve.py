@@ -14,7 +14,7 @@ from tasks.config.code_deps import CodeDigests, ImportGraph
 from tasks.config.digest_cache import DigestCache, digest_cache_for
 from tasks.config.manifest_options import check_options as check_manifest_options
 from tasks.config.matrix import MatrixResolver
-from tasks.config.model import SECTIONS, BackendMember, BackendSpec, ModelSpec, Plan, QuantSpec, InputSpec
+from tasks.config.model import INTEGER_DTYPES, SECTIONS, BackendMember, BackendSpec, ModelSpec, Plan, QuantSpec, InputSpec
 from tasks.config.requirements import missing_requirement
 from tasks.config.selection import cache_settings
 from tasks.config.tools import ToolVersions, stage_tools, toolchain_versions
@@ -92,12 +92,32 @@ class _Resolver:
             if elements > MAX_INPUT_ELEMENTS:
                 raise self.doc.error(path + ("inputs", i, "shape"),
                                      f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}")
-            inputs.append(InputSpec(item.get("name", f"input_{i}"), shape, item.get("dtype", defaults.INPUT_DTYPE)))
+            dtype = item.get("dtype", defaults.INPUT_DTYPE)
+            inputs.append(InputSpec(item.get("name", f"input_{i}"), shape, dtype,
+                                    self.input_range(item.get("range"), dtype, path + ("inputs", i, "range"))))
         return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
                          weights=weights, inputs=tuple(inputs),
                          calibration=self.calibration(spec.get("calibration"), path + ("calibration",)),
                          validation=self.calibration(spec.get("validation"), path + ("validation",)),
                          task=spec.get("task", "other"))
+
+    def input_range(self, value: list | None, dtype: str, path: tuple) -> tuple | None:
+        """``range: [lo, hi]`` checked against the dtype: integers need integer bounds inside it."""
+        if value is None:
+            return None
+        lo, hi = value
+        if dtype == "bool":
+            raise self.doc.error(path, "a bool input takes no range (its samples are True and False)")
+        if dtype in INTEGER_DTYPES:
+            if not all(float(v).is_integer() for v in value):
+                raise self.doc.error(path, f"an {dtype} input needs integer bounds, got [{lo}, {hi}]")
+            lo, hi = int(lo), int(hi)
+            low, high = INTEGER_DTYPES[dtype]
+            if lo < low or hi > high:
+                raise self.doc.error(path, f"[{lo}, {hi}) does not fit {dtype} ([{low}, {high}))")
+        if not lo < hi:
+            raise self.doc.error(path, f"expected lo < hi (integers: hi is exclusive), got [{lo}, {hi}]")
+        return (lo, hi)
 
     def package_versions(self, names: list, path: tuple) -> dict:
         versions = {}

@@ -51,7 +51,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.config.model import Cell, ExpectedFailure, Plan, RejectedCell
+from tasks.config.model import Cell, ExpectedFailure, Plan, RejectedCell, default_range_note
 from tasks.publish.baseline import p50_of
 from tasks.store.layout import ArtifactLayout, layout_of
 from tasks.store.records import current
@@ -248,6 +248,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
     notes = []
     if str(evidence.calibration or "").startswith("random"):
         notes.append("random calibration data (name some in pipeline.yaml)")
+    range_note = default_range_note(cell.model)
+    if range_note and (cell.model.validation is None or (cell.quant.calibrated and cell.model.calibration is None)):
+        notes.append(range_note)
     if validate["status"] == "not-runnable":
         return out("on-device", "; ".join([validate.get("reason", "")] + notes))
     if str(evidence.validated_on or "").startswith("random"):
