@@ -101,6 +101,8 @@ def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir:
     info = {
         "method": METHOD,
         "test_cases": ref.count,
+        # expected output i of each test case is the output at this pytree path (tasks/config/io_spec.py)
+        "output_paths": list(ref.output_names),
         "inputs": ref.source,
         "rtol": tol["rtol"],
         "atol": tol["atol"],

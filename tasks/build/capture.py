@@ -19,6 +19,7 @@ PROGRAM = "model.pt2"
 
 
 def flatten_outputs(outputs) -> list:
+    """The tensor leaves of an output pytree, in leaf order (what the ExecuTorch runtime returns)."""
     import torch
 
     leaves, _ = torch.utils._pytree.tree_flatten(outputs)
@@ -26,25 +27,27 @@ def flatten_outputs(outputs) -> list:
 
 
 def output_names(outputs) -> list:
-    """Each tensor leaf's name in the output pytree: its dict keys and attributes ('logits',
-    'hidden[1]'), or "" where there is none (a bare tensor, a plain tuple)."""
+    """Each tensor leaf's pytree key path (tasks/config/io_spec.py): '' for a bare tensor,
+    '[0]', "['boxes']", "['extra'][1][0]"."""
     import torch
 
     pytree = torch.utils._pytree
     leaves, _ = pytree.tree_flatten_with_path(outputs)
-    names = []
-    for path, leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            continue
-        name = ""
-        for key in path:
-            if isinstance(key, pytree.SequenceKey):
-                name += f"[{key.idx}]"
-            else:
-                label = str(key.key if isinstance(key, pytree.MappingKey) else getattr(key, "name", key))
-                name += ("." if name else "") + label
-        names.append(name if any(not isinstance(k, pytree.SequenceKey) for k in path) else "")
-    return names
+    return [pytree.keystr(path) for path, leaf in leaves if isinstance(leaf, torch.Tensor)]
+
+
+def non_tensor_outputs(model_name: str, outputs) -> str | None:
+    """Why the output pytree cannot be validated (a leaf that is not a tensor: None, an int), or None."""
+    import torch
+
+    pytree = torch.utils._pytree
+    leaves, _ = pytree.tree_flatten_with_path(outputs)
+    bad = [f"{pytree.keystr(path) or 'the output'} is {type(leaf).__name__}" for path, leaf in leaves
+           if not isinstance(leaf, torch.Tensor)]
+    if not bad:
+        return None
+    return (f"model {model_name!r} returns non-tensor outputs ({', '.join(bad)}): etforge validates and "
+            "ships tensor outputs only; return tensors (or drop the constants) from forward")
 
 
 def reference_samples(model_spec, root: Path, seed: int) -> tuple[list, str]:
@@ -79,14 +82,15 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
             result = model(*inputs)
             eager.append(flatten_outputs(result))
     names = output_names(result)
-    failure = nonfinite_eager(model_spec.name, eager, names, source)
+    failure = non_tensor_outputs(model_spec.name, result) or nonfinite_eager(model_spec.name, eager, names, source)
     if failure:  # the model itself, not a backend: nothing downstream can be judged against it
         return BuildResult(status="failed", reason=failure)
     program = torch.export.export(model, samples[0], strict=False)
     torch.export.save(program, workdir / PROGRAM)
     write_reference(workdir / REFERENCE, samples, eager, names, source)
     info = {"export_s": round(time.monotonic() - start, 3), "inputs": source, "samples": len(samples),
-            "outputs": [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in eager[0]],
+            "outputs": [{"path": name, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                        for name, t in zip(names, eager[0])],
             "weight_bytes": weight_bytes(program)}
     return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
 
@@ -95,6 +99,9 @@ def nonfinite_eager(model_name: str, eager: list, names: list, source: str) -> s
     """Why eager PyTorch's own outputs cannot serve as the reference (NaN or inf in any), or None."""
     import torch
 
+    from tasks.config.io_spec import output_labels
+
+    names = output_labels(names)
     for i in range(len(eager[0])):
         values = torch.stack([out[i].detach() for out in eager])
         if not values.is_floating_point():

@@ -8,8 +8,9 @@
   ``images data/images`` or ``npz data/val.npz``
 - ``input_<i>``: ``[N, *shape of input i]`` (the declared shape, batch axis included)
 - ``output_<i>``: ``[N, *shape of output i]``, eager outputs (pytree leaves in order)
-- ``output_names``: 1-d unicode, the name of each output where the model's output pytree
-  gives one (a dict key or attribute, e.g. ``logits``), else "" (optional)
+- ``output_names``: 1-d unicode, each output's pytree key path (tasks/config/io_spec.py:
+  ``''`` for a bare tensor, ``[0]``, ``['boxes']``, ``['extra'][1][0]``) (optional; files
+  written before held a dict key or attribute such as ``logits``, or "")
 
 Sample ``n`` of input ``i`` is ``input_<i>[n]``, exactly what the program takes.
 Format 1 (no ``samples`` key: one sample, ``input_<i>`` without the N axis) still loads.

@@ -41,6 +41,7 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     from tasks.build.numerics import compare_samples, verdict
     from tasks.build.program_io import cast_inputs, run_program_samples
     from tasks.build.reference import load_reference_samples
+    from tasks.config.io_spec import output_labels
     from tasks.core.digest import sha256_file
 
     program_sha256 = sha256_file(pte)  # the bytes this verdict is about (it counts only for them)
@@ -52,7 +53,10 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     classification = getattr(cell.model, "task", "other") == "classification"
     actual = [np.stack([r[i] for r in results]) for i in range(len(ref.outputs))]
     metrics = [compare_samples(e, a, classification) for e, a in zip(ref.outputs, actual)]
-    misses = verdict(metrics, cell.thresholds, ref.output_names)
+    labels = output_labels(ref.output_names) if ref.output_names else []
+    for m, path, label in zip(metrics, ref.output_names, labels):
+        m.update(path=path, name=label)
+    misses = verdict(metrics, cell.thresholds, labels)
     notes = []
     if not classification and any(k in cell.thresholds for k in TOPK_THRESHOLDS):
         notes.append(f"top-k thresholds not applied: model task is {getattr(cell.model, 'task', 'other')!r}, "

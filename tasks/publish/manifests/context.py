@@ -42,6 +42,7 @@ from __future__ import annotations
 import re
 
 from tasks.config import defaults, recipes
+from tasks.config.io_spec import describe_inputs, describe_outputs
 from tasks.config.manifest_options import check_options
 from tasks.config.model import Plan
 from tasks.core.text import one_line
@@ -181,10 +182,8 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
             "package_targets": [DELEGATE_TARGETS[d][1] for d in delegates
                                 if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][1]],
             "executorch_version": ev.executorch_version or plan.toolchain.get("executorch") or "",
-            "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": d}
-                       for i, d in zip(cell.model.inputs, dtypes)],
-            "outputs": [{"name": f"output_{k}", "shape": list(o.get("shape", [])), "dtype": o.get("dtype", "")}
-                        for k, o in enumerate(outputs)],
+            "inputs": describe_inputs(cell.model.inputs, dtypes),
+            "outputs": describe_outputs(outputs),  # named by pytree path (tasks/config/io_spec.py)
             "description": description,
             "verdict": outcome.verdict(result),
         })

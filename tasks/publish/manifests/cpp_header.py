@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from tasks.config import defaults
+from tasks.config.io_spec import describe_outputs
 from tasks.core.atomic import atomic_write_text
 from tasks.core.text import one_line
 from tasks.publish import outcome, templates
@@ -108,8 +109,8 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
                        for i, d in zip(cell.model.inputs, dtypes)],
             # -1: unknown (no current capture record); the runner then takes the program's count.
             "num_outputs": len(outputs) if outputs is not None else -1,
-            "outputs": [{"shape": [int(d) for d in o.get("shape", [])], "dtype": str(o.get("dtype", ""))}
-                        for o in (outputs or [])],
+            "outputs": [{"name": o["name"], "shape": [int(d) for d in o["shape"]], "dtype": o["dtype"]}
+                        for o in describe_outputs(outputs or [])],
             "verdict": verdict["status"],
             "validated_on": verdict["inputs"] or "",
             # +inf: identical to eager; None (NaN in C++): not measured here

@@ -50,6 +50,8 @@ def index_document(context: dict) -> dict:
             "platforms": v["platforms"],
             "delegates": v["delegates"],
             "verdict": v["verdict"],
+            "inputs": v["inputs"],  # name, shape, dtype[, range] (tasks/config/io_spec.py)
+            "outputs": v["outputs"],  # name, pytree path, shape, dtype
         })
     return {
         "version": INDEX_FORMAT,

@@ -125,3 +125,63 @@ def test_a_bad_range_is_one_line_with_file_line_key(item, message, tmp_path, mon
     text = str(info.value)
     assert text.startswith("pipeline.yaml:6: models.m.inputs[0].range"), text
     assert message in text and "\n" not in text
+
+
+# ---------------------------------------------------------------- point 2: any output structure
+
+PATHS = ["['logits']", "['features'][0]", "['features'][1]"]
+NAMES = ["logits", "features_0", "features_1"]
+
+
+def test_structured_outputs_are_validated_per_named_output(built):
+    numerics = [json.loads(p.read_text()) for p in built.root.rglob("numerics.json")]
+    assert len(numerics) == 3
+    for report in numerics:
+        assert [o["path"] for o in report["outputs"]] == PATHS
+        assert [o["name"] for o in report["outputs"]] == NAMES
+        assert [o["shape"] for o in report["outputs"]] == [[1, 5], [1, 16], [1, 16]]
+
+
+def test_manifests_and_header_name_outputs_by_their_path(built):
+    run = built.doit("manifest")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    index = json.loads((built.out / "manifests" / "index.json").read_text())
+    entries = {(e["modelName"], e["backend"], e["quantization"]): e for e in index["models"]}
+    tokens = entries[("tokens", "xnnpack", "int8")]
+    assert [(o["name"], o["path"]) for o in tokens["outputs"]] == list(zip(NAMES, PATHS))
+    assert tokens["inputs"] == [{"name": "ids", "shape": [1, 12], "dtype": "int64", "range": [0, 100]},
+                                {"name": "image", "shape": [1, 3, 8, 8], "dtype": "float32", "range": [0, 1]}]
+    header = (built.out / "manifests" / "etforge_models.h").read_text()
+    assert '{"features_0", ' in header and '{"logits", ' in header
+    dart = next((built.out / "manifests").glob("*.dart")).read_text()
+    assert "TensorSpec(name: 'features_1'" in dart
+
+
+def test_output_identifiers_follow_pytree_paths():
+    from tasks.config.io_spec import output_identifiers, output_labels
+
+    paths = ["", "[0]", "[1][2]", "['boxes']", "['extra'][1][0]", "['a b']"]
+    assert output_identifiers(paths) == ["output_0", "output_0_1", "output_1_2", "boxes", "extra_1_0", "a_b"]
+    assert output_labels(["['logits']", "[1]"]) == ["logits", "output_1"]
+    assert output_labels(["logits"]) == ["logits"]  # a name from an older reference.npz
+    assert output_labels([""]) == [""]
+
+
+def test_a_non_tensor_output_fails_the_capture_with_the_reason(tmp_path):
+    project = make_project(tmp_path / "proj", """\
+name: t
+version: 0.0.1
+models:
+  counts:
+    python: models.counts:build
+    inputs: [{name: x, shape: [1, 4]}]
+backends:
+  portable: {}
+quantization: [fp32]
+""")
+    (project.root / "models" / "counts.py").write_text(
+        "import torch\n\nclass M(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return {'y': x * 2, 'n': 3}\n\ndef build():\n    return M()\n")
+    run = project.doit("capture")
+    assert run.returncode != 0
+    assert "['n'] is int" in run.stdout + run.stderr, run.stdout[-2000:]
