@@ -56,6 +56,13 @@ def reference_samples(model_spec, root: Path, seed: int) -> tuple[list, str]:
 
     from tasks.build.samples import load_samples, random_inputs
 
+    if any(i.dims for i in model_spec.inputs):
+        from tasks.build.samples import dynamic_random_inputs
+
+        if model_spec.validation is not None:
+            raise ValueError("validation data for a model with dynamic dims is not supported yet: "
+                             "drop `validation` (random samples at min, an interior size and max are used)")
+        return dynamic_random_inputs(model_spec.inputs, seed), RANDOM_SOURCE
     if model_spec.validation is None:
         return random_inputs(model_spec.inputs, seed), RANDOM_SOURCE
 
@@ -85,7 +92,11 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     failure = non_tensor_outputs(model_spec.name, result) or nonfinite_eager(model_spec.name, eager, names, source)
     if failure:  # the model itself, not a backend: nothing downstream can be judged against it
         return BuildResult(status="failed", reason=failure)
-    program = torch.export.export(model, samples[0], strict=False)
+    try:
+        program = torch.export.export(model, samples[len(samples) // 2], strict=False,
+                                      dynamic_shapes=export_dynamic_shapes(model_spec.inputs))
+    except torch._dynamo.exc.UserError as exc:  # a dynamic dim the model cannot take as declared
+        return BuildResult(status="failed", reason=constraint_failure(model_spec.name, exc))
     torch.export.save(program, workdir / PROGRAM)
     write_reference(workdir / REFERENCE, samples, eager, names, source)
     info = {"export_s": round(time.monotonic() - start, 3), "inputs": source, "samples": len(samples),
@@ -93,6 +104,31 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
                         for name, t in zip(names, eager[0])],
             "weight_bytes": weight_bytes(program)}
     return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
+
+
+def export_dynamic_shapes(inputs):
+    """torch.export's ``dynamic_shapes`` for InputSpecs: one Dim per dim name, shared; None if static."""
+    import torch
+
+    if not any(i.dims for i in inputs):
+        return None
+    named = {}
+    for item in inputs:
+        for _, lo, hi, name in item.dims:
+            named.setdefault(name, torch.export.Dim(name, min=lo, max=hi))
+    return tuple({axis: named[name] for axis, _, _, name in item.dims} or None for item in inputs)
+
+
+def constraint_failure(model_name: str, exc) -> str:
+    """One line from torch.export's constraint violation, with its suggested fix when it gives one."""
+    text = str(exc)
+    fixes = text.split("Suggested fixes:", 1)
+    fix = " ".join(fixes[1].split()) if len(fixes) > 1 else ""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0].split(" For more information")[0] if lines else type(exc).__name__
+    why = next((line.removeprefix("- ") for line in lines if line.startswith("- ")), "")
+    return (f"model {model_name!r}: torch.export rejects its dynamic dims: {first}" + (f" {why}" if why else "")
+            + (f"; suggested fix: {fix}" if fix else "") + " (change min/max in pipeline.yaml)")
 
 
 def nonfinite_eager(model_name: str, eager: list, names: list, source: str) -> str | None:
@@ -103,7 +139,7 @@ def nonfinite_eager(model_name: str, eager: list, names: list, source: str) -> s
 
     names = output_labels(names)
     for i in range(len(eager[0])):
-        values = torch.stack([out[i].detach() for out in eager])
+        values = torch.cat([out[i].detach().reshape(-1) for out in eager])  # samples may differ in shape
         if not values.is_floating_point():
             continue
         nan, inf = int(torch.isnan(values).sum()), int(torch.isinf(values).sum())

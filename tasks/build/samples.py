@@ -67,6 +67,31 @@ def random_inputs(inputs, seed: int, count: int = 1, shapes: list | None = None)
             for _ in range(count)]
 
 
+def size_points(inputs) -> list:
+    """Per measured size of a model's dynamic dims (tasks/config/model.py measured_sizes: min,
+    an interior non-power-of-two, max; dims advance together), the shape of every input."""
+    from tasks.config.model import dynamic_dims, measured_sizes
+
+    sizes = {name: measured_sizes(lo, hi) for name, (lo, hi) in dynamic_dims(inputs).items()}
+    count = max((len(v) for v in sizes.values()), default=1)
+    points = []
+    for k in range(count):
+        at = {name: v[min(k, len(v) - 1)] for name, v in sizes.items()}
+        shapes = []
+        for item in inputs:
+            shape = list(item.shape)
+            for axis, _, _, name in item.dims:
+                shape[axis] = at[name]
+            shapes.append(tuple(shape))
+        points.append(shapes)
+    return points
+
+
+def dynamic_random_inputs(inputs, seed: int) -> list:
+    """One seeded random sample at each of :func:`size_points` (a model with dynamic dims)."""
+    return [random_inputs(inputs, seed + k, 1, shapes)[0] for k, shapes in enumerate(size_points(inputs))]
+
+
 def _draw(item, shape: tuple, generator):
     import torch
 

@@ -51,12 +51,17 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     if any(len(r) != len(ref.outputs) for r in results):
         raise ValueError(f"program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}")
     classification = getattr(cell.model, "task", "other") == "classification"
-    actual = [np.stack([r[i] for r in results]) for i in range(len(ref.outputs))]
-    metrics = [compare_samples(e, a, classification) for e, a in zip(ref.outputs, actual)]
     labels = output_labels(ref.output_names) if ref.output_names else []
-    for m, path, label in zip(metrics, ref.output_names, labels):
-        m.update(path=path, name=label)
-    misses = verdict(metrics, cell.thresholds, labels)
+    if ref.ragged:  # dynamic dims: each sample is one size, judged on its own
+        metrics, full = per_size_metrics(ref, results, labels, classification)
+        program = None  # the divergence search replays one fixed-shape sample
+        misses = verdict(metrics, cell.thresholds, labels=full)
+    else:
+        actual = [np.stack([r[i] for r in results]) for i in range(len(ref.outputs))]
+        metrics = [compare_samples(e, a, classification) for e, a in zip(ref.outputs, actual)]
+        for m, path, label in zip(metrics, ref.output_names, labels):
+            m.update(path=path, name=label)
+        misses = verdict(metrics, cell.thresholds, labels)
     notes = []
     if not classification and any(k in cell.thresholds for k in TOPK_THRESHOLDS):
         notes.append(f"top-k thresholds not applied: model task is {getattr(cell.model, 'task', 'other')!r}, "
@@ -99,6 +104,24 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
         reason = "; ".join(misses + ([divergence_text] if divergence_text else []))
         return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason=reason)
     return BuildResult(files={NUMERICS: out}, info=info)
+
+
+def per_size_metrics(ref, results: list, labels: list, classification: bool) -> tuple[list, list]:
+    """(metrics, labels) per sample and output of a ragged reference: ``input_shapes`` says the size."""
+    from tasks.build.numerics import compare_samples
+
+    metrics, full = [], []
+    for n in range(ref.count):
+        shapes = [list(x.shape) for x in ref.sample_inputs(n)]
+        for i, expected in enumerate(ref.outputs):
+            m = compare_samples(expected[n][None], results[n][i][None], classification)
+            name = labels[i] if i < len(labels) else ""
+            m.update(path=ref.output_names[i] if i < len(ref.output_names) else "", name=name,
+                     sample=n, input_shapes=shapes)
+            metrics.append(m)
+            full.append(f"output {i}" + (f" ({name})" if name else "")
+                        + " at input shapes " + ", ".join("x".join(map(str, s)) for s in shapes))
+    return metrics, full
 
 
 def pick_worst(values: list, pick):

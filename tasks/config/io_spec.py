@@ -47,7 +47,8 @@ def describe_outputs(outputs: list) -> list:
 
 
 def describe_inputs(inputs, dtypes: list | None = None) -> list:
-    """``[{"name", "shape", "dtype"[, "range"]}]`` of InputSpecs; ``dtypes``: as the program takes them."""
+    """``[{"name", "shape", "dtype"[, "range"][, "dynamic"]}]`` of InputSpecs; ``dtypes``: as the program
+    takes them. A dynamic dim's entry in ``shape`` is its max; ``dynamic`` lists ``{axis, min, max, name}``."""
     dtypes = list(dtypes or [])
     if len(dtypes) != len(inputs):
         dtypes = [i.dtype for i in inputs]
@@ -56,6 +57,8 @@ def describe_inputs(inputs, dtypes: list | None = None) -> list:
         entry = {"name": item.name, "shape": list(item.shape), "dtype": str(dtype)}
         if item.range is not None:
             entry["range"] = list(item.range)
+        if item.dims:
+            entry["dynamic"] = [{"axis": a, "min": lo, "max": hi, "name": n} for a, lo, hi, n in item.dims]
         out.append(entry)
     return out
 

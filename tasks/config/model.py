@@ -29,6 +29,9 @@ class InputSpec:
     # The values random samples take (tasks/build/samples.py): integers in [lo, hi), hi exclusive;
     # floats uniform in [lo, hi). None: floats standard normal, integers defaults.INT_INPUT_RANGE.
     range: tuple | None = None
+    # Dynamic dims: ((axis, min, max, name), ...); ``shape`` holds each one's max (what the
+    # program's buffers are sized for). Dims with one name share one torch.export.Dim.
+    dims: tuple = ()
 
     @property
     def is_integer(self) -> bool:
@@ -44,7 +47,25 @@ class InputSpec:
         out = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
         if self.range is not None:  # left out when undeclared: existing keys stay as they were
             out["range"] = list(self.range)
+        if self.dims:
+            out["dynamic"] = [{"axis": a, "min": lo, "max": hi, "name": n} for a, lo, hi, n in self.dims]
         return out
+
+
+def dynamic_dims(inputs) -> dict:
+    """name -> (min, max) of every dynamic dim of ``inputs`` (InputSpecs)."""
+    return {n: (lo, hi) for item in inputs for _, lo, hi, n in item.dims}
+
+
+def measured_sizes(lo: int, hi: int) -> list:
+    """The sizes a dynamic dim is validated and benchmarked at: min, one interior size that is
+    not a power of two (upstream bugs show away from the bounds), max."""
+    if hi - lo < 2:
+        return sorted({lo, hi})
+    mid = (lo + hi) // 2
+    while mid & (mid - 1) == 0 and mid + 1 < hi:  # a power of two: step off it
+        mid += 1
+    return [lo, mid, hi]
 
 
 def default_range_note(model) -> str | None:
@@ -89,6 +110,7 @@ class BackendMember:
     min_coverage: float | None = None  # the recipe's minimum delegation coverage; None: no delegate
     tools: dict = field(default_factory=dict)  # versions of its lowering tools (tasks/tools.py)
     runtime_tools: dict = field(default_factory=dict)  # versions of what runs its programs here
+    dynamic_shapes: bool = False  # the recipe's `dynamic_shapes`: lowers torch.export dynamic dims
 
     def canonical(self) -> dict:
         return {"recipe": self.recipe, "partitioner": self.partitioner, "options": self.options,

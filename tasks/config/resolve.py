@@ -83,9 +83,9 @@ class _Resolver:
                 raise self.doc.error(path + ("weights", "sha256"),
                                      f"weights file sha256 is {actual}, pipeline pins {spec['weights']['sha256']}")
             weights = {"path": self.rel(full), "sha256": actual}
-        inputs = []
+        inputs, dim_ranges = [], {}
         for i, item in enumerate(spec["inputs"]):
-            shape = tuple(item["shape"])
+            shape, dims = self.input_dims(item, i, path, dim_ranges)
             elements = 1
             for d in shape:
                 elements *= d
@@ -94,12 +94,33 @@ class _Resolver:
                                      f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}")
             dtype = item.get("dtype", defaults.INPUT_DTYPE)
             inputs.append(InputSpec(item.get("name", f"input_{i}"), shape, dtype,
-                                    self.input_range(item.get("range"), dtype, path + ("inputs", i, "range"))))
+                                    self.input_range(item.get("range"), dtype, path + ("inputs", i, "range")),
+                                    dims))
         return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
                          weights=weights, inputs=tuple(inputs),
                          calibration=self.calibration(spec.get("calibration"), path + ("calibration",)),
                          validation=self.calibration(spec.get("validation"), path + ("validation",)),
                          task=spec.get("task", "other"))
+
+    def input_dims(self, item: dict, i: int, path: tuple, ranges: dict) -> tuple[tuple, tuple]:
+        """(shape with each dynamic dim at its max, ((axis, min, max, name), ...)); ``ranges``: the
+        dims named so far in this model (name -> (min, max)), which a shared name must match."""
+        shape, dims = [], []
+        for axis, d in enumerate(item["shape"]):
+            if isinstance(d, int):
+                shape.append(d)
+                continue
+            where = path + ("inputs", i, "shape", axis)
+            name = d.get("name") or f"{item.get('name', f'input_{i}')}_{axis}"
+            lo, hi = d["min"], d["max"]
+            if not lo < hi:
+                raise self.doc.error(where, f"a dynamic dim needs min < max, got min {lo}, max {hi}")
+            if ranges.setdefault(name, (lo, hi)) != (lo, hi):
+                raise self.doc.error(where, f"dim {name!r} is [{ranges[name][0]}, {ranges[name][1]}] on an "
+                                            f"earlier input, [{lo}, {hi}] here: a shared name needs one range")
+            shape.append(hi)
+            dims.append((axis, lo, hi, name))
+        return tuple(shape), tuple(dims)
 
     def input_range(self, value: list | None, dtype: str, path: tuple) -> tuple | None:
         """``range: [lo, hi]`` checked against the dtype: integers need integer bounds inside it."""
@@ -160,7 +181,8 @@ class _Resolver:
                              missing=missing_requirement(recipe.data.get("needs")),
                              min_coverage=recipe.data.get("min_delegation_coverage") if delegates else None,
                              tools=self.versions.versions(stage_tools(recipe.data, "lowering")),
-                             runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")))
+                             runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")),
+                             dynamic_shapes=bool(recipe.data.get("dynamic_shapes", False)))
 
     def min_coverage(self, name: str, members: list) -> float | None:
         """gates.min_delegation_coverage.<name>, else the strictest member recipe's minimum."""
@@ -229,6 +251,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     m.check_threshold_keys(list(quants))
     m.check_scheme_options(list(quants))
     cells, rejected = m.cells(models, backends, quants, quant_thresholds)
+    cells, rejected = _reject_dynamic(doc, cells, rejected)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})
@@ -251,6 +274,35 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 toolchain=toolchain_versions(versions.distribution), code=CodeDigests(digests),
                 manifests=data.get("manifests") or {}, expected_failures=expected_failures,
                 artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False))
+
+def dynamic_refusal(cell) -> str | None:
+    """Why ``cell`` (a model with dynamic dims) cannot be built, or None."""
+    if not any(i.dims for i in cell.model.inputs):
+        return None
+    unable = [m.recipe for m in cell.backend.members if not m.dynamic_shapes]
+    if unable:
+        return (f"{', '.join(unable)} cannot lower dynamic shapes (its recipe has no `dynamic_shapes: true`; "
+                "OpenVINO and Arm TOSA fail on SymInt sizes): give the model fixed shapes for it")
+    if cell.transform is not None:
+        return "dynamic shapes are built in fp32 only for now (quantization re-exports at a fixed shape)"
+    return None
+
+
+def _reject_dynamic(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
+    from tasks.config.model import RejectedCell
+
+    kept, refused = [], list(rejected)
+    for cell in cells:
+        reason = dynamic_refusal(cell)
+        if reason:
+            refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
+        else:
+            kept.append(cell)
+    if not kept:
+        raise doc.error(("quantization",), "every cell of the matrix is refused: "
+                        + "; ".join(f"{r.name}: {r.reason}" for r in refused[:3]))
+    return tuple(kept), tuple(refused)
+
 
 def _display(path: Path) -> str:
     try:
