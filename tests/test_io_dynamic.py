@@ -120,3 +120,11 @@ def test_manifests_carry_the_dim_ranges(built):
     assert ids["shape"] == [1, 64] and ids["dynamic"] == [{"axis": 1, "min": 1, "max": 64, "name": "seq"}]
     assert x["dynamic"] == [{"axis": 1, "min": 1, "max": 64, "name": "seq"}]
     assert [o["path"] for o in entry["outputs"]] == ["[0]", "[1]"]
+
+
+def test_benchmark_reports_latency_at_each_measured_size(built):
+    (bench,) = [json.loads(p.read_text()) for p in built.root.rglob("bench.json")
+                if json.loads(p.read_text())["cell"].get("backend") == "xnnpack"]
+    sizes = [p["input_shapes"][0][1] for p in bench["per_size"]]
+    assert sizes == [1, 33, 64]
+    assert all(p["latency_ms"]["p50"] > 0 and p["iterations"] >= 1 for p in bench["per_size"])
