@@ -192,6 +192,23 @@ def time_sizes(method, per_size: list, opts: dict) -> list:
     return out
 
 
+def time_methods(program, reference: Path, methods: list, opts: dict) -> dict:
+    """method -> {"inputs", "latency_ms"} for each further method of a multi-method program, on its
+    first reference sample."""
+    from tasks.build.program_io import cast_inputs
+    from tasks.build.reference import load_reference_samples
+
+    out = {}
+    for name in methods:
+        inputs = cast_inputs(load_reference_samples(reference, name).sample_inputs(0), None)
+        method = program.load_method(name)
+        timing = time_execute(method, inputs, opts["warmup"], opts["iterations"], opts["max_seconds"])
+        out[name] = {"inputs": [list(x.shape) for x in inputs], "iterations": len(timing["samples_ns"]),
+                     "latency_ms": {k: _ms(v) for k, v in summarize(timing["samples_ns"]).items()}}
+        del method
+    return out
+
+
 def time_execute(method, inputs: list, warmup: int, iterations: int, max_seconds: float | None) -> dict:
     """Warm up, then time ``iterations`` calls of ``method.execute(inputs)``.
 
@@ -283,8 +300,13 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     from tasks.config.machine import host_info, host_label
     from tasks.core.digest import sha256_file
 
+    from tasks.build.reference import reference_methods
+
     pte = Path(pte)
     opts = resolve_options(options)
+    methods = reference_methods(Path(reference))
+    if methods != ["forward"] and opts["method"] == "forward":  # several methods: the first is the headline
+        opts["method"] = methods[0]
     inputs = prepare_inputs(Path(reference), input_dtypes)
     runtime = Runtime.get()
     default_threads = current_thread_count()
@@ -302,6 +324,7 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
             timing = time_execute(method, inputs, opts["warmup"], opts["iterations"], opts["max_seconds"])
             status2 = _proc_status_kb("VmRSS", "VmHWM")
             per_size = time_sizes(method, sizes_inputs(Path(reference), input_dtypes), opts)
+            per_method = time_methods(program, Path(reference), [m for m in methods if m != opts["method"]], opts)
         finally:
             del method, program  # release before the thread pool is restored
     peak = process_peak_rss_bytes()
@@ -350,6 +373,8 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         # a model with dynamic dims: the latency at each measured size (min, interior, max);
         # the figures above are at the first (the minimum)
         "per_size": per_size,
+        # a program with several methods: the others' latency (the figures above are the first's)
+        "per_method": per_method,
         "memory": memory,
         "host": host,
         "load_average": {"before": load_before, "after": _loadavg(),

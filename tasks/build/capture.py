@@ -50,22 +50,22 @@ def non_tensor_outputs(model_name: str, outputs) -> str | None:
             "ships tensor outputs only; return tensors (or drop the constants) from forward")
 
 
-def reference_samples(model_spec, root: Path, seed: int) -> tuple[list, str]:
-    """(list of input tuples as torch tensors, source): the model's validation data or one seeded input."""
+def reference_samples(model_spec, root: Path, seed: int, inputs=None) -> tuple[list, str]:
+    """(list of input tuples as torch tensors, source): the model's validation data or one seeded input.
+
+    ``inputs``: one method's InputSpecs (default the model's, i.e. its first method's)."""
     import torch
 
-    from tasks.build.samples import load_samples, random_inputs
+    from tasks.build.samples import dynamic_random_inputs, load_samples, random_inputs
 
-    if any(i.dims for i in model_spec.inputs):
-        from tasks.build.samples import dynamic_random_inputs
-
+    inputs = model_spec.inputs if inputs is None else inputs
+    if any(i.dims for i in inputs):
         if model_spec.validation is not None:
             raise ValueError("validation data for a model with dynamic dims is not supported yet: "
                              "drop `validation` (random samples at min, an interior size and max are used)")
-        return dynamic_random_inputs(model_spec.inputs, seed), RANDOM_SOURCE
+        return dynamic_random_inputs(inputs, seed), RANDOM_SOURCE
     if model_spec.validation is None:
-        return random_inputs(model_spec.inputs, seed), RANDOM_SOURCE
-
+        return random_inputs(inputs, seed), RANDOM_SOURCE
     batches, source = load_samples(model_spec, model_spec.validation, root, seed)
     return [tuple(torch.from_numpy(x) for x in batch) for batch in batches], source
 
@@ -75,6 +75,26 @@ def capture_stage(request: BuildRequest) -> BuildResult:
     return build_capture(request.subject, request.plan.root, request.plan.seed, request.workdir)
 
 
+def method_module(model, name: str):
+    """``model`` itself for forward, else a module whose forward calls ``model.<name>`` (one per method)."""
+    import torch
+
+    if name == "forward":
+        return model
+
+    class Method(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.core = model
+
+        def forward(self, *args):
+            return getattr(self.core, name)(*args)
+
+    if not callable(getattr(model, name, None)):
+        raise AttributeError(f"the model has no method {name!r} (pipeline.yaml declares it under methods)")
+    return Method()
+
+
 def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResult:
     import torch
 
@@ -82,28 +102,92 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
 
     start = time.monotonic()
     model = build_model(model_spec, root)
-    samples, source = reference_samples(model_spec, root, seed)
-    eager = []
-    with torch.no_grad():
-        for inputs in samples:
-            result = model(*inputs)
-            eager.append(flatten_outputs(result))
-    names = output_names(result)
-    failure = non_tensor_outputs(model_spec.name, result) or nonfinite_eager(model_spec.name, eager, names, source)
-    if failure:  # the model itself, not a backend: nothing downstream can be judged against it
-        return BuildResult(status="failed", reason=failure)
-    try:
-        program = torch.export.export(model, samples[len(samples) // 2], strict=False,
-                                      dynamic_shapes=export_dynamic_shapes(model_spec.inputs))
-    except torch._dynamo.exc.UserError as exc:  # a dynamic dim the model cannot take as declared
-        return BuildResult(status="failed", reason=constraint_failure(model_spec.name, exc))
-    torch.export.save(program, workdir / PROGRAM)
-    write_reference(workdir / REFERENCE, samples, eager, names, source)
-    info = {"export_s": round(time.monotonic() - start, 3), "inputs": source, "samples": len(samples),
-            "outputs": [{"path": name, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                        for name, t in zip(names, eager[0])],
-            "weight_bytes": weight_bytes(program)}
+    captured = {}  # method -> (program, samples, eager, names, source)
+    for method, inputs in (model_spec.methods or (("forward", model_spec.inputs),)):
+        module = method_module(model, method)
+        samples, source = reference_samples(model_spec, root, seed, inputs)
+        eager = []
+        with torch.no_grad():
+            for sample in samples:
+                result = module(*sample)
+                eager.append(flatten_outputs(result))
+        names = output_names(result)
+        label = model_spec.name if method == "forward" else f"{model_spec.name}.{method}"
+        failure = non_tensor_outputs(label, result) or nonfinite_eager(label, eager, names, source)
+        if failure:  # the model itself, not a backend: nothing downstream can be judged against it
+            return BuildResult(status="failed", reason=failure)
+        try:
+            program = torch.export.export(module, samples[len(samples) // 2], strict=False,
+                                          dynamic_shapes=export_dynamic_shapes(inputs))
+        except torch._dynamo.exc.UserError as exc:  # a dynamic dim the model cannot take as declared
+            return BuildResult(status="failed", reason=constraint_failure(label, exc))
+        captured[method] = (program, samples, eager, names, source)
+    if not model_spec.multi_method:
+        program, samples, eager, names, source = captured["forward"]
+        torch.export.save(program, workdir / PROGRAM)
+        write_reference(workdir / REFERENCE, samples, eager, names, source)
+    else:
+        save_programs(workdir / PROGRAM, {m: c[0] for m, c in captured.items()})
+        write_method_references(workdir / REFERENCE, {m: c[1:] for m, c in captured.items()})
+    first = next(iter(captured.values()))
+    outputs = {m: [{"path": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                   for n, t in zip(c[3], c[2][0])] for m, c in captured.items()}
+    info = {"export_s": round(time.monotonic() - start, 3), "inputs": first[4], "samples": len(first[1]),
+            "outputs": next(iter(outputs.values())), "weight_bytes": weight_bytes(first[0])}
+    if model_spec.multi_method:
+        info["methods"] = {m: {"outputs": o} for m, o in outputs.items()}
     return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
+
+
+METHODS_INDEX = "etforge_methods.json"
+
+
+def save_programs(path: Path, programs: dict) -> None:
+    """Several methods' ExportedPrograms in one model.pt2: a zip of ``<method>.pt2`` files plus
+    ``etforge_methods.json`` (their order). :func:`load_programs` reads both forms."""
+    import io
+    import json
+    import zipfile
+
+    import torch
+
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr(METHODS_INDEX, json.dumps(list(programs)))
+        for name, program in programs.items():
+            buffer = io.BytesIO()
+            torch.export.save(program, buffer)
+            archive.writestr(f"{name}.pt2", buffer.getvalue())
+
+
+def load_programs(path: Path) -> dict:
+    """method -> ExportedProgram of a model.pt2 (one ``forward``, or every method of a multi-method model)."""
+    import io
+    import json
+    import zipfile
+
+    import torch
+
+    with zipfile.ZipFile(path) as archive:
+        if METHODS_INDEX not in archive.namelist():
+            return {"forward": torch.export.load(path)}
+        names = json.loads(archive.read(METHODS_INDEX))
+        return {n: torch.export.load(io.BytesIO(archive.read(f"{n}.pt2"))) for n in names}
+
+
+def write_method_references(path: Path, methods: dict) -> None:
+    """reference.npz of a multi-method model: ``methods`` (their names) and, per method, ``method_<name>``
+    holding the bytes of that method's own reference.npz (tasks/build/reference.py)."""
+    import io
+
+    import numpy as np
+
+    arrays = {"methods": np.array(list(methods), dtype=str)}
+    for name, (samples, eager, names, source) in methods.items():
+        buffer = io.BytesIO()
+        write_reference(buffer, samples, eager, names, source)
+        arrays[f"method_{name}"] = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def export_dynamic_shapes(inputs):

@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 
+from tasks.build.capture import load_programs
 from tasks.build.gates import delegation_coverage, delegation_gate
 from tasks.build.program_io import check_loads
 from tasks.core.paths import REPO_ROOT
@@ -64,12 +65,15 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     from executorch.exir import to_edge_transform_and_lower
 
     start = time.monotonic()
-    program = torch.export.load(program_path)
+    programs = load_programs(program_path)  # {"forward": ep}, or every method of a multi-method model
+    first = next(iter(programs))
+    program = programs[first]
     with ExitStack() as stack:
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
-        edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
-    graph_module = edge.exported_program().graph_module
+        edge = to_edge_transform_and_lower(program if len(programs) == 1 else programs,
+                                           partitioner=partitioners_for(cell.backend))
+    graph_module = edge.exported_program(first).graph_module  # delegation of the first method
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
     if cell.transform is not None:
@@ -98,7 +102,7 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     if failure:
         return BuildResult(files=files, info=info, status="failed", reason=failure)
     if cell.backend.host_runnable:
-        check_loads(pte)
+        check_loads(pte, tuple(programs))
     return BuildResult(files=files, info=info)
 
 

@@ -50,16 +50,18 @@ def load_method(pte_bytes: bytes, method: str = METHOD):
     return program, program.load_method(method)
 
 
-def check_loads(pte: Path) -> None:
-    """Load the program and its forward method in the ExecuTorch runtime."""
-    load_method(Path(pte).read_bytes())
+def check_loads(pte: Path, methods: tuple = (METHOD,)) -> None:
+    """Load the program and each of its ``methods`` in the ExecuTorch runtime."""
+    data = Path(pte).read_bytes()
+    for name in methods:
+        load_method(data, name)
 
 
-def run_program_samples(pte: Path, samples: list) -> list:
-    """Outputs of ``pte`` (numpy arrays) for each sample (a list of input tensors); one program load."""
+def run_program_samples(pte: Path, samples: list, method_name: str = METHOD) -> list:
+    """Outputs of ``pte``'s method (numpy arrays) for each sample (a list of input tensors); one program load."""
     import torch
 
-    program, method = load_method(Path(pte).read_bytes())  # `program` stays alive while `method` runs
+    program, method = load_method(Path(pte).read_bytes(), method_name)  # `program` stays alive while `method` runs
     results = []
     for inputs in samples:
         outputs = method.execute(list(inputs))

@@ -18,6 +18,8 @@ A model with dynamic dims has samples of different shapes (one per measured size
 ``ragged`` (0-d bool) is present and each sample is stored on its own,
 ``s<n>_input_<i>`` / ``s<n>_output_<i>``; :class:`Reference` then holds per input and
 output a list of N arrays instead of one ``[N, ...]`` array (indexing ``[n]`` is the same).
+A model with several methods stores ``methods`` and one such file per method (see
+:func:`reference_methods`).
 Format 1 (no ``samples`` key: one sample, ``input_<i>`` without the N axis) still loads.
 Without ``validation`` data in pipeline.yaml, N = 1 and the sample is seeded random.
 """
@@ -78,15 +80,33 @@ def write_reference(path: Path, samples: list, eager: list, names: list, source:
     arrays["samples"] = np.array(len(samples), dtype=np.int64)
     arrays["output_names"] = np.array(names, dtype=str)
     arrays["source"] = np.array(source)
+    if hasattr(path, "write"):  # a buffer: one method's reference inside a multi-method file
+        np.savez(path, **arrays)
+        return
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 
 
-def load_reference_samples(path: Path) -> Reference:
-    """Every sample of a reference.npz (format 1 files load as one sample)."""
+def reference_methods(path: Path) -> list:
+    """The methods a reference.npz holds samples for: ``["forward"]``, or a multi-method model's
+    (``methods`` and ``method_<name>``: the bytes of each method's own reference.npz)."""
     import numpy as np
 
     with np.load(path) as data:
+        return [str(m) for m in data["methods"]] if "methods" in data.files else ["forward"]
+
+
+def load_reference_samples(path: Path, method: str | None = None) -> Reference:
+    """Every sample of a reference.npz (format 1 files load as one sample); ``method``: whose samples,
+    for a multi-method model (default its first)."""
+    import io
+
+    import numpy as np
+
+    with np.load(path) as data:
+        if "methods" in data.files:
+            name = method or str(data["methods"][0])
+            return load_reference_samples(io.BytesIO(data[f"method_{name}"].tobytes()))
         if "ragged" in data.files:
             count = int(data["samples"])
             inputs = [[data[f"s{n}_{k}"] for n in range(count)] for k in _numbered(_unprefixed(data.files), "input_")]

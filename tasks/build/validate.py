@@ -40,11 +40,14 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
 
     from tasks.build.numerics import compare_samples, verdict
     from tasks.build.program_io import cast_inputs, run_program_samples
-    from tasks.build.reference import load_reference_samples
+    from tasks.build.reference import load_reference_samples, reference_methods
     from tasks.config.io_spec import output_labels
     from tasks.core.digest import sha256_file
 
     program_sha256 = sha256_file(pte)  # the bytes this verdict is about (it counts only for them)
+    methods = reference_methods(reference)
+    if methods != ["forward"]:
+        return _validate_methods(cell, pte, reference, methods, workdir)
     ref = load_reference_samples(reference)
     samples = [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)]
     results = run_program_samples(pte, samples)
@@ -103,6 +106,59 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     if misses:
         reason = "; ".join(misses + ([divergence_text] if divergence_text else []))
         return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason=reason)
+    return BuildResult(files={NUMERICS: out}, info=info)
+
+
+def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: Path) -> BuildResult:
+    """A program with several methods: each method's samples through that method, every output of
+    every method judged (labels name the method); one numerics.json, one verdict."""
+    import numpy as np
+
+    from tasks.build.numerics import compare_samples, verdict
+    from tasks.build.program_io import cast_inputs, run_program_samples
+    from tasks.build.reference import load_reference_samples
+    from tasks.config.io_spec import output_labels
+    from tasks.core.digest import sha256_file
+
+    metrics, full, sources, counts = [], [], set(), {}
+    for method in methods:
+        ref = load_reference_samples(reference, method)
+        results = run_program_samples(pte, [cast_inputs(ref.sample_inputs(n), None) for n in range(ref.count)],
+                                      method)
+        if any(len(r) != len(ref.outputs) for r in results):
+            raise ValueError(f"method {method}: program returned {len(results[0])} outputs, "
+                             f"eager returned {len(ref.outputs)}")
+        labels = output_labels(ref.output_names) if ref.output_names else [""] * len(ref.outputs)
+        if ref.ragged:
+            found, found_labels = per_size_metrics(ref, results, labels, False)
+        else:
+            found = [compare_samples(e, np.stack([r[i] for r in results])) for i, e in enumerate(ref.outputs)]
+            for m, path, label in zip(found, ref.output_names, labels):
+                m.update(path=path, name=label)
+            found_labels = [f"output {i}" + (f" ({label})" if label else "") for i, label in enumerate(labels)]
+        for m in found:
+            m["method"] = method
+        metrics += found
+        full += [f"method {method}: {label}" for label in found_labels]
+        sources.add(ref.source)
+        counts[method] = ref.count
+    misses = verdict(metrics, cell.thresholds, labels=full)
+    source = "; ".join(sorted(sources))
+    report = {"cell": cell.canonical(), "program_sha256": sha256_file(pte), "inputs": source,
+              "samples": counts, "methods": methods, "task": getattr(cell.model, "task", "other"),
+              "thresholds": cell.thresholds, "outputs": metrics, "passed": not misses, "misses": misses,
+              "notes": ["validated on random inputs"] if source.startswith("random") else []}
+    out = workdir / NUMERICS
+    out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
+    info = {"sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
+            "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
+            "cosine": pick_worst([m["cosine"] for m in metrics], min),
+            "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
+            "inputs": source, "samples": sum(counts.values()), "methods": methods, "passed": not misses,
+            "program_sha256": report["program_sha256"]}
+    if misses:
+        return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason="; ".join(misses))
     return BuildResult(files={NUMERICS: out}, info=info)
 
 

@@ -63,14 +63,23 @@ def describe_inputs(inputs, dtypes: list | None = None) -> list:
     return out
 
 
-def describe_io(model_spec, outputs: list | None = None, input_dtypes: list | None = None) -> dict:
-    """``{"methods": {name: {"inputs": [...], "outputs": [...]}}}``, JSON-able.
+def describe_io(model_spec, outputs: list | None = None, input_dtypes: list | None = None,
+                method_outputs: dict | None = None) -> dict:
+    """``{"methods": [{"name", "inputs": [...], "outputs": [...]}]}``, JSON-able, in declaration order
+    (a list: JSON written with sorted keys keeps it).
 
-    ``outputs``: the capture record's ``outputs`` (None: not known yet, an empty list);
-    ``input_dtypes``: the program's (an fp16 program takes float16), default the declared ones.
+    ``outputs``: the capture record's ``outputs`` (the first method's; None: not known yet, an empty
+    list); ``method_outputs``: the capture record's ``methods`` outputs (method -> outputs) for a model
+    with several; ``input_dtypes``: the first method's as the program takes them (an fp16 program
+    takes float16), default the declared ones.
     """
-    return {"methods": {METHOD: {"inputs": describe_inputs(model_spec.inputs, input_dtypes),
-                                 "outputs": describe_outputs(outputs or [])}}}
+    methods = model_spec.methods or ((METHOD, model_spec.inputs),)
+    described = []
+    for k, (name, inputs) in enumerate(methods):
+        outs = (method_outputs or {}).get(name, outputs if k == 0 else None)
+        described.append({"name": name, "inputs": describe_inputs(inputs, input_dtypes if k == 0 else None),
+                          "outputs": describe_outputs(outs or [])})
+    return {"methods": described}
 
 
 def output_labels(paths: list) -> list:

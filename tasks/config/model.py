@@ -89,12 +89,26 @@ class ModelSpec:
     calibration: dict | None  # {"npz"|"images": rel path, "sha256": digest, ...}; None: random
     validation: dict | None  # same form; the inputs the reference outputs are computed on
     task: str  # classification enables top-k agreement
+    # ((method name, inputs), ...) in declaration order; default one method, forward, with ``inputs``
+    # (``inputs`` is always the first method's).
+    methods: tuple = ()
+
+    @property
+    def method_names(self) -> tuple:
+        return tuple(m for m, _ in self.methods) or ("forward",)
+
+    @property
+    def multi_method(self) -> bool:
+        return self.method_names != ("forward",)
 
     def canonical(self) -> dict:
         # The name is not part of the content: renaming a model reuses its cache.
-        return {"source": self.source, "kwargs": self.kwargs, "weights": self.weights,
-                "inputs": [i.canonical() for i in self.inputs], "validation": self.validation,
-                "task": self.task}
+        out = {"source": self.source, "kwargs": self.kwargs, "weights": self.weights,
+               "inputs": [i.canonical() for i in self.inputs], "validation": self.validation,
+               "task": self.task}
+        if self.multi_method:  # left out for forward alone: existing keys stay as they were
+            out["methods"] = {m: [i.canonical() for i in inputs] for m, inputs in self.methods}
+        return out
 
 
 @dataclass(frozen=True)

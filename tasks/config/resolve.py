@@ -83,24 +83,40 @@ class _Resolver:
                 raise self.doc.error(path + ("weights", "sha256"),
                                      f"weights file sha256 is {actual}, pipeline pins {spec['weights']['sha256']}")
             weights = {"path": self.rel(full), "sha256": actual}
-        inputs, dim_ranges = [], {}
-        for i, item in enumerate(spec["inputs"]):
-            shape, dims = self.input_dims(item, i, path, dim_ranges)
+        if ("inputs" in spec) == ("methods" in spec):
+            raise self.doc.error(path, "declare either 'inputs' (one method, forward) or 'methods' "
+                                       "(each with its inputs), " + ("not both" if "inputs" in spec else "one is required"))
+        dim_ranges: dict = {}  # dim names are shared across inputs and methods
+        if "methods" in spec:
+            methods = tuple((m, self.inputs(body["inputs"], path + ("methods", m, "inputs"), dim_ranges))
+                            for m, body in spec["methods"].items())
+        else:
+            methods = (("forward", self.inputs(spec["inputs"], path + ("inputs",), dim_ranges)),)
+        inputs = methods[0][1]
+        if "methods" in spec and spec.get("validation"):
+            raise self.doc.error(path + ("validation",), "validation data for several methods is not supported "
+                                                         "yet: drop it (each method gets seeded random inputs)")
+        return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
+                         weights=weights, inputs=inputs, methods=methods,
+                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",)),
+                         validation=self.calibration(spec.get("validation"), path + ("validation",)),
+                         task=spec.get("task", "other"))
+
+    def inputs(self, items: list, where: tuple, dim_ranges: dict) -> tuple:
+        """InputSpecs of one method's ``inputs`` list at key path ``where``."""
+        out = []
+        for i, item in enumerate(items):
+            shape, dims = self.input_dims(item, i, where, dim_ranges)
             elements = 1
             for d in shape:
                 elements *= d
             if elements > MAX_INPUT_ELEMENTS:
-                raise self.doc.error(path + ("inputs", i, "shape"),
+                raise self.doc.error(where + (i, "shape"),
                                      f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}")
             dtype = item.get("dtype", defaults.INPUT_DTYPE)
-            inputs.append(InputSpec(item.get("name", f"input_{i}"), shape, dtype,
-                                    self.input_range(item.get("range"), dtype, path + ("inputs", i, "range")),
-                                    dims))
-        return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
-                         weights=weights, inputs=tuple(inputs),
-                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",)),
-                         validation=self.calibration(spec.get("validation"), path + ("validation",)),
-                         task=spec.get("task", "other"))
+            out.append(InputSpec(item.get("name", f"input_{i}"), shape, dtype,
+                                 self.input_range(item.get("range"), dtype, where + (i, "range")), dims))
+        return tuple(out)
 
     def input_dims(self, item: dict, i: int, path: tuple, ranges: dict) -> tuple[tuple, tuple]:
         """(shape with each dynamic dim at its max, ((axis, min, max, name), ...)); ``ranges``: the
@@ -110,7 +126,7 @@ class _Resolver:
             if isinstance(d, int):
                 shape.append(d)
                 continue
-            where = path + ("inputs", i, "shape", axis)
+            where = path + (i, "shape", axis)
             name = d.get("name") or f"{item.get('name', f'input_{i}')}_{axis}"
             lo, hi = d["min"], d["max"]
             if not lo < hi:
@@ -276,8 +292,13 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False))
 
 def dynamic_refusal(cell) -> str | None:
-    """Why ``cell`` (a model with dynamic dims) cannot be built, or None."""
-    if not any(i.dims for i in cell.model.inputs):
+    """Why ``cell`` (a model with dynamic dims or several methods) cannot be built, or None."""
+    if cell.model.multi_method:
+        if cell.transform is not None:
+            return "several methods are built in fp32 only for now (quantization takes one forward)"
+        if not cell.backend.host_runnable:
+            return "several methods are validated on a host that runs the backend only for now (no bundled suites)"
+    if not any(i.dims for _, inputs in cell.model.methods for i in inputs):
         return None
     unable = [m.recipe for m in cell.backend.members if not m.dynamic_shapes]
     if unable:

@@ -79,7 +79,8 @@ class Evidence:
     delegates: tuple = ()
     executorch_version: str | None = None
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
-    outputs: tuple = ()  # the capture's eager outputs: {"shape", "dtype"} each
+    outputs: tuple = ()  # the capture's eager outputs: {"path", "shape", "dtype"} each
+    method_outputs: dict = field(default_factory=dict)  # several methods: method -> its outputs, likewise
     delegated_ops: int | None = None
     non_delegated_ops: int | None = None
     size_vs_fp32: float | None = None
@@ -183,6 +184,10 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> 
     capture = by_kind.get("capture")
     if capture and capture.get("status") == "ok":
         facts["outputs"] = tuple(o for o in _info(capture).get("outputs") or () if isinstance(o, dict))
+        methods = _info(capture).get("methods")
+        if isinstance(methods, dict):
+            facts["method_outputs"] = {m: list(v.get("outputs") or []) for m, v in methods.items()
+                                       if isinstance(v, dict)}
     gate = by_kind.get("sizegate")
     if gate:
         facts["size_vs_fp32"] = finite(_info(gate).get("size_vs_fp32"))

@@ -42,7 +42,7 @@ from __future__ import annotations
 import re
 
 from tasks.config import defaults, recipes
-from tasks.config.io_spec import describe_inputs, describe_outputs
+from tasks.config.io_spec import describe_inputs, describe_io, describe_outputs
 from tasks.config.manifest_options import check_options
 from tasks.config.model import Plan
 from tasks.core.text import one_line
@@ -184,6 +184,8 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
             "executorch_version": ev.executorch_version or plan.toolchain.get("executorch") or "",
             "inputs": describe_inputs(cell.model.inputs, dtypes),
             "outputs": describe_outputs(outputs),  # named by pytree path (tasks/config/io_spec.py)
+            # every method with its inputs and outputs (one, forward, unless the model declares several)
+            "methods": describe_io(cell.model, outputs, dtypes, ev.method_outputs)["methods"],
             "description": description,
             "verdict": outcome.verdict(result),
         })

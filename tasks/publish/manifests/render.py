@@ -52,6 +52,7 @@ def index_document(context: dict) -> dict:
             "verdict": v["verdict"],
             "inputs": v["inputs"],  # name, shape, dtype[, range] (tasks/config/io_spec.py)
             "outputs": v["outputs"],  # name, pytree path, shape, dtype
+            "methods": v["methods"],  # [{name, inputs, outputs}]; the two above are the first method's
         })
     return {
         "version": INDEX_FORMAT,
