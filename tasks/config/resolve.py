@@ -83,9 +83,11 @@ class _Resolver:
                 raise self.doc.error(path + ("weights", "sha256"),
                                      f"weights file sha256 is {actual}, pipeline pins {spec['weights']['sha256']}")
             weights = {"path": self.rel(full), "sha256": actual}
-        if ("inputs" in spec) == ("methods" in spec):
+        if "inputs" not in spec and "methods" not in spec:
+            raise self.doc.error(path, "missing required key 'inputs'")
+        if "inputs" in spec and "methods" in spec:
             raise self.doc.error(path, "declare either 'inputs' (one method, forward) or 'methods' "
-                                       "(each with its inputs), " + ("not both" if "inputs" in spec else "one is required"))
+                                       "(each with its inputs), not both")
         dim_ranges: dict = {}  # dim names are shared across inputs and methods
         if "methods" in spec:
             methods = tuple((m, self.inputs(body["inputs"], path + ("methods", m, "inputs"), dim_ranges))
