@@ -53,6 +53,24 @@ def export_stage(request: BuildRequest) -> BuildResult:
     return build_export(request.subject, request.upstream["graph"].files["model.pt2"], request.workdir)
 
 
+def _register_transform_ops(cell) -> None:
+    """Import what registers the custom ops of the cell's quantized graph before loading it.
+
+    The quantize task ran in another process; without this, a graph holding e.g.
+    ``quant::dequantize_codebook`` fails to deserialize unless the same worker happened
+    to quantize it first.
+    """
+    import importlib
+
+    from tasks.core.dotted_path import load_callable
+
+    if cell.transform is None or cell.transform.method != "torchao":
+        return
+    importlib.import_module("torchao")  # registers the torchao:: ops of every torchao scheme
+    for module in getattr(load_callable(cell.transform.ref), "op_libraries", ()):
+        importlib.import_module(module)
+
+
 def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little."""
     from tasks.build.partitioners import FRESH_PROCESS
@@ -64,6 +82,7 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     from executorch.exir import to_edge_transform_and_lower
 
     start = time.monotonic()
+    _register_transform_ops(cell)
     program = torch.export.load(program_path)
     with ExitStack() as stack:
         for context in lowering_contexts(cell.backend):

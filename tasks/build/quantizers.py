@@ -195,3 +195,8 @@ def coreml_palettize(options: dict):
     bits = int(options.get("bits", 4))
     return CodebookWeightOnlyConfig(dtype=getattr(torch, f"uint{bits}"),
                                     block_size=list(options.get("block_size", [-1, 16])))
+
+
+# Modules that register the custom ops a factory's quantized graph contains: loading that
+# graph in another process (the export task, often another worker) must import them first.
+coreml_palettize.op_libraries = ("torchao.prototype.quantization.codebook_coreml",)
