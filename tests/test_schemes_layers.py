@@ -21,6 +21,9 @@ models:
   mixed:
     python: models.mixed:build
     inputs: [{name: x, shape: [1, 8, 32]}, {name: z, shape: [1, 24]}]
+  wide:
+    python: models.mixed:wide
+    inputs: [{name: x, shape: [1, 64]}]
   narrow:
     python: models.mixed:narrow
     inputs: [{name: z, shape: [1, 24]}]
@@ -38,19 +41,21 @@ models:
     calibration: {npz: data/ids.npz}
 backends:
   xnnpack: {}
-quantization: [fp32, int8, 8da4w, 8da8w]
-quantization_options: {8da4w: {embedding: 4}}
+  coreml: {}
+quantization: [fp32, int8, 8da4w, 8da8w, coreml_int4w]
+quantization_options: {8da4w: {embedding: 4}, coreml_int4w: {group_size: 32}}
 matrix:
   product: false
   include:
-    - {model: mixed, quantization: 8da4w}
-    - {model: mixed, quantization: 8da8w}
-    - {model: narrow, quantization: 8da4w}
-    - {model: convnet, quantization: 8da8w}
-    - {model: lm, quantization: fp32}
-    - {model: lm, quantization: 8da4w}
-    - {model: lm, quantization: int8}
-    - {model: lm_data, quantization: int8}
+    - {model: mixed, backend: xnnpack, quantization: 8da4w}
+    - {model: mixed, backend: xnnpack, quantization: 8da8w}
+    - {model: wide, backend: coreml, quantization: coreml_int4w}
+    - {model: narrow, backend: xnnpack, quantization: 8da4w}
+    - {model: convnet, backend: xnnpack, quantization: 8da8w}
+    - {model: lm, backend: xnnpack, quantization: fp32}
+    - {model: lm, backend: xnnpack, quantization: 8da4w}
+    - {model: lm, backend: xnnpack, quantization: int8}
+    - {model: lm_data, backend: xnnpack, quantization: int8}
 """
 
 MODELS = '''\
@@ -74,6 +79,11 @@ class Mixed(nn.Module):
 def build():
     torch.manual_seed(0)
     return Mixed()
+
+
+def wide():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 48), nn.ReLU(), nn.Linear(48, 64), nn.ReLU(), nn.Linear(64, 10))
 
 
 def narrow():
@@ -139,6 +149,16 @@ def test_8da8w_per_channel_takes_every_width_but_not_attention_out_proj(built):
     assert info["quantized"] == 4
     assert [e["layer"] for e in info["kept_float"]] == ["enc.self_attn.out_proj"]
     assert rows(project)["mixed/xnnpack/8da8w"]["status"] == "provisional"
+
+
+def test_core_ml_per_group_int4_keeps_the_layer_the_group_does_not_divide(built):
+    project, _ = built
+    info = layers(project, "wide", "coreml_int4w", "coreml_weight_only")
+    assert info["quantized_layers"] == {"linear": ["0", "4"]}
+    assert info["kept_float"] == [{"layer": "2", "reason": "in_features 48 is not a multiple of the group size 32"}]
+    # Lowered for Core ML (not runnable here: its bundled program checks itself on the device).
+    assert state(project, "export:wide/coreml/coreml_int4w")["status"] == "ok"
+    assert rows(project)["wide/coreml/coreml_int4w"]["status"] == "on-device"
 
 
 def test_a_scheme_that_takes_no_layer_is_rejected_with_the_reason_not_failed(built):
