@@ -94,7 +94,7 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     if cell.transform is not None:
         # quantize/dequantize ops left outside a delegate need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
-    executorch_program = edge.to_executorch()
+    executorch_program = edge.to_executorch(_backend_config(cell.transform))
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
     pte.write_bytes(executorch_program.buffer)
@@ -144,6 +144,18 @@ def _build_in_fresh_process(cell, program_path: Path, workdir: Path) -> BuildRes
     return built
 
 
+
+
+def _backend_config(transform):
+    """Quantized embeddings (torchao dequantize + embedding) become ExecuTorch's quantized embedding
+    ops only with quant fusion; without it ``Missing out variants: {'torchao::dequantize_affine'}``."""
+    from tasks.build.quantizers import quantizes_embeddings
+
+    if not quantizes_embeddings(transform):
+        return None
+    from executorch.exir import ExecutorchBackendConfig
+
+    return ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True)
 
 
 def _input_dtypes(program) -> list:

@@ -50,6 +50,7 @@ def index_document(context: dict) -> dict:
             "platforms": v["platforms"],
             "delegates": v["delegates"],
             "verdict": v["verdict"],
+            "layers": v.get("layers"),
         })
     return {
         "version": INDEX_FORMAT,
