@@ -54,6 +54,24 @@ def export_stage(request: BuildRequest) -> BuildResult:
     return build_export(request.subject, request.upstream["graph"].files["model.pt2"], request.workdir)
 
 
+def _register_transform_ops(cell) -> None:
+    """Import what registers the custom ops of the cell's quantized graph before loading it.
+
+    The quantize task ran in another process; without this, a graph holding e.g.
+    ``quant::dequantize_codebook`` fails to deserialize unless the same worker happened
+    to quantize it first.
+    """
+    import importlib
+
+    from tasks.core.dotted_path import load_callable
+
+    if cell.transform is None or cell.transform.method != "torchao":
+        return
+    importlib.import_module("torchao")  # registers the torchao:: ops of every torchao scheme
+    for module in getattr(load_callable(cell.transform.ref), "op_libraries", ()):
+        importlib.import_module(module)
+
+
 def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little."""
     from tasks.build.partitioners import FRESH_PROCESS
@@ -65,6 +83,7 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     from executorch.exir import to_edge_transform_and_lower
 
     start = time.monotonic()
+    _register_transform_ops(cell)
     programs = load_programs(program_path)  # {"forward": ep}, or every method of a multi-method model
     first = next(iter(programs))
     program = programs[first]
@@ -79,7 +98,7 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     if cell.transform is not None:
         # quantize/dequantize ops left outside a delegate need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
-    executorch_program = edge.to_executorch()
+    executorch_program = edge.to_executorch(_backend_config(cell.transform))
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
     pte.write_bytes(executorch_program.buffer)
@@ -129,6 +148,18 @@ def _build_in_fresh_process(cell, program_path: Path, workdir: Path) -> BuildRes
     return built
 
 
+
+
+def _backend_config(transform):
+    """Quantized embeddings (torchao dequantize + embedding) become ExecuTorch's quantized embedding
+    ops only with quant fusion; without it ``Missing out variants: {'torchao::dequantize_affine'}``."""
+    from tasks.build.quantizers import quantizes_embeddings
+
+    if not quantizes_embeddings(transform):
+        return None
+    from executorch.exir import ExecutorchBackendConfig
+
+    return ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True)
 
 
 def _input_dtypes(program) -> list:

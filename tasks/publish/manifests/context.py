@@ -188,6 +188,9 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
             "methods": describe_io(cell.model, outputs, dtypes, ev.method_outputs)["methods"],
             "description": description,
             "verdict": outcome.verdict(result),
+            # A weight-group scheme's layers: how many it quantized, which it kept in float and why.
+            "layers": ({k: ev.layers.get(k) for k in ("quantized", "float", "kept_float")}
+                       if ev.layers else None),
         })
     by_file: dict = {}
     for v in variants:
