@@ -204,7 +204,6 @@ def test_static_int8_of_an_embedding_model_calibrated_on_valid_ids(built):
     assert rows(project)["lm_data/xnnpack/int8"]["status"] == "provisional"
 
 
-@pytest.mark.xfail(strict=True, reason="needs the IO stream's sample generator")
 def test_static_int8_of_an_embedding_model_calibrated_on_random_int64_inputs(built):
     project, _ = built
     assert rows(project)["lm/xnnpack/int8"]["status"] == "provisional", rows(project)["lm/xnnpack/int8"]
