@@ -103,6 +103,18 @@ def built_linreg(tmp_path_factory) -> Project:
     return project
 
 
+@pytest.fixture(scope="session")
+def built_small(tmp_path_factory) -> Project:
+    """SMALL_PIPELINE (4 cells) built once for the session by ``doit -n 2 -P process`` (every task,
+    manifest and report included), without a remote; ``first_run`` is that run. Never change it:
+    copy it (copy_project) and change the copy."""
+    project = make_project(tmp_path_factory.mktemp("small") / "proj", SMALL_PIPELINE)
+    run = project.doit("-n", "2", "-P", "process")
+    assert run.returncode == 0, run.stdout + run.stderr
+    project.first_run = run
+    return project
+
+
 def state(project: Project, task: str) -> dict:
     """The state record of ``task`` (e.g. export:linreg/xnnpack/fp32)."""
     name = task.replace(":", "__").replace("/", "__") + ".json"
@@ -110,9 +122,12 @@ def state(project: Project, task: str) -> dict:
 
 
 def copy_project(source: Project, target: Path) -> Project:
-    """A copy of a built project, cache and state included (a relocated checkout)."""
+    """A copy of a built project, cache and state included, mtimes kept (a relocated checkout)."""
     shutil.copytree(source.root, target, symlinks=True)
-    return Project(target)
+    copy = Project(target)
+    if hasattr(source, "first_run"):
+        copy.first_run = source.first_run
+    return copy
 
 
 def free_port() -> int:
