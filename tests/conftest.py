@@ -76,10 +76,36 @@ class Project:
         self.pipeline.write_text(text)
 
     def doit(self, *args: str, extra_env: dict | None = None) -> DoitRun:
+        return self.start_doit(*args, extra_env=extra_env).finish()
+
+    def start_doit(self, *args: str, extra_env: dict | None = None) -> "StartedDoit":
+        """Start doit without waiting for it (see doit_concurrently)."""
         env = {**os.environ, "ETFORGE_PIPELINE": str(self.pipeline), **(extra_env or {})}
-        proc = subprocess.run([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args],
-                              cwd=self.root, env=env, capture_output=True, text=True, timeout=900)
-        return DoitRun(proc.returncode, proc.stdout, proc.stderr)
+        proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args],
+                                cwd=self.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return StartedDoit(proc)
+
+
+@dataclass
+class StartedDoit:
+    proc: subprocess.Popen
+
+    def finish(self, timeout: float = 900) -> DoitRun:
+        try:
+            stdout, stderr = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+            raise
+        return DoitRun(self.proc.returncode, stdout, stderr)
+
+
+def doit_concurrently(*runs: tuple) -> list:
+    """Run doit on independent projects at once: ``(project, args, extra_env)`` each, extra_env
+    optional; their DoitRuns in order. Each is its own process, as on separate machines; on two
+    cores this roughly halves the wall time of builds that mostly import and lower on one thread."""
+    started = [project.start_doit(*args, extra_env=env[0] if env else None) for project, args, *env in runs]
+    return [s.finish() for s in started]
 
 
 def make_project(path: Path, pipeline: str = SMALL_PIPELINE) -> Project:
