@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, SMALL_PIPELINE, Project, make_project
+from conftest import REPO, SMALL_PIPELINE, Project, copy_project, make_project
 from tasks.config.manifest_options import check_options
 from tasks.engine.actions import matrix_up_to_date, run_matrix_stage
 from tasks.publish.manifests import context as manifest
@@ -184,12 +184,11 @@ def fake_export(plan, cell, status="ok", reason="", **info):
 # ---------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Project:
-    project = make_project(tmp_path_factory.mktemp("manifest") / "proj")
-    run = project.doit("-n", "2", "-P", "process", "manifest")
-    assert run.returncode == 0, run.stdout + run.stderr
+def built(built_small, tmp_path_factory) -> Project:
+    """The session's SMALL_PIPELINE build (``doit -n 2 -P process``, manifest included), copied."""
+    project = copy_project(built_small, tmp_path_factory.mktemp("manifest") / "proj")
+    run = project.first_run
     assert "manifest" in run.started and {f"export:{c}" for c in ALL_CELLS} <= run.started
-    project.first_run = run
     return project
 
 
