@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tasks.config import defaults, recipes, schema
 from tasks.config.code_deps import CodeDigests, ImportGraph
+from tasks.config.hf_source import reject_llm_cells, resolve_transformers
 from tasks.config.digest_cache import DigestCache, digest_cache_for
 from tasks.config.manifest_options import check_options as check_manifest_options
 from tasks.config.matrix import MatrixResolver
@@ -61,6 +62,7 @@ class _Resolver:
 
     def model(self, name: str, spec: dict) -> ModelSpec:
         path = ("models", name)
+        implied_inputs = None  # a text-generation model's inputs follow from its llm options
         if "python" in spec:
             file = self.factory_file(spec["python"], path + ("python",))
             source = {"python": spec["python"], "file": self.rel(file),
@@ -70,6 +72,8 @@ class _Resolver:
                                   for f in sorted(self.imports.reach([file])) if f != file}}
             if spec.get("packages"):
                 source["packages"] = self.package_versions(spec["packages"], path + ("packages",))
+        elif "transformers" in spec:
+            source, implied_inputs = resolve_transformers(self, name, spec)
         else:
             source = {"torchvision": spec["torchvision"], "bn_recalibration": 1}
         weights = None
@@ -83,8 +87,8 @@ class _Resolver:
                 raise self.doc.error(path + ("weights", "sha256"),
                                      f"weights file sha256 is {actual}, pipeline pins {spec['weights']['sha256']}")
             weights = {"path": self.rel(full), "sha256": actual}
-        inputs = []
-        for i, item in enumerate(spec["inputs"]):
+        inputs = list(implied_inputs or ())
+        for i, item in enumerate(spec.get("inputs") or ()):
             shape = tuple(item["shape"])
             elements = 1
             for d in shape:
@@ -209,6 +213,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     m.check_threshold_keys(list(quants))
     m.check_scheme_options(list(quants))
     cells, rejected = m.cells(models, backends, quants, quant_thresholds)
+    cells, rejected = reject_llm_cells(cells, rejected)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})

@@ -248,6 +248,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
     notes = []
     if str(evidence.calibration or "").startswith("random"):
         notes.append("random calibration data (name some in pipeline.yaml)")
+    hf_source = cell.model.source.get("transformers")
+    if hf_source and not hf_source.get("checkpoint"):  # built from its config: numerics, not quality
+        notes.append("random weights (transformers config, no checkpoint)")
     if validate["status"] == "not-runnable":
         return out("on-device", "; ".join([validate.get("reason", "")] + notes))
     if str(evidence.validated_on or "").startswith("random"):
