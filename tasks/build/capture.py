@@ -70,25 +70,35 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     import torch
 
     from tasks.build.model_loading import build_model
+    from tasks.config.hf_source import is_llm
 
     start = time.monotonic()
     model = build_model(model_spec, root)
-    samples, source = reference_samples(model_spec, root, seed)
-    eager = []
-    with torch.no_grad():
-        for inputs in samples:
-            result = model(*inputs)
-            eager.append(flatten_outputs(result))
-    names = output_names(result)
+    llm, extra = None, {}
+    if is_llm(model_spec):  # a prompt + eager greedy continuation; a static KV cache program
+        from tasks.build import llm_export
+
+        llm = llm_export
+        samples, eager, names, source, extra = llm.eager_reference(model, model_spec, seed)
+    else:
+        samples, source = reference_samples(model_spec, root, seed)
+        eager = []
+        with torch.no_grad():
+            for inputs in samples:
+                result = model(*inputs)
+                eager.append(flatten_outputs(result))
+        names = output_names(result)
     failure = nonfinite_eager(model_spec.name, eager, names, source)
     if failure:  # the model itself, not a backend: nothing downstream can be judged against it
         return BuildResult(status="failed", reason=failure)
-    program = torch.export.export(model, samples[0], strict=False)
+    program = llm.export_llm(model, model_spec.source["transformers"]["llm"]) if llm else torch.export.export(model, samples[0], strict=False)
     torch.export.save(program, workdir / PROGRAM)
-    write_reference(workdir / REFERENCE, samples, eager, names, source)
+    write_reference(workdir / REFERENCE, samples, eager, names, source, extra=extra)
     info = {"export_s": round(time.monotonic() - start, 3), "inputs": source, "samples": len(samples),
             "outputs": [{"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")} for t in eager[0]],
             "weight_bytes": weight_bytes(program)}
+    if llm:
+        info.update(llm.capture_notes(model_spec, extra))
     return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
 
 

@@ -71,6 +71,17 @@ def _register_transform_ops(cell) -> None:
         importlib.import_module(module)
 
 
+def _llm_options(cell) -> tuple[dict, dict]:
+    """An LLM cell's extra lowering settings (runner metadata methods, ...), else none."""
+    from tasks.config.hf_source import is_llm
+
+    if not is_llm(cell.model):
+        return {}, {}
+    from tasks.build.llm_export import lowering_options
+
+    return lowering_options(cell)  # also registers the llama:: ops the saved graph holds
+
+
 def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little."""
     from tasks.build.partitioners import FRESH_PROCESS
@@ -83,18 +94,25 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
 
     start = time.monotonic()
     _register_transform_ops(cell)
+    edge_options, backend_options = _llm_options(cell)
     program = torch.export.load(program_path)
     with ExitStack() as stack:
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
-        edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
+        edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend), **edge_options)
     graph_module = edge.exported_program().graph_module
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
     if cell.transform is not None:
         # quantize/dequantize ops left outside a delegate need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
-    executorch_program = edge.to_executorch()
+    if backend_options:
+        from executorch.exir import ExecutorchBackendConfig
+
+        import executorch.kernels.quantized  # noqa: F401  (quantized embeddings, once fused)
+        executorch_program = edge.to_executorch(ExecutorchBackendConfig(**backend_options))
+    else:
+        executorch_program = edge.to_executorch()
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
     pte.write_bytes(executorch_program.buffer)
@@ -110,6 +128,8 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
         "executorch_version": metadata.version("executorch"),
         "input_dtypes": [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)],
     }
+    if edge_options:  # an LLM: the runner's metadata methods, for manifests and the report
+        info["llm_metadata"] = edge_options["constant_methods"]
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")
     files = {PTE: pte, INFO: workdir / INFO}

@@ -49,9 +49,11 @@ class Reference:
         return self.source.startswith("random")
 
 
-def write_reference(path: Path, samples: list, eager: list, names: list, source: str) -> None:
+def write_reference(path: Path, samples: list, eager: list, names: list, source: str,
+                    extra: dict | None = None) -> None:
     """Write format 2: ``samples`` (per sample, a tuple of input tensors), ``eager`` (per sample, the
-    flattened output tensors), the outputs' pytree ``names`` and where the inputs came from."""
+    flattened output tensors), the outputs' pytree ``names`` and where the inputs came from.
+    ``extra``: more named arrays a stage's own reader wants (an LLM's ``llm_tokens``/``llm_logits``)."""
     import numpy as np
 
     arrays = {f"input_{i}": np.stack([s[i].detach().numpy() for s in samples]) for i in range(len(samples[0]))}
@@ -60,6 +62,7 @@ def write_reference(path: Path, samples: list, eager: list, names: list, source:
     arrays["samples"] = np.array(len(samples), dtype=np.int64)
     arrays["output_names"] = np.array(names, dtype=str)
     arrays["source"] = np.array(source)
+    arrays.update(extra or {})
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 
