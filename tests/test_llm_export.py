@@ -1,8 +1,8 @@
-"""A decoder-only LLM through capture -> export -> validate, on a tiny untied Llama
-(2 layers, hidden 64, vocab 512; tied random configs emit one constant token, so greedy
+"""A decoder-only LLM through capture -> (quantize) -> export -> validate, on a tiny untied
+Llama (2 layers, hidden 64, vocab 512; tied random configs emit one constant token, so greedy
 agreement would prove nothing). One project is built once for the module: a random-weight
-model on XNNPACK and portable, and the same architecture from a local checkpoint directory
-(portable only: cheap) for the pinning test.
+model on XNNPACK (fp32 and 8da4w + 4-bit embeddings) and portable (fp32), and the same
+architecture from a local checkpoint directory (portable fp32 only: cheap) for the pinning test.
 """
 
 from __future__ import annotations
@@ -40,9 +40,11 @@ models:
 backends:
   xnnpack: {{}}
   portable: {{}}
-quantization: [fp32]
+quantization: [fp32, 8da4w_emb]
+quantization_options:
+  8da4w_emb: {{group_size: 32, embedding_bits: 4, embedding_group_size: 32}}
 matrix:
-  exclude: [{{model: ckpt_llm, backend: xnnpack}}]
+  exclude: [{{model: ckpt_llm, backend: xnnpack}}, {{model: ckpt_llm, quantization: 8da4w_emb}}]
 """
 RUNNER_METHODS = {"get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_bos_id", "get_eos_ids",
                   "use_kv_cache", "use_sdpa_with_kv_cache", "enable_dynamic_shape"}
@@ -125,6 +127,20 @@ def test_llm_program_has_kv_cache_custom_ops_and_runner_metadata(built):
     assert torch.allclose(full, step, atol=1e-4)
 
 
+def test_8da4w_with_quantized_embeddings_builds_smaller_and_passes_its_gates(built):
+    cell = "tiny_llm/xnnpack/8da4w_emb"
+    report = _numerics(built, cell)
+    assert report["passed"], report["misses"]
+    assert report["thresholds"]["top1_agreement"] == 0.625 and report["thresholds"]["sqnr_db"] == 10
+    assert report["llm"]["top1_agreement"] >= 0.625 and report["llm"]["sqnr_db"] >= 10
+    assert report["llm"]["sqnr_db"] < 60  # really quantized: far from the fp32 program's ~130 dB
+    assert state(built, "sizegate:" + cell)["status"] == "ok"
+    pte = (built.out / "tiny_llm" / "tiny_llm_xnnpack_8da4w_emb.pte").read_bytes()
+    fp32 = (built.out / "tiny_llm" / "tiny_llm_xnnpack_fp32.pte").stat().st_size
+    assert len(pte) < 0.3 * fp32
+    assert b"embedding_4bit" in pte  # the embedding runs as ExecuTorch's quantized kernel
+
+
 def test_second_run_executes_nothing(built):
     run = built.doit()
     assert run.returncode == 0 and run.started == set(), run.stdout
@@ -135,12 +151,14 @@ def test_threshold_gates_the_llm_cell_and_only_revalidates(built, tmp_path):
 
     project = copy_project(built, tmp_path / "copy")
     text = project.pipeline.read_text().replace(
-        "quantization: [fp32]", "quantization: [fp32]\nthresholds:\n  fp32: {sqnr_db: 1000}")
+        "matrix:", "thresholds:\n  fp32: {sqnr_db: 1000}\n  8da4w_emb: {top1_agreement: 1.0}\nmatrix:")
     project.write_pipeline(text)
-    run = project.doit("validate:tiny_llm/portable/fp32")
+    cells = ("tiny_llm/portable/fp32", "tiny_llm/xnnpack/8da4w_emb")
+    run = project.doit(*(f"validate:{c}" for c in cells))
     assert run.returncode != 0
-    assert run.started == {"validate:tiny_llm/portable/fp32"}, run.stdout
+    assert run.started == {f"validate:{c}" for c in cells}, run.stdout
     assert "worst SQNR" in run.stdout and "< 1000 dB" in run.stdout
+    assert "top-1 agreement" in run.stdout and "< 1.0" in run.stdout
 
 
 def test_changed_checkpoint_weight_rebuilds_only_that_model(built, tmp_path):

@@ -126,3 +126,13 @@ def test_checkpoint_digest_mismatch_is_an_error(tmp_path):
     message = _error(tmp_path, text)
     assert message.startswith("pipeline.yaml:16: models.tiny_llm.transformers.checkpoint.sha256: "
                               "checkpoint directory sha256 is ")
+
+
+def test_llm_only_scheme_is_rejected_for_other_models(tmp_path):
+    text = LLM.replace("backends:", "  linreg:\n    python: models.linreg:build\n    inputs: [{shape: [1, 4]}]\nbackends:")
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "linreg.py").write_text("def build():\n    pass\n")
+    plan = _resolve(tmp_path, text.replace("[fp32]", "[fp32, 8da4w_emb]"))
+    reasons = {r.name: r.reason for r in plan.rejected}
+    assert reasons["linreg/xnnpack/8da4w_emb"] == "8da4w_emb is for transformers text-generation models"
+    assert "tiny_llm/xnnpack/8da4w_emb" in {c.name for c in plan.cells}

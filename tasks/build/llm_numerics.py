@@ -27,7 +27,13 @@ from tasks.store.results import BuildResult
 NUMERICS = "numerics.json"
 # What an LLM cell must also reach, by scheme, unless its thresholds say otherwise: an fp32
 # program agrees token for token (measured 130 dB, 8/8 on the tiny Llama).
-LLM_THRESHOLDS = {"fp32": {"top1_agreement": 1.0, "greedy_agreement": 1.0}}
+# 4-bit linears on a tiny random model (hidden 64) lose a lot against fp32 eager: top-1 6/8 (8da4w
+# g32) and 7/8 (+ e4w g32) on the test prompt, and the greedy continuation diverges at its first
+# token, so greedy agreement is reported, not gated, for them; the top-1 bound keeps a collapse
+# (constant or garbage tokens) from passing. Gating on the same-scheme eager model is next.
+LLM_THRESHOLDS = {"fp32": {"top1_agreement": 1.0, "greedy_agreement": 1.0},
+                  "8da4w": {"top1_agreement": 0.625},
+                  "8da4w_emb": {"top1_agreement": 0.625}}
 GATES = (("sqnr_db", "worst SQNR", " dB"), ("top1_agreement", "top-1 agreement", ""),
          ("greedy_agreement", "greedy agreement", ""))
 

@@ -54,6 +54,12 @@ def torchao_quantize(model, config, filter_fn=None):
 def quantize_stage(request: BuildRequest) -> BuildResult:
     """The quantize stage's builder (tasks/store/stages.py)."""
     capture = request.upstream["capture"]
+    from tasks.config.hf_source import is_llm
+
+    if is_llm(request.subject.model):  # torchao on the eager model, then the static-KV-cache export
+        from tasks.build.llm_quantize import build_llm_quantized
+
+        return build_llm_quantized(request.subject, request.plan.root, request.workdir, torchao_quantize)
     return build_quantized(request.subject, request.plan.root, request.plan.seed, capture.files[PROGRAM],
                            capture.files[REFERENCE], request.workdir)
 

@@ -36,8 +36,10 @@ DISTRIBUTION = "transformers"
 # Backend recipes an LLM cell lowers for: their programs may hold ExecuTorch's llama:: custom
 # ops. Core ML cannot take them (it needs a capture without them and static shapes: not built yet).
 LLM_BACKENDS = frozenset({"xnnpack", "portable"})
-# Schemes an LLM cell takes here (the LLM quantize flow of tasks/build/llm_export.py).
-LLM_SCHEMES = frozenset({"fp32"})
+# Schemes an LLM cell takes here (the LLM quantize flow of tasks/build/llm_quantize.py), and
+# those only an LLM takes (their factory returns several torchao configs).
+LLM_SCHEMES = frozenset({"fp32", "8da4w", "8da4w_emb"})
+LLM_ONLY_SCHEMES = frozenset({"8da4w_emb"})
 
 
 def llm_rejection(cell) -> str | None:
@@ -171,7 +173,11 @@ def reject_llm_cells(cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
 
     kept, refused = [], list(rejected)
     for cell in cells:
-        reason = is_llm(cell.model) and llm_rejection(cell)
+        if is_llm(cell.model):
+            reason = llm_rejection(cell)
+        else:
+            reason = (cell.quant.name in LLM_ONLY_SCHEMES
+                      and f"{cell.quant.name} is for transformers text-generation models")
         if reason:
             refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
         else:
