@@ -72,18 +72,29 @@ def _register_transform_ops(cell) -> None:
         importlib.import_module(module)
 
 
+def _llm_options(cell) -> tuple[dict, dict]:
+    """An LLM cell's extra lowering settings (runner metadata methods, ...), else none."""
+    from tasks.config.hf_source import is_llm
+
+    if not is_llm(cell.model):
+        return {}, {}
+    from tasks.build.llm_export import lowering_options
+
+    return lowering_options(cell)  # also registers the llama:: ops the saved graph holds
+
+
 def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little."""
     from tasks.build.partitioners import FRESH_PROCESS
 
     if not os.environ.get(FRESH_PROCESS_ENV) and any(m.partitioner in FRESH_PROCESS for m in cell.backend.members):
         return _build_in_fresh_process(cell, program_path, workdir)
-    import torch
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
     start = time.monotonic()
     _register_transform_ops(cell)
+    edge_options, backend_options = _llm_options(cell)
     programs = load_programs(program_path)  # {"forward": ep}, or every method of a multi-method model
     first = next(iter(programs))
     program = programs[first]
@@ -91,14 +102,19 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
         edge = to_edge_transform_and_lower(program if len(programs) == 1 else programs,
-                                           partitioner=partitioners_for(cell.backend))
+                                           partitioner=partitioners_for(cell.backend), **edge_options)
     graph_module = edge.exported_program(first).graph_module  # delegation of the first method
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
-    if cell.transform is not None:
-        # quantize/dequantize ops left outside a delegate need these out-variants.
+    if cell.transform is not None or backend_options:
+        # quantize/dequantize ops left outside a delegate (and fused quantized embeddings) need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
-    executorch_program = edge.to_executorch(_backend_config(cell.transform))
+    if backend_options:
+        from executorch.exir import ExecutorchBackendConfig
+
+        executorch_program = edge.to_executorch(ExecutorchBackendConfig(**backend_options))
+    else:
+        executorch_program = edge.to_executorch(_backend_config(cell.transform))
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
     pte.write_bytes(executorch_program.buffer)
@@ -114,6 +130,8 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
         "executorch_version": metadata.version("executorch"),
         "input_dtypes": [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)],
     }
+    if edge_options:  # an LLM: the runner's metadata methods, for manifests and the report
+        info["llm_metadata"] = edge_options["constant_methods"]
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")
     files = {PTE: pte, INFO: workdir / INFO}

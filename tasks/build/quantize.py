@@ -91,6 +91,20 @@ def quantize_stage(request: BuildRequest) -> BuildResult:
                            capture.files[REFERENCE], request.workdir)
 
 
+def _export_quantized(cell, model, inputs):
+    """The quantized model's graph, exported the way its capture was: an LLM through its
+    static-KV-cache wrapper (tasks/build/llm_export.py), any other model with ``inputs``."""
+    import torch
+
+    from tasks.config.hf_source import is_llm
+
+    if is_llm(cell.model):
+        from tasks.build.llm_export import export_llm
+
+        return export_llm(model, cell.model.source["transformers"]["llm"])
+    return torch.export.export(model, inputs, strict=False)
+
+
 def build_quantized(cell, root: Path, seed: int, capture_program: Path, reference: Path,
                     workdir: Path) -> BuildResult:
     import torch
@@ -122,7 +136,7 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
         inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
     else:
         raise ValueError(f"unknown quantization method {transform.method!r}")
-    program = torch.export.export(model, inputs, strict=False)
+    program = _export_quantized(cell, model, inputs)
     torch.export.save(program, workdir / PROGRAM)
     info["quantize_s"] = round(time.monotonic() - start, 3)
     return BuildResult(files={PROGRAM: workdir / PROGRAM}, info=info)

@@ -265,6 +265,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
     range_note = default_range_note(cell.model)
     if range_note and (cell.model.validation is None or (cell.quant.calibrated and cell.model.calibration is None)):
         notes.append(range_note)
+    hf_source = cell.model.source.get("transformers")
+    if hf_source and not hf_source.get("checkpoint"):  # built from its config: numerics, not quality
+        notes.append("random weights (transformers config, no checkpoint)")
     if validate["status"] == "not-runnable":
         return out("on-device", "; ".join([validate.get("reason", "")] + notes))
     if str(evidence.validated_on or "").startswith("random"):
