@@ -277,6 +277,18 @@ def _mb(n: int | None) -> float | None:
     return None if n is None else round(n / (1 << 20), 2)
 
 
+def _llm_section(cell, pte: Path, inputs: list, opts: dict) -> dict | None:
+    """bench.json's ``llm`` section for an LLM cell (tasks/build/llm_bench.py), else None."""
+    from tasks.config.hf_source import is_llm
+
+    model = getattr(cell, "model", None)
+    if model is None or not is_llm(model):
+        return None
+    from tasks.build.llm_bench import measure
+
+    return measure(pte, inputs[0], model.source["transformers"]["llm"], opts)
+
+
 # ---------------------------------------------------------------- the builder
 
 def benchmark_stage(request: BuildRequest) -> BuildResult:
@@ -312,6 +324,8 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     default_threads = current_thread_count()
     load_before = _loadavg()
     with threadpool(opts["threads"]) as threads_used:
+        # an LLM first: its program's RSS is measured before this process loads any other copy
+        llm = _llm_section(cell, pte, inputs, opts)
         gc.collect()
         status0 = _proc_status_kb("VmRSS", "VmHWM")
         t0 = time.perf_counter_ns()
@@ -376,6 +390,8 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         # a program with several methods: the others' latency (the figures above are the first's)
         "per_method": per_method,
         "memory": memory,
+        # a decoder-only LLM: load, prefill, decode, time to first token, the program's peak RSS
+        "llm": llm,
         "host": host,
         "load_average": {"before": load_before, "after": _loadavg(),
                          "note": "1/5/15-minute system load; above the core count, other work competed"},
@@ -404,6 +420,10 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         "load_average_1m": (record["load_average"]["after"] or [None])[0],
         "program_sha256": record["program"]["sha256"],  # the bytes timed (the result counts only for them)
     }
+    if llm:
+        from tasks.build.llm_bench import info_fields
+
+        info.update(info_fields(llm))
     if note:
         info["note"] = note
     return BuildResult(files={BENCH: out}, info=info)

@@ -19,6 +19,7 @@ from pathlib import Path
 from tasks.core.atomic import atomic_write_text
 from tasks.publish import baseline, outcome, summary, templates
 from tasks.publish.outcome import finite as _num
+from tasks.publish.report.llm import COLUMNS as LLM_COLUMNS, llm_rows
 from tasks.publish.report.charts import BACKEND_MARKERS, SCHEME_COLOURS, bar_chart, marker_path, scatter_chart
 from tasks.store.results import BuildResult
 
@@ -214,6 +215,8 @@ def build_context(plan, cells, rejected, bench: dict | None = None, baseline_fla
                             if any(p["quant"] == q for p in scatter["points"])],
         "scatter_backends": [{"name": b, "path": marker_path(m, 8, 8, 5)} for b, m in markers.items()
                              if any(p["backend"] == b for p in scatter["points"])],
+        "llm_columns": [heading for heading, _, _ in LLM_COLUMNS],
+        "llm_rows": llm_rows(rows, bench),  # the benchmark's LLM figures (tasks/publish/report/llm.py)
         "has_bench": any(r["p50_ms"] is not None for r in rows),
         "random_cells": [r["cell"] for r in rows if r["random_inputs"]],
         "provisional_cells": [r["cell"] for r in rows if r["status"] == "provisional"],
