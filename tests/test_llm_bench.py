@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+import subprocess
 
 import pytest
 
@@ -73,3 +75,136 @@ def test_report_shows_the_llm_figures(built):
         next(built.out.rglob("report.html")).read_text()
     assert 'id="llm-bench"' in html and f'data-cell="{CELL}"' in html
     assert "tok/s" in html and "time to first token" in html
+
+
+# ---------------------------------------------------------------- manifests (point 6)
+
+def _ints(value) -> list:
+    return [int(v) for v in (value if isinstance(value, list) else [value])]
+
+
+def llm_lines(index: dict) -> list:
+    """What the C++ and CMake probes print of each LLM variant, made from index.json."""
+    lines = []
+    for entry in index["models"]:
+        llm = entry.get("llm")
+        if not llm:
+            continue
+        vid = f"{entry['modelName']}/{entry['backend']}/{entry['quantization']}"
+        lines.append(f"{vid} llm methods " + " ".join(llm["methods"]))
+        lines += [f"{vid} llm {name} " + ",".join(map(str, _ints(value))) for name, value in llm["metadata"].items()]
+        kv = llm["kv_cache"]
+        lines.append(f"{vid} kv_cache {kv['bytes']} {kv['dtype']} {kv['layout']} " + ",".join(map(str, kv["shape"])))
+    return lines
+
+
+def test_index_json_lists_the_llm_methods_metadata_and_kv_cache(built):
+    entry = next(e for e in built.index["models"] if e["modelName"] == "tiny_llm")
+    metadata = built.export["llm_metadata"]
+    llm = entry["llm"]
+    assert llm["methods"] == ["forward", *sorted(metadata)] and llm["metadata"] == metadata
+    assert metadata["get_max_context_len"] == 32 and metadata["get_n_layers"] == 2
+    # 2 (K, V) x 2 layers x batch 1 x 32 positions x 2 kv heads x head dim 16 x 4 bytes
+    assert llm["kv_cache"] == {"bytes": 2 * 2 * 1 * 32 * 2 * 16 * 4, "dtype": "float32", "layout": "BSHD",
+                               "layers": 2, "tensor_shape": [1, 32, 2, 16], "shape": [2, 2, 1, 32, 2, 16]}
+    # the program really has these methods
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program((built.out / "tiny_llm" / "tiny_llm_xnnpack_fp32.pte").read_bytes())
+    assert set(program.method_names) == set(llm["methods"])
+
+
+def test_dart_carries_the_llm_spec_of_index_json(built):
+    from test_manifest import _named_arguments, _walk, parse_dart, syntax_errors
+
+    tree = parse_dart((built.manifests / "models.g.dart").read_text())
+    assert syntax_errors(tree) == []
+    specs = [n for n in _walk(tree.root_node) if n.type == "named_argument"
+             and n.children[0].children[0].text.decode() == "llm"]
+    assert len(specs) == 1  # one LLM variant
+    dart = _named_arguments(specs[0])
+    llm = built.index["models"][0]["llm"]
+    assert dart["methods"] == llm["methods"]
+    assert dart["metadata"] == [{"name": k, "values": _ints(v)} for k, v in llm["metadata"].items()]
+    assert (dart["kvCacheBytes"], dart["kvCacheDtype"], dart["kvCacheLayout"], dart["kvCacheShape"]) == (
+        llm["kv_cache"]["bytes"], llm["kv_cache"]["dtype"], llm["kv_cache"]["layout"], llm["kv_cache"]["shape"])
+
+
+PROBE_CPP = r"""#include "etforge_models.h"
+#include <cstdio>
+
+using namespace etforge::models;
+
+int main() {
+  for (size_t i = 0; i < kNumModels; ++i) {
+    for (size_t j = 0; j < kModels[i].num_variants; ++j) {
+      const Variant& v = kModels[i].variants[j];
+      if (v.llm == nullptr) continue;
+      const LlmSpec& l = *v.llm;
+      std::printf("%s llm methods", v.id);
+      for (size_t m = 0; m < l.num_methods; ++m) std::printf(" %s", l.methods[m]);
+      std::printf("\n");
+      for (size_t m = 0; m < l.num_metadata; ++m) {
+        std::printf("%s llm %s ", v.id, l.metadata[m].name);
+        for (size_t k = 0; k < l.metadata[m].num_values; ++k)
+          std::printf("%s%lld", k ? "," : "", static_cast<long long>(l.metadata[m].values[k]));
+        std::printf("\n");
+      }
+      std::printf("%s kv_cache %llu %s %s ", v.id, static_cast<unsigned long long>(l.kv_cache_bytes),
+                  l.kv_cache_dtype, l.kv_cache_layout);
+      for (size_t d = 0; d < l.kv_cache_rank; ++d)
+        std::printf("%s%lld", d ? "," : "", static_cast<long long>(l.kv_cache_shape[d]));
+      std::printf("\n");
+    }
+  }
+}
+"""
+
+PROBE_CMAKE = r"""cmake_policy(VERSION 3.13)
+set(ETFORGE_INSTALL_MODELS OFF)
+include("${MANIFEST}")
+foreach(v IN LISTS ETFORGE_VARIANTS)
+  if(NOT ETFORGE_${v}_LLM)
+    continue()
+  endif()
+  set(id "${ETFORGE_${v}_MODEL}/${ETFORGE_${v}_BACKEND}/${ETFORGE_${v}_QUANTIZATION}")
+  list(JOIN ETFORGE_${v}_LLM_METHODS " " methods)
+  message("${id} llm methods ${methods}")
+  foreach(m IN LISTS ETFORGE_${v}_LLM_METHODS)
+    if(m STREQUAL "forward")
+      continue()
+    endif()
+    string(TOUPPER "${m}" M)
+    list(JOIN ETFORGE_${v}_LLM_${M} "," values)
+    message("${id} llm ${m} ${values}")
+  endforeach()
+  list(JOIN ETFORGE_${v}_KV_CACHE_SHAPE "," shape)
+  message("${id} kv_cache ${ETFORGE_${v}_KV_CACHE_BYTES} ${ETFORGE_${v}_KV_CACHE_DTYPE} ${ETFORGE_${v}_KV_CACHE_LAYOUT} ${shape}")
+endforeach()
+"""
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="a C++ compiler is needed")
+def test_cpp_header_carries_the_llm_spec_of_index_json(built, tmp_path):
+    probe = tmp_path / "probe.cpp"
+    probe.write_text(PROBE_CPP)
+    exe = tmp_path / "probe"
+    compiled = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-pedantic", "-Werror",
+                               "-I", str(built.manifests), str(probe), "-o", str(exe)],
+                              capture_output=True, text=True, timeout=120)
+    assert compiled.returncode == 0, compiled.stderr
+    printed = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    assert printed == llm_lines(built.index) and len(printed) > 10
+    assert f"{CELL} llm get_eos_ids 2" in printed and f"{CELL} llm use_kv_cache 1" in printed
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
+def test_cmake_variables_carry_the_llm_spec_of_index_json(built, tmp_path):
+    script = tmp_path / "probe.cmake"
+    script.write_text(PROBE_CMAKE)
+    run = subprocess.run(["cmake", f"-DMANIFEST={built.manifests / 'models.cmake'}", "-P", str(script)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.splitlines() == llm_lines(built.index)
+    assert f"{CELL} kv_cache 16384 float32 BSHD 2,2,1,32,2,16" in run.stderr.splitlines()

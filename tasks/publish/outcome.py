@@ -96,6 +96,7 @@ class Evidence:
     bundle_sha256: str | None = None
     tolerances: dict = field(default_factory=dict)  # on-device: of TOLERANCES
     benchmark: dict | None = None  # the benchmark record's info (benchmarked here, current key)
+    llm_metadata: dict | None = None  # an LLM program's runner metadata methods -> values (its export record)
 
     @property
     def latency_p50_ms(self) -> float | None:
@@ -184,6 +185,8 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> 
                      input_dtypes=tuple(einfo.get("input_dtypes") or ()),
                      delegated_ops=finite(einfo.get("delegated_ops")),
                      non_delegated_ops=finite(einfo.get("non_delegated_ops")))
+        if isinstance(einfo.get("llm_metadata"), dict):
+            facts["llm_metadata"] = dict(einfo["llm_metadata"])
     capture = by_kind.get("capture")
     if capture and capture.get("status") == "ok":
         facts["outputs"] = tuple(o for o in _info(capture).get("outputs") or () if isinstance(o, dict))

@@ -48,6 +48,7 @@ from tasks.core.text import one_line
 from tasks.publish import outcome
 from tasks.publish.manifests import cpp_header
 from tasks.publish.manifests.interface import cell_interface
+from tasks.publish.manifests.llm import llm_spec
 from tasks.publish.manifests.naming import DART_RESERVED, cmake_identifier, dart_identifier, fallback_order, unique
 from tasks.store.layout import layout_of
 
@@ -184,6 +185,8 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
             # every method with its inputs and outputs (one, forward, unless the model declares several)
             "methods": io["methods"],
             "cmake_methods": unique([m["name"] for m in io["methods"]], cmake_identifier),
+            # a decoder-only LLM: its methods, runner metadata and KV cache (manifests/llm.py); else None
+            "llm": llm_spec(cell, ev),
             "description": description,
             "verdict": outcome.verdict(result),
             # A weight-group scheme's layers: how many it quantized, which it kept in float and why.

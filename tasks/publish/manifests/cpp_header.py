@@ -35,6 +35,7 @@ from tasks.core.text import one_line
 from tasks.publish import outcome, templates
 from tasks.publish.literals import C_COMMENT_LIMIT
 from tasks.publish.manifests.interface import cell_interface
+from tasks.publish.manifests.llm import llm_spec
 from tasks.publish.manifests.naming import fallback_order
 from tasks.store.layout import layout_of
 
@@ -109,6 +110,7 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
             "outputs": io["outputs"],
             # Every method: name, inputs, outputs (empty: unknown, num_outputs -1 in C++).
             "methods": io["methods"],
+            "llm": llm_spec(cell, ev),  # a decoder-only LLM's methods, metadata and KV cache, else None
             "verdict": verdict["status"],
             "validated_on": verdict["inputs"] or "",
             # +inf: identical to eager; None (NaN in C++): not measured here

@@ -55,6 +55,8 @@ def index_document(context: dict) -> dict:
             "outputs": v["outputs"],  # name, pytree path, shape, dtype
             "methods": v["methods"],  # [{name, inputs, outputs}]; the two above are the first method's
         })
+        if v.get("llm"):  # a decoder-only LLM: methods, metadata values, KV cache (manifests/llm.py)
+            entries[-1]["llm"] = v["llm"]
     return {
         "version": INDEX_FORMAT,
         "generated": "",  # the store's parser needs the key; a wall-clock time would break reproducibility
