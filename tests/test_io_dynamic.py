@@ -128,3 +128,10 @@ def test_benchmark_reports_latency_at_each_measured_size(built):
     sizes = [p["input_shapes"][0][1] for p in bench["per_size"]]
     assert sizes == [1, 33, 64]
     assert all(p["latency_ms"]["p50"] > 0 and p["iterations"] >= 1 for p in bench["per_size"])
+
+
+def test_provisional_note_does_not_ask_for_data_the_model_cannot_take(built):
+    cells = {r["cell"]: r for r in json.loads((built.out / "summary.json").read_text())}
+    note = cells["seq/xnnpack/fp32"]["note"]
+    assert cells["seq/xnnpack/fp32"]["status"] == "provisional"
+    assert "not supported yet" in note and "models.seq.validation" not in note
