@@ -102,7 +102,10 @@ def _export_quantized(cell, model, inputs):
         from tasks.build.llm_export import export_llm
 
         return export_llm(model, cell.model.source["transformers"]["llm"])
-    return torch.export.export(model, inputs, strict=False)
+    from tasks.build.capture import export_dynamic_shapes
+
+    # a model with dynamic dims keeps them: the same Dims its capture was exported with
+    return torch.export.export(model, inputs, strict=False, dynamic_shapes=export_dynamic_shapes(cell.model.inputs))
 
 
 def build_quantized(cell, root: Path, seed: int, capture_program: Path, reference: Path,
@@ -110,13 +113,15 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
     import torch
 
     from tasks.build.model_loading import build_model
-    from tasks.build.reference import load_reference
+    from tasks.build.reference import load_reference_samples
     from tasks.build.samples import calibration_batches
     from tasks.core.dotted_path import load_callable
 
     transform = cell.transform
     start = time.monotonic()
-    inputs = tuple(torch.from_numpy(x) for x in load_reference(reference)[0])
+    samples = load_reference_samples(reference)
+    # the capture's export sample (a dynamic model's interior size: torch.export specializes sizes 0 and 1)
+    inputs = tuple(torch.from_numpy(x) for x in samples.sample_inputs(samples.count // 2))
     info = {"method": transform.method, "quantizer": transform.ref}
     if transform.method == "pt2e":
         factory = load_callable(transform.ref)

@@ -316,8 +316,6 @@ def dynamic_refusal(cell) -> str | None:
     if unable:
         return (f"{', '.join(unable)} cannot lower dynamic shapes (its recipe has no `dynamic_shapes: true`; "
                 "OpenVINO and Arm TOSA fail on SymInt sizes): give the model fixed shapes for it")
-    if cell.transform is not None:
-        return "dynamic shapes are built in fp32 only for now (quantization re-exports at a fixed shape)"
     return None
 
 
