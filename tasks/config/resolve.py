@@ -306,8 +306,9 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
 def dynamic_refusal(cell) -> str | None:
     """Why ``cell`` (a model with dynamic dims or several methods) cannot be built, or None."""
     if cell.model.multi_method:
-        if cell.transform is not None:
-            return "several methods are built in fp32 only for now (quantization takes one forward)"
+        if cell.transform is not None and cell.transform.method == "pt2e":
+            return ("several methods are not calibrated yet (PT2E quantizes one exported graph): "
+                    "use a weight scheme (8da4w, 8da8w, fp16) for this model")
         if not cell.backend.host_runnable:
             return "several methods are validated on a host that runs the backend only for now (no bundled suites)"
     if not any(i.dims for _, inputs in cell.model.methods for i in inputs):
