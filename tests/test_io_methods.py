@@ -91,3 +91,31 @@ def test_manifests_list_methods_and_their_io(built):
     assert decode["inputs"][0]["range"] == [0, 20]
     assert decode["outputs"] == [{"name": "output_0", "path": "", "shape": [1, 4, 20], "dtype": "float32"}]
     assert encode["outputs"][0]["shape"] == [1, 16]
+
+
+def test_a_bundled_program_carries_one_verified_suite_per_method(built, tmp_path, monkeypatch):
+    """What an on-device cell of a multi-method model ships: each method's samples and eager outputs,
+    checked here in the host runtime (the xnnpack program stands in for one this host cannot run)."""
+    from tasks.build.bundle import build_bundled, verify_bundled
+    from tasks.config.resolve import resolve
+
+    monkeypatch.chdir(built.root)
+    cell = next(c for c in resolve(built.pipeline).cells if c.name == "seq2seq/xnnpack/fp32")
+    (reference,) = built.root.rglob("reference.npz")
+    result = build_bundled(cell, built.out / "seq2seq" / "seq2seq_xnnpack_fp32.pte", reference, [], tmp_path)
+    assert result.status == "not-runnable" and "over 2 methods" in result.reason
+    side = json.loads(result.files["bundled.json"].read_text())
+    assert set(side["methods"]) == {"encode", "decode"} and side["method"] == "encode"
+    bpte = result.files["program.bpte"].read_bytes()
+    for method, suite in side["methods"].items():
+        assert suite["test_cases"] >= 1 and suite["atol"] > 0
+        assert verify_bundled(bpte, suite["rtol"], suite["atol"], suite["test_cases"], method) == suite["test_cases"]
+    with pytest.raises(RuntimeError):  # exactly that many cases per method: one past the end does not exist
+        verify_bundled(bpte, 0.0, 1.0, side["methods"]["decode"]["test_cases"] + 1, "decode")
+
+
+def test_on_device_cells_of_a_multi_method_model_are_planned(tmp_path, monkeypatch):
+    from tasks.config.resolve import resolve
+
+    project = make_project(tmp_path / "proj", PIPELINE.replace("  portable: {}", "  portable: {}\n  coreml: {}"))
+    assert "seq2seq/coreml/fp32" in {c.name for c in resolve(project.pipeline).cells}

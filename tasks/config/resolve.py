@@ -309,8 +309,6 @@ def dynamic_refusal(cell) -> str | None:
         if cell.transform is not None and cell.transform.method == "pt2e":
             return ("several methods are not calibrated yet (PT2E quantizes one exported graph): "
                     "use a weight scheme (8da4w, 8da8w, fp16) for this model")
-        if not cell.backend.host_runnable:
-            return "several methods are validated on a host that runs the backend only for now (no bundled suites)"
     if not any(i.dims for _, inputs in cell.model.methods for i in inputs):
         return None
     unable = [m.recipe for m in cell.backend.members if not m.dynamic_shapes]
