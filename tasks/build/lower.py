@@ -19,11 +19,15 @@ from pathlib import Path
 
 from tasks.build.gates import delegation_coverage, delegation_gate
 from tasks.build.program_io import check_loads
+from tasks.build.program_meta import constant_methods, program_meta, stamp_data_sha256
 from tasks.core.paths import REPO_ROOT
 from tasks.store.results import BuildRequest, BuildResult
 
 PTE = "program.pte"
+PTD = "program.ptd"  # the external weights of a backend with `external_weights: true`
 INFO = "export.json"
+DATA_TAG = "etforge_weights"  # one tag: the runtime takes one data file per program
+MIN_EXTERNAL_FRACTION = 0.5  # of the graph's constant bytes the .ptd must hold, else the option did nothing
 FRESH_PROCESS_ENV = "ETFORGE_EXPORT_FRESH_PROCESS"  # set in the interpreter _build_in_fresh_process starts
 
 
@@ -65,20 +69,33 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
 
     start = time.monotonic()
     program = torch.export.load(program_path)
+    external = external_weights(cell.backend)
+    meta = program_meta(cell, program, external)
+    constant_bytes = _constant_bytes(program) if external else 0
+    if external:
+        tag_delegate_constants(program)
     with ExitStack() as stack:
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
-        edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend))
+        edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend),
+                                           constant_methods=constant_methods(meta))
     graph_module = edge.exported_program().graph_module
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
     if cell.transform is not None:
         # quantize/dequantize ops left outside a delegate need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
-    executorch_program = edge.to_executorch()
+    executorch_program = edge.to_executorch(_backend_config(external))
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
-    pte.write_bytes(executorch_program.buffer)
+    files = {PTE: pte, INFO: workdir / INFO}
+    data_info = {}
+    if external:
+        files[PTD] = workdir / PTD
+        data_info = write_external_data(executorch_program, files[PTD], constant_bytes)
+        pte.write_bytes(stamp_data_sha256(executorch_program.buffer, data_info["data_sha256"]))
+    else:
+        pte.write_bytes(executorch_program.buffer)
     info = {
         "size_bytes": pte.stat().st_size,
         "sha256": hashlib.sha256(pte.read_bytes()).hexdigest(),
@@ -90,15 +107,15 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
         "delegates": list(cell.backend.delegates),
         "executorch_version": metadata.version("executorch"),
         "input_dtypes": [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)],
+        **data_info,
     }
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")
-    files = {PTE: pte, INFO: workdir / INFO}
     failure = delegation_gate(cell, info)
     if failure:
         return BuildResult(files=files, info=info, status="failed", reason=failure)
     if cell.backend.host_runnable:
-        check_loads(pte)
+        check_loads(pte, files.get(PTD))
     return BuildResult(files=files, info=info)
 
 
@@ -125,6 +142,50 @@ def _build_in_fresh_process(cell, program_path: Path, workdir: Path) -> BuildRes
     return built
 
 
+def external_weights(backend) -> bool:
+    """Whether the backend entry asks for its constants in a separate .ptd (`external_weights: true`)."""
+    return any(m.options.get("external_weights") for m in backend.members)
+
+
+def tag_delegate_constants(program) -> None:
+    """Tag every constant placeholder so that delegates (XNNPACK) put its bytes in the named data
+    file; ``external_constants`` alone moves only the constants left outside delegates (research 6)."""
+    user = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name not in user:
+            node.meta.setdefault("custom", {})["delegate_constant_tag"] = DATA_TAG
+
+
+def _backend_config(external: bool):
+    from executorch.exir import ExecutorchBackendConfig
+
+    return ExecutorchBackendConfig(external_constants=(lambda node: DATA_TAG) if external else False)
+
+
+def write_external_data(executorch_program, ptd: Path, constant_bytes: int) -> dict:
+    """Write the program's one data file to ``ptd``; fail when it holds too little of the weights
+    (a backend that ignored the tags keeps them inline, and the option would silently do nothing)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=ptd.parent) as out:
+        executorch_program.write_tensor_data_to_file(out)
+        written = sorted(Path(out).glob("*.ptd"))
+        if len(written) > 1:
+            raise RuntimeError(f"external_weights: the program needs {len(written)} data files "
+                               f"({', '.join(p.name for p in written)}); etforge ships one per program")
+        data = written[0].read_bytes() if written else b""
+    if len(data) < MIN_EXTERNAL_FRACTION * constant_bytes:
+        raise RuntimeError(f"external_weights: only {len(data)} of the graph's {constant_bytes} constant bytes "
+                           "went to the .ptd; the backend kept its weights inside the program")
+    ptd.write_bytes(data)
+    return {"data_sha256": hashlib.sha256(data).hexdigest(), "data_size_bytes": len(data),
+            "constant_bytes": constant_bytes}
+
+
+def _constant_bytes(program) -> int:
+    tensors = {id(t): t for t in (*program.state_dict.values(), *program.constants.values())
+               if hasattr(t, "nbytes")}
+    return sum(t.nbytes for t in tensors.values())
 
 
 def _input_dtypes(program) -> list:

@@ -1,0 +1,61 @@
+"""What a .pte says about itself: etforge's metadata constant methods, read without ExecuTorch.
+
+Every program etforge lowers carries two constant methods (tasks/build/program_meta.py
+writes them):
+
+    etforge_meta_version   int: META_VERSION, the shape of the JSON below
+    etforge_meta_json      str: {"etforge_meta_version", "model", "backend", "scheme",
+                                 "etforge_version", "executorch_version",
+                                 "methods": {name: {"inputs": [{name, dtype, shape}],
+                                                    "outputs": [{name, shape}]}},
+                                 "data_file": null | {"sha256": <hex of the .ptd it needs>}}
+
+An app reads them by executing the method (``load_method("etforge_meta_json").execute([])``);
+that works without the .ptd and off-Apple (research 7). etforge itself reads the string
+straight from the file (:func:`read_meta`), so that the manifests (tasks/publish, which must
+not import ExecuTorch) and the pre-load check of tasks/build/program_io.py share one reader:
+a flatbuffer string is a little-endian uint32 length, the bytes and a NUL, and the JSON
+always starts with MARKER.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+
+META_METHOD = "etforge_meta_json"
+VERSION_METHOD = "etforge_meta_version"
+META_VERSION = 1
+DATA_SHA256_PLACEHOLDER = "0" * 64  # stamped with the .ptd's sha256 once the .ptd exists
+MARKER = b'{"etforge_meta_version": '
+
+
+class ProgramMetaError(Exception):
+    """A program's metadata is missing, unreadable or disagrees with what etforge expects."""
+
+
+def encode(meta: dict) -> str:
+    """The JSON string a program carries: the version first (MARKER), the rest sorted."""
+    body = {k: meta[k] for k in sorted(meta) if k != "etforge_meta_version"}
+    return json.dumps({"etforge_meta_version": META_VERSION, **body}, ensure_ascii=True)
+
+
+def read_meta(pte: bytes) -> dict | None:
+    """The metadata a .pte carries, or None when it has none (a program etforge did not make)."""
+    start = pte.find(MARKER)
+    while start >= 4:
+        (length,) = struct.unpack_from("<I", pte, start - 4)
+        end = start + length
+        if end < len(pte) and pte[end] == 0:
+            try:
+                return json.loads(pte[start:end].decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                pass
+        start = pte.find(MARKER, start + 1)
+    return None
+
+
+def required_data_sha256(meta: dict | None) -> str | None:
+    """The sha256 of the .ptd the program needs, or None when its weights are inline."""
+    data = (meta or {}).get("data_file")
+    return data.get("sha256") if isinstance(data, dict) else None
