@@ -13,10 +13,11 @@ run: $(STAMP)
 	$(BIN)/doit -n 2 -P process export sizegate validate || true
 	$(BIN)/doit
 
-# Run the test suite (installs Debian's chromium for the report test if missing).
+# Run the test suite on two workers (each test file stays on one worker, so its shared
+# fixtures are built once); installs Debian's chromium for the report test if missing.
 test: $(STAMP)
 	./.ci/install-chromium.sh
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 setup: $(STAMP)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, make_project
+from conftest import REPO, copy_project, make_project
 from tasks.publish.manifests import cpp_header
 from tasks.publish import literals
 from tasks.store.specs import spec_of
@@ -66,13 +66,10 @@ def cmake(*args: str) -> subprocess.CompletedProcess:
 # ---------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    start = time.monotonic()
-    project = make_project(tmp_path_factory.mktemp("cpp_runner") / "proj")
-    run = project.doit("-n", "2", "-P", "process", "validate")  # a variant ships with its verdict
-    assert run.returncode == 0, run.stdout + run.stderr
+def built(built_small, tmp_path_factory):
+    """The session's SMALL_PIPELINE build, validated (a variant ships with its verdict), copied."""
+    project = copy_project(built_small, tmp_path_factory.mktemp("cpp_runner") / "proj")
     project.plan = resolve(project.pipeline)
-    project.export_s = time.monotonic() - start
     return project
 
 

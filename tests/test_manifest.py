@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, SMALL_PIPELINE, Project, make_project
+from conftest import REPO, SMALL_PIPELINE, Project, copy_project, make_project
 from tasks.config.manifest_options import check_options
 from tasks.engine.actions import matrix_up_to_date, run_matrix_stage
 from tasks.publish.manifests import context as manifest
@@ -83,10 +83,23 @@ def _literal(node):
     if node.type == "null_literal":
         return None
     if node.type == "list_literal":
-        return [_literal(c) for c in node.children if c.type not in ("type_arguments", "[", "]", ",")]
+        items = []
+        for c in node.children:
+            if c.type == "selector":  # a constructor call: the arguments of the identifier before it
+                items[-1] = _named_arguments(c)
+            elif c.type not in ("type_arguments", "[", "]", ","):
+                items.append(_literal(c))
+        return items
     if node.type == "identifier":
         return node.text.decode()
     raise AssertionError(f"unexpected {node.type}: {node.text.decode()[:60]}")
+
+
+def _named_arguments(node) -> dict:
+    """``Name(label: literal, ...)`` -> {label: value}, nested constructor calls as dicts."""
+    args = next(n for n in _walk(node) if n.type == "arguments")
+    return {a.children[0].children[0].text.decode(): _literal(a.children[-1])
+            for a in args.children if a.type == "named_argument"}
 
 
 def _walk(node):
@@ -111,11 +124,6 @@ def dart_constants(tree, constructor: str) -> dict:
             value = arg.children[-1]
             if "".join(c.text.decode() for c in arg.children[1:]) == "double.infinity":
                 fields[label] = float("inf")
-            elif label in ("inputs", "outputs"):
-                fields[label] = [{a.children[0].children[0].text.decode(): _literal(a.children[-1])
-                                  for a in next(n for n in _walk(spec) if n.type == "arguments").children
-                                  if a.type == "named_argument"}
-                                 for spec in value.children if spec.type == "selector"]
             elif label == "fallbackOrder":
                 fields[label] = {p.children[0].text.decode()[1:-1]: _literal(p.children[-1])
                                  for p in value.children if p.type == "pair"}
@@ -176,12 +184,11 @@ def fake_export(plan, cell, status="ok", reason="", **info):
 # ---------------------------------------------------------------- fixtures
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Project:
-    project = make_project(tmp_path_factory.mktemp("manifest") / "proj")
-    run = project.doit("-n", "2", "-P", "process", "manifest")
-    assert run.returncode == 0, run.stdout + run.stderr
+def built(built_small, tmp_path_factory) -> Project:
+    """The session's SMALL_PIPELINE build (``doit -n 2 -P process``, manifest included), copied."""
+    project = copy_project(built_small, tmp_path_factory.mktemp("manifest") / "proj")
+    run = project.first_run
     assert "manifest" in run.started and {f"export:{c}" for c in ALL_CELLS} <= run.started
-    project.first_run = run
     return project
 
 

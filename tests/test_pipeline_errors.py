@@ -174,15 +174,15 @@ CASES = [
          "  linreg:\n    python: models.linreg:build\n    inputs:\n      - {name: features, shape: [1, 4]}\n"
          "  mobilenet:\n    torchvision: mobilenet_v3_small\n    inputs:\n      - name: image\n"
          '        shape: "224x224"\nbackends:\n  xnnpack: {}\nquantization: [fp32]\n',
-         'pipeline.yaml:14: models.mobilenet.inputs[0].shape: expected a list of positive integers, got "224x224"'),
+         'pipeline.yaml:14: models.mobilenet.inputs[0].shape: expected a list of positive integers or dynamic dims {min, max, name}, got "224x224"'),
     Case("shape-zero", base(("shape: [1, 4]", "shape: [1, 0]")),
-         "pipeline.yaml:6: models.linreg.inputs[0].shape[1]: expected a positive integer, got 0"),
+         "pipeline.yaml:6: models.linreg.inputs[0].shape[1]: expected a positive integer, or a dynamic dim {min: 1, max: 512[, name: seq]}, got 0"),
     Case("shape-negative", base(("shape: [1, 4]", "shape: [-1, 4]")),
-         "pipeline.yaml:6: models.linreg.inputs[0].shape[0]: expected a positive integer, got -1"),
+         "pipeline.yaml:6: models.linreg.inputs[0].shape[0]: expected a positive integer, or a dynamic dim {min: 1, max: 512[, name: seq]}, got -1"),
     Case("shape-float", base(("shape: [1, 4]", "shape: [1, 4.5]")),
-         "pipeline.yaml:6: models.linreg.inputs[0].shape[1]: expected a positive integer, got 4.5"),
+         "pipeline.yaml:6: models.linreg.inputs[0].shape[1]: expected a positive integer, or a dynamic dim {min: 1, max: 512[, name: seq]}, got 4.5"),
     Case("shape-integral-float", base(("shape: [1, 4]", "shape: [1, 4.0]")),
-         "pipeline.yaml:6: models.linreg.inputs[0].shape[1]: expected a positive integer, got 4.0"),
+         "pipeline.yaml:6: models.linreg.inputs[0].shape[1]: expected a positive integer, or a dynamic dim {min: 1, max: 512[, name: seq]}, got 4.0"),
     Case("shape-too-many-dims", base(("shape: [1, 4]", "shape: [1, 1, 1, 1, 1, 1, 1, 1, 4]")),
          "pipeline.yaml:6: models.linreg.inputs[0].shape: expected at most 8 items, "
          "got [1, 1, 1, 1, 1, 1, 1, 1, 4]"),

@@ -114,5 +114,8 @@ def test_metadata_read_back_from_the_program_matches_the_manifest(built):
         assert program.load_method(VERSION_METHOD).execute([])[0] == META_VERSION
         assert (meta["model"], meta["backend"], meta["scheme"]) == (
             entry["modelName"], entry["backend"], entry["quantization"])
-        assert meta["methods"]["forward"]["inputs"] == [{"name": "x", "dtype": "float32", "shape": [1, 16]}]
-        assert meta["methods"]["forward"]["outputs"] == [{"name": "output_0", "shape": [1, 4]}]
+        assert meta["methods"] == entry["methods"]
+        assert meta["methods"] == [{"name": "forward",
+                                    "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 16]}],
+                                    "outputs": [{"name": "output_0", "path": "", "shape": [1, 4],
+                                                 "dtype": "float32"}]}]

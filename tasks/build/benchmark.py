@@ -172,6 +172,43 @@ def prepare_inputs(reference: Path, input_dtypes: list | None) -> list:
     return cast_inputs(inputs, input_dtypes)
 
 
+def sizes_inputs(reference: Path, input_dtypes: list | None) -> list:
+    """Every sample of a ragged reference (a model with dynamic dims: one per measured size), as the
+    program takes it; [] for a fixed-shape model (its first sample is the benchmark's input)."""
+    from tasks.build.program_io import cast_inputs
+    from tasks.build.reference import load_reference_samples
+
+    ref = load_reference_samples(reference)
+    return [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)] if ref.ragged else []
+
+
+def time_sizes(method, per_size: list, opts: dict) -> list:
+    """Latency at each measured size of a dynamic model: ``[{"input_shapes", "latency_ms"}]``."""
+    out = []
+    for inputs in per_size:
+        timing = time_execute(method, inputs, opts["warmup"], opts["iterations"], opts["max_seconds"])
+        out.append({"input_shapes": [list(x.shape) for x in inputs], "iterations": len(timing["samples_ns"]),
+                    "latency_ms": {k: _ms(v) for k, v in summarize(timing["samples_ns"]).items()}})
+    return out
+
+
+def time_methods(program, reference: Path, methods: list, opts: dict) -> dict:
+    """method -> {"inputs", "latency_ms"} for each further method of a multi-method program, on its
+    first reference sample."""
+    from tasks.build.program_io import cast_inputs
+    from tasks.build.reference import load_reference_samples
+
+    out = {}
+    for name in methods:
+        inputs = cast_inputs(load_reference_samples(reference, name).sample_inputs(0), None)
+        method = program.load_method(name)
+        timing = time_execute(method, inputs, opts["warmup"], opts["iterations"], opts["max_seconds"])
+        out[name] = {"inputs": [list(x.shape) for x in inputs], "iterations": len(timing["samples_ns"]),
+                     "latency_ms": {k: _ms(v) for k, v in summarize(timing["samples_ns"]).items()}}
+        del method
+    return out
+
+
 def time_execute(method, inputs: list, warmup: int, iterations: int, max_seconds: float | None) -> dict:
     """Warm up, then time ``iterations`` calls of ``method.execute(inputs)``.
 
@@ -264,9 +301,14 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     from tasks.config.machine import host_info, host_label
     from tasks.core.digest import sha256_file
 
+    from tasks.build.reference import reference_methods
+
     pte = Path(pte)
     data = checked_data_path(pte)  # before the clock starts: it hashes the .ptd
     opts = resolve_options(options)
+    methods = reference_methods(Path(reference))
+    if methods != ["forward"] and opts["method"] == "forward":  # several methods: the first is the headline
+        opts["method"] = methods[0]
     inputs = prepare_inputs(Path(reference), input_dtypes)
     runtime = Runtime.get()
     default_threads = current_thread_count()
@@ -283,6 +325,8 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         try:
             timing = time_execute(method, inputs, opts["warmup"], opts["iterations"], opts["max_seconds"])
             status2 = _proc_status_kb("VmRSS", "VmHWM")
+            per_size = time_sizes(method, sizes_inputs(Path(reference), input_dtypes), opts)
+            per_method = time_methods(program, Path(reference), [m for m in methods if m != opts["method"]], opts)
         finally:
             del method, program  # release before the thread pool is restored
     peak = process_peak_rss_bytes()
@@ -328,6 +372,11 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         "wall_s": round(timing["wall_s"], 3),
         "latency_ms": {k: _ms(v) for k, v in stats.items()},
         "samples_ms": [_ms(s / NS_PER_MS) for s in samples],
+        # a model with dynamic dims: the latency at each measured size (min, interior, max);
+        # the figures above are at the first (the minimum)
+        "per_size": per_size,
+        # a program with several methods: the others' latency (the figures above are the first's)
+        "per_method": per_method,
         "memory": memory,
         "host": host,
         "load_average": {"before": load_before, "after": _loadavg(),
@@ -338,6 +387,8 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     info = {
         "latency_p50_ms": record["latency_ms"]["p50"],
+        "latency_p50_ms_per_size": [{"input_shapes": p["input_shapes"], "p50": p["latency_ms"]["p50"]}
+                                    for p in per_size],
         "latency_p90_ms": record["latency_ms"]["p90"],
         "latency_trimmed_mean_ms": record["latency_ms"]["trimmed_mean"],
         "latency_min_ms": record["latency_ms"]["min"],

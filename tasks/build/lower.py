@@ -17,6 +17,7 @@ from contextlib import ExitStack
 from importlib import metadata
 from pathlib import Path
 
+from tasks.build.capture import load_programs
 from tasks.build.gates import delegation_coverage, delegation_gate
 from tasks.build.program_io import check_loads
 from tasks.build.program_meta import constant_methods, program_meta, stamp_data_sha256
@@ -54,38 +55,65 @@ def lowering_contexts(backend) -> list:
 
 def export_stage(request: BuildRequest) -> BuildResult:
     """The export stage's builder: lower the graph of ``request.upstream["graph"]`` (quantized or fp32)."""
-    return build_export(request.subject, request.upstream["graph"].files["model.pt2"], request.workdir)
+    return build_export(request.subject, request.upstream["graph"].files["model.pt2"], request.workdir,
+                        request.upstream["capture"].info)
 
 
-def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
-    """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little."""
+def _register_transform_ops(cell) -> None:
+    """Import what registers the custom ops of the cell's quantized graph before loading it.
+
+    The quantize task ran in another process; without this, a graph holding e.g.
+    ``quant::dequantize_codebook`` fails to deserialize unless the same worker happened
+    to quantize it first.
+    """
+    import importlib
+
+    from tasks.core.dotted_path import load_callable
+
+    if cell.transform is None or cell.transform.method != "torchao":
+        return
+    importlib.import_module("torchao")  # registers the torchao:: ops of every torchao scheme
+    for module in getattr(load_callable(cell.transform.ref), "op_libraries", ()):
+        importlib.import_module(module)
+
+
+def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | None = None) -> BuildResult:
+    """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little.
+
+    ``capture_info``: the capture record's info; its outputs go into the program's metadata."""
     from tasks.build.partitioners import FRESH_PROCESS
 
     if not os.environ.get(FRESH_PROCESS_ENV) and any(m.partitioner in FRESH_PROCESS for m in cell.backend.members):
-        return _build_in_fresh_process(cell, program_path, workdir)
+        return _build_in_fresh_process(cell, program_path, workdir, capture_info)
     import torch
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
     start = time.monotonic()
-    program = torch.export.load(program_path)
+    _register_transform_ops(cell)
+    programs = load_programs(program_path)  # {"forward": ep}, or every method of a multi-method model
+    first = next(iter(programs))
+    program = programs[first]
     external = external_weights(cell.backend)
-    meta = program_meta(cell, program, external)
-    constant_bytes = _constant_bytes(program) if external else 0
+    input_dtypes = [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)]
+    meta = program_meta(cell, input_dtypes, capture_info or {}, external)
+    constant_bytes = max(_constant_bytes(p) for p in programs.values()) if external else 0
     if external:
-        tag_delegate_constants(program)
+        for each in programs.values():
+            tag_delegate_constants(each)
     with ExitStack() as stack:
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
-        edge = to_edge_transform_and_lower(program, partitioner=partitioners_for(cell.backend),
+        edge = to_edge_transform_and_lower(program if len(programs) == 1 else programs,
+                                           partitioner=partitioners_for(cell.backend),
                                            constant_methods=constant_methods(meta))
-    graph_module = edge.exported_program().graph_module
+    graph_module = edge.exported_program(first).graph_module  # delegation of the first method
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
     if cell.transform is not None:
         # quantize/dequantize ops left outside a delegate need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
-    executorch_program = edge.to_executorch(_backend_config(external))
+    executorch_program = edge.to_executorch(_backend_config(cell.transform, external))
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
     files = {PTE: pte, INFO: workdir / INFO}
@@ -106,7 +134,7 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
         **coverage,
         "delegates": list(cell.backend.delegates),
         "executorch_version": metadata.version("executorch"),
-        "input_dtypes": [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)],
+        "input_dtypes": input_dtypes,
         **data_info,
     }
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
@@ -115,17 +143,17 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     if failure:
         return BuildResult(files=files, info=info, status="failed", reason=failure)
     if cell.backend.host_runnable:
-        check_loads(pte, files.get(PTD))
+        check_loads(pte, tuple(programs), files.get(PTD))
     return BuildResult(files=files, info=info)
 
 
-def _build_in_fresh_process(cell, program_path: Path, workdir: Path) -> BuildResult:
+def _build_in_fresh_process(cell, program_path: Path, workdir: Path, capture_info: dict | None) -> BuildResult:
     """build_export in a new interpreter (see tasks.build.partitioners.FRESH_PROCESS for why).
 
     Its stdout goes where ours goes (the task log); its stderr is relayed there too,
     and its last line becomes the error when it fails."""
     request, result = workdir / ".fresh-process-request.pkl", workdir / ".fresh-process-result.pkl"
-    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir)))
+    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir, capture_info)))
     package_root = str(REPO_ROOT)
     env = {**os.environ, FRESH_PROCESS_ENV: "1",
            "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
@@ -156,12 +184,6 @@ def tag_delegate_constants(program) -> None:
             node.meta.setdefault("custom", {})["delegate_constant_tag"] = DATA_TAG
 
 
-def _backend_config(external: bool):
-    from executorch.exir import ExecutorchBackendConfig
-
-    return ExecutorchBackendConfig(external_constants=(lambda node: DATA_TAG) if external else False)
-
-
 def write_external_data(executorch_program, ptd: Path, constant_bytes: int) -> dict:
     """Write the program's one data file to ``ptd``; fail when it holds too little of the weights
     (a backend that ignored the tags keeps them inline, and the option would silently do nothing)."""
@@ -186,6 +208,23 @@ def _constant_bytes(program) -> int:
     tensors = {id(t): t for t in (*program.state_dict.values(), *program.constants.values())
                if hasattr(t, "nbytes")}
     return sum(t.nbytes for t in tensors.values())
+
+
+def _backend_config(transform, external: bool):
+    """ExecutorchBackendConfig of the cell, or None for the defaults.
+
+    Quantized embeddings (torchao dequantize + embedding) become ExecuTorch's quantized embedding
+    ops only with quant fusion; without it ``Missing out variants: {'torchao::dequantize_affine'}``.
+    ``external``: every constant left outside a delegate goes to the one data file too (DATA_TAG)."""
+    from tasks.build.quantizers import quantizes_embeddings
+
+    fuse = quantizes_embeddings(transform)
+    if not fuse and not external:
+        return None
+    from executorch.exir import ExecutorchBackendConfig
+
+    return ExecutorchBackendConfig(do_quant_fusion_and_const_prop=fuse,
+                                   external_constants=(lambda node: DATA_TAG) if external else False)
 
 
 def _input_dtypes(program) -> list:

@@ -95,19 +95,3 @@ def recalibrate_batchnorm(model, inputs) -> None:
             model(*batch)
     model.eval()
 
-
-def example_inputs(spec, seed: int):
-    """Deterministic inputs for a ModelSpec: randn for floats, small ints otherwise."""
-    import torch
-
-    generator = torch.Generator().manual_seed(seed)
-    out = []
-    for item in spec.inputs:
-        dtype = getattr(torch, item.dtype)
-        if dtype.is_floating_point:
-            out.append(torch.randn(item.shape, generator=generator).to(dtype))
-        elif dtype == torch.bool:
-            out.append(torch.randint(0, 2, item.shape, generator=generator).bool())
-        else:
-            out.append(torch.randint(0, 10, item.shape, generator=generator).to(dtype))
-    return tuple(out)

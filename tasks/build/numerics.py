@@ -150,17 +150,18 @@ def topk_agreement(reference: np.ndarray, actual: np.ndarray, k: int = TOP_K) ->
             "predictions": int(ref.shape[0])}
 
 
-def verdict(metrics: list, thresholds: dict, names: list | None = None) -> list:
+def verdict(metrics: list, thresholds: dict, names: list | None = None, labels: list | None = None) -> list:
     """Messages for every threshold an output misses (empty: passed).
 
     An output with a non-finite value misses with one message saying how many, whatever
     the thresholds (its other metrics are NaN and not judged). A metric an output does not
     have (top-k of a non-classifier output, SQNR of identical outputs) cannot miss; a NaN
-    metric always misses. ``names``: the outputs' names where the model gives them.
+    metric always misses. ``names``: the outputs' names where the model gives them; ``labels``:
+    each entry's whole label instead (per output and size, for a model with dynamic dims).
     """
     misses = []
     for i, m in enumerate(metrics):
-        label = f"output {i}" + (f" ({names[i]})" if names and i < len(names) and names[i] else "")
+        label = labels[i] if labels else f"output {i}" + (f" ({names[i]})" if names and i < len(names) and names[i] else "")
         bad = m.get("nonfinite") or {}
         if bad.get("nan") or bad.get("inf"):
             misses.append(f"{label}: {bad['nan'] + bad['inf']} of {bad['values']} values are non-finite "

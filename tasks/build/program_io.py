@@ -88,16 +88,18 @@ def load_method(pte: Path | bytes, method: str = METHOD, data_path: Path | None 
     return program, program.load_method(method)
 
 
-def check_loads(pte: Path, data_path: Path | None = None) -> None:
-    """Load the program and its forward method in the ExecuTorch runtime."""
-    load_method(Path(pte), data_path=data_path)
+def check_loads(pte: Path, methods: tuple = (METHOD,), data_path: Path | None = None) -> None:
+    """Load the program (with its data file) and each of its ``methods`` in the ExecuTorch runtime."""
+    program = load_program(Path(pte), data_path)
+    for name in methods:
+        program.load_method(name)
 
 
-def run_program_samples(pte: Path, samples: list) -> list:
-    """Outputs of ``pte`` (numpy arrays) for each sample (a list of input tensors); one program load."""
+def run_program_samples(pte: Path, samples: list, method_name: str = METHOD) -> list:
+    """Outputs of ``pte``'s method (numpy arrays) for each sample (a list of input tensors); one program load."""
     import torch
 
-    program, method = load_method(Path(pte))  # `program` stays alive while `method` runs
+    program, method = load_method(Path(pte), method_name)  # `program` stays alive while `method` runs
     results = []
     for inputs in samples:
         outputs = method.execute(list(inputs))

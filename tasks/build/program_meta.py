@@ -1,7 +1,9 @@
 """The metadata constant methods every lowered program carries (format: tasks/store/program_meta.py).
 
-:func:`io_description` is the one place that says what a method's interface is;
-everything else here is the cell's identity and the .ptd it needs.
+The interface it records is tasks/config/io_spec.py's describe_io over the same facts the
+manifests use (tasks/publish/manifests/interface.py cell_interface): the model's declared
+inputs, the dtypes the program takes, the capture's outputs. One description, so that the
+program, index.json, Dart and the C++ header say the same of every method.
 """
 
 from __future__ import annotations
@@ -9,34 +11,23 @@ from __future__ import annotations
 from importlib import metadata
 
 import tasks
+from tasks.config.io_spec import describe_io
 from tasks.store.program_meta import (DATA_SHA256_PLACEHOLDER, META_METHOD, VERSION_METHOD, META_VERSION,
                                       ProgramMetaError, encode)
 
 
-def io_description(cell, program) -> dict:
-    """{method name: {"inputs": [{name, dtype, shape}], "outputs": [{name, shape}]}} of ``program``
-    (a torch ExportedProgram), named from the model's InputSpecs; dtypes as the program takes them."""
-    from torch.export.graph_signature import InputKind, OutputKind
-
-    user_in = {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
-    dtypes = [str(n.meta["val"].dtype).removeprefix("torch.") for n in program.graph.nodes
-              if n.op == "placeholder" and n.name in user_in and "val" in n.meta]
-    user_out = [i for i, s in enumerate(program.graph_signature.output_specs) if s.kind == OutputKind.USER_OUTPUT]
-    values = next(n for n in program.graph.nodes if n.op == "output").args[0]
-    outputs = [{"name": f"output_{k}", "shape": list(getattr(values[i].meta.get("val"), "shape", ()))}
-               for k, i in enumerate(user_out)]
-    inputs = [{"name": spec.name, "dtype": dtype, "shape": list(spec.shape)}
-              for spec, dtype in zip(cell.model.inputs, dtypes)]
-    return {"forward": {"inputs": inputs, "outputs": outputs}}
-
-
-def program_meta(cell, program, external_data: bool) -> dict:
+def program_meta(cell, input_dtypes: list, capture_info: dict, external_data: bool) -> dict:
     """The cell's identity and interface; with ``external_data``, a placeholder for the .ptd's
-    sha256 that :func:`stamp_data_sha256` fills in once the data file exists."""
+    sha256 that :func:`stamp_data_sha256` fills in once the data file exists.
+
+    ``input_dtypes``: the first method's as the program takes them (export.json's ``input_dtypes``);
+    ``capture_info``: the capture record's info (its ``outputs`` and, for several methods, ``methods``)."""
+    methods = capture_info.get("methods") or {}
+    method_outputs = {m: v.get("outputs") or [] for m, v in methods.items()} if methods else None
+    io = describe_io(cell.model, capture_info.get("outputs") or [], input_dtypes, method_outputs)
     return {"model": cell.model.name, "backend": cell.backend.name, "scheme": cell.quant.name,
             "etforge_version": tasks.__version__, "executorch_version": metadata.version("executorch"),
-            "methods": io_description(cell, program),
-            "data_file": {"sha256": DATA_SHA256_PLACEHOLDER} if external_data else None}
+            **io, "data_file": {"sha256": DATA_SHA256_PLACEHOLDER} if external_data else None}
 
 
 def constant_methods(meta: dict) -> dict:

@@ -10,6 +10,14 @@ module with a torchao config and unwrap its tensor subclasses, then export
 weight-only programs byte-identical and makes a config XNNPACK cannot run fail
 to lower instead of computing garbage). ``dtype``: cast the module and its
 inputs (fp16).
+
+A torchao scheme takes only the layers it can (tasks/build/layer_filter.py): the
+quantize record's ``layers`` says how many it quantized and which it kept in float,
+and why. One that takes no layer of the model raises Rejected before anything is
+quantized: the cell is ``rejected`` with the reason, not failed. (Decided here, from
+the built nn.Module, rather than at plan time: planning never imports torch, and
+the module is what ``quantize_`` walks.) With ``embedding: 4|8`` the scheme first
+quantizes the embedding tables (tasks/build/quantizers.py ``torchao_embedding``).
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ import time
 from pathlib import Path
 
 from tasks.build.reference import REFERENCE
-from tasks.store.results import BuildRequest, BuildResult
+from tasks.store.results import BuildRequest, BuildResult, Rejected
 
 PROGRAM = "model.pt2"
 
@@ -40,15 +48,40 @@ def pt2e_quantize(program, example_inputs: tuple, quantizer, calibration, fold_q
     return convert_pt2e(prepared, fold_quantize=fold_quantize)
 
 
-def torchao_quantize(model, config, filter_fn=None):
-    """Quantize ``model`` in place with a torchao config and unwrap the tensor subclasses so
-    ``torch.export`` sees plain ops."""
+def torchao_quantize(model, steps):
+    """Quantize ``model`` in place, one torchao config per step (``(config, LayerChoice)``, embeddings
+    first as in ExecuTorch's LLM flow), each on exactly the layers its choice took, then unwrap the
+    tensor subclasses so ``torch.export`` sees plain ops."""
     from torchao.quantization import quantize_
     from torchao.utils import unwrap_tensor_subclass
 
-    quantize_(model, config, filter_fn)
+    for config, choice in steps:
+        if not choice.empty:
+            quantize_(model, config, choice.as_filter())
     unwrap_tensor_subclass(model)
     return model
+
+
+def torchao_steps(scheme: str, transform, model) -> tuple[list, dict]:
+    """([(config, LayerChoice)], the record's ``layers``) of a torchao transform on ``model``;
+    raises Rejected when no step takes any layer."""
+    from tasks.build.layer_filter import LayerRule, choose_layers, layers_info, rejection, rule_of
+    from tasks.build.quantizers import torchao_embedding
+    from tasks.core.dotted_path import load_callable
+
+    options = dict(transform.options)
+    minimum = int(options.get("min_weight_elements", 0))
+    steps = []
+    if options.get("embedding"):
+        group = int(options.get("embedding_group_size", 32))
+        config = torchao_embedding({"bits": options["embedding"], "group_size": group})
+        steps.append((config, choose_layers(model, LayerRule("embedding", group or None, minimum))))
+    config = load_callable(transform.ref)(options)
+    steps.append((config, choose_layers(model, rule_of(config, "linear", minimum))))
+    choices = [choice for _, choice in steps]
+    if all(choice.empty for choice in choices):
+        raise Rejected(rejection(scheme, choices))
+    return steps, layers_info(choices)
 
 
 def quantize_stage(request: BuildRequest) -> BuildResult:
@@ -80,7 +113,9 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
                               fold_quantize=getattr(factory, "fold_quantize", True))
         info.update(calibration=source, calibration_samples=len(batches))
     elif transform.method == "torchao":
-        model = torchao_quantize(build_model(cell.model, root), load_callable(transform.ref)(dict(transform.options)))
+        model = build_model(cell.model, root)
+        steps, info["layers"] = torchao_steps(cell.quant.name, transform, model)
+        model = torchao_quantize(model, steps)
     elif transform.method == "dtype":
         dtype = getattr(torch, transform.ref)
         model = build_model(cell.model, root).to(dtype)

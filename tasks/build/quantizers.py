@@ -10,12 +10,15 @@ Two flows, told apart by what a factory returns:
   need ``import executorch.kernels.quantized`` before ``to_executorch()``.
   A factory with a ``fold_quantize = False`` attribute (OpenVINO) must be
   converted with ``convert_pt2e(gm, fold_quantize=False)``.
-* **torchao** (``fn(options) -> AOBaseConfig``): ``quantize_(model, config)``
+* **torchao** (``fn(options) -> AOBaseConfig``): ``quantize_(model, config, filter_fn)``
   on the eager model, ``unwrap_tensor_subclass``, then export and lower as a
   float model (tasks/build/quantize.py ``torchao_quantize``). No calibration.
   ``unwrap_tensor_subclass`` matters: without it ``IntxWeightOnlyConfig``
   lowers on XNNPACK and silently computes garbage (SQNR -50..-180 dB); with it
   XNNPACK refuses (``Missing out variants: {'torchao::dequantize_affine'}``).
+  ``filter_fn`` is tasks/build/layer_filter.py's: the layers the config can take
+  (group size, MultiheadAttention.out_proj, ``min_weight_elements``), decided
+  before quantizing; the others stay in float and the quantize record says why.
 
 Every factory imports its backend lazily; importing this module imports
 nothing heavy. Options not given fall back to the defaults written here.
@@ -195,3 +198,30 @@ def coreml_palettize(options: dict):
     bits = int(options.get("bits", 4))
     return CodebookWeightOnlyConfig(dtype=getattr(torch, f"uint{bits}"),
                                     block_size=list(options.get("block_size", [-1, 16])))
+
+
+def torchao_embedding(options: dict):
+    """torchao, the ``embedding: 4|8`` option of the torchao schemes: weight-only ``bits`` quantization
+    of ``nn.Embedding`` tables, grouped along the embedding dimension (``group_size``, default 32; 0:
+    one scale per row), as ExecuTorch's LLM flow does (extension/llm/export/quantize.py). Lowering
+    must run ``to_executorch(ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True))``, which
+    turns dequantize + embedding into ``quantized_decomposed::embedding_4bit``/``embedding_byte``
+    (tasks/build/lower.py); those run in ``executorch.kernels.quantized``, never in a delegate."""
+    import torch
+    from torchao.quantization.granularity import PerAxis, PerGroup
+    from torchao.quantization.quant_api import IntxWeightOnlyConfig
+
+    group = int(options.get("group_size", 32))
+    return IntxWeightOnlyConfig(weight_dtype={8: torch.int8, 4: torch.int4}[int(options["bits"])],
+                                granularity=PerGroup(group) if group else PerAxis(0),
+                                intx_choose_qparams_algorithm="hqq_scale_only")
+
+
+def quantizes_embeddings(transform) -> bool:
+    """Whether a cell's transform quantizes embedding tables (its lowering needs quant fusion)."""
+    return transform is not None and transform.method == "torchao" and bool(transform.options.get("embedding"))
+
+
+# Modules that register the custom ops a factory's quantized graph contains: loading that
+# graph in another process (the export task, often another worker) must import them first.
+coreml_palettize.op_libraries = ("torchao.prototype.quantization.codebook_coreml",)

@@ -20,6 +20,13 @@ normalized with ``mean``/``std`` (per channel; default 0 and 1):
 
 At most ``samples`` samples are used (default: tasks/config/defaults.py SAMPLES). Without data, seeded
 random samples stand in and the description says so.
+
+:func:`random_inputs` is the one generator of random inputs (the eager reference,
+calibration, and through reference.npz validation, benchmark and bundled test
+cases): per input, in order, from one seeded ``torch.Generator``, exactly the
+declared dtype; floats standard normal, or uniform in ``range: [lo, hi)``;
+integers uniform in ``[lo, hi)`` (hi exclusive: ``[0, 32000]`` for a vocabulary
+of 32000), ``defaults.INT_INPUT_RANGE`` without a declared range; bools True/False.
 """
 
 from __future__ import annotations
@@ -40,13 +47,65 @@ def load_samples(model_spec, data_spec: dict | None, root: Path, seed: int,
 
     count = samples or (data_spec or {}).get("samples", SAMPLES)
     if data_spec is None:
-        rng = np.random.default_rng(seed)
-        batches = [tuple(rng.standard_normal(i.shape).astype(i.dtype) for i in model_spec.inputs)
-                   for _ in range(count)]
+        batches = [tuple(x.numpy() for x in batch) for batch in random_inputs(model_spec.inputs, seed, count)]
         return batches, "random (seeded)"
     if "npz" in data_spec:
         return _from_npz(model_spec, root / data_spec["npz"], count), f"npz {data_spec['npz']}"
     return _from_images(model_spec, root / data_spec["images"], data_spec, count), f"images {data_spec['images']}"
+
+
+def random_inputs(inputs, seed: int, count: int = 1, shapes: list | None = None) -> list:
+    """``count`` input tuples (torch tensors) for ``inputs`` (InputSpecs), as the module docstring says.
+
+    ``shapes``: per input, the shape to draw (a dynamic input at one of its sizes); default its own.
+    """
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    shapes = shapes or [item.shape for item in inputs]
+    return [tuple(_draw(item, tuple(shape), generator) for item, shape in zip(inputs, shapes))
+            for _ in range(count)]
+
+
+def size_points(inputs) -> list:
+    """Per measured size of a model's dynamic dims (tasks/config/model.py measured_sizes: min,
+    an interior non-power-of-two, max; dims advance together), the shape of every input."""
+    from tasks.config.model import dynamic_dims, measured_sizes
+
+    sizes = {name: measured_sizes(lo, hi) for name, (lo, hi) in dynamic_dims(inputs).items()}
+    count = max((len(v) for v in sizes.values()), default=1)
+    points = []
+    for k in range(count):
+        at = {name: v[min(k, len(v) - 1)] for name, v in sizes.items()}
+        shapes = []
+        for item in inputs:
+            shape = list(item.shape)
+            for axis, _, _, name in item.dims:
+                shape[axis] = at[name]
+            shapes.append(tuple(shape))
+        points.append(shapes)
+    return points
+
+
+def dynamic_random_inputs(inputs, seed: int) -> list:
+    """One seeded random sample at each of :func:`size_points` (a model with dynamic dims)."""
+    return [random_inputs(inputs, seed + k, 1, shapes)[0] for k, shapes in enumerate(size_points(inputs))]
+
+
+def _draw(item, shape: tuple, generator):
+    import torch
+
+    dtype = getattr(torch, item.dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=generator).bool()
+    bounds = item.sample_range()
+    if dtype.is_floating_point:
+        if bounds is None:
+            return torch.randn(shape, generator=generator).to(dtype)
+        lo, hi = bounds
+        return (torch.rand(shape, generator=generator, dtype=torch.float64) * (hi - lo) + lo).to(dtype)
+    lo, hi = bounds
+    return torch.randint(lo, hi, shape, generator=generator, dtype=dtype)
 
 
 def calibration_batches(model_spec, root: Path, seed: int) -> tuple[list, str]:

@@ -40,19 +40,31 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
 
     from tasks.build.numerics import compare_samples, verdict
     from tasks.build.program_io import cast_inputs, run_program_samples
-    from tasks.build.reference import load_reference_samples
+    from tasks.build.reference import load_reference_samples, reference_methods
+    from tasks.config.io_spec import output_labels
     from tasks.core.digest import sha256_file
 
     program_sha256 = sha256_file(pte)  # the bytes this verdict is about (it counts only for them)
+    methods = reference_methods(reference)
+    if methods != ["forward"]:
+        return _validate_methods(cell, pte, reference, methods, workdir)
     ref = load_reference_samples(reference)
     samples = [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)]
     results = run_program_samples(pte, samples)
     if any(len(r) != len(ref.outputs) for r in results):
         raise ValueError(f"program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}")
     classification = getattr(cell.model, "task", "other") == "classification"
-    actual = [np.stack([r[i] for r in results]) for i in range(len(ref.outputs))]
-    metrics = [compare_samples(e, a, classification) for e, a in zip(ref.outputs, actual)]
-    misses = verdict(metrics, cell.thresholds, ref.output_names)
+    labels = output_labels(ref.output_names) if ref.output_names else []
+    if ref.ragged:  # dynamic dims: each sample is one size, judged on its own
+        metrics, full = per_size_metrics(ref, results, labels, classification)
+        program = None  # the divergence search replays one fixed-shape sample
+        misses = verdict(metrics, cell.thresholds, labels=full)
+    else:
+        actual = [np.stack([r[i] for r in results]) for i in range(len(ref.outputs))]
+        metrics = [compare_samples(e, a, classification) for e, a in zip(ref.outputs, actual)]
+        for m, path, label in zip(metrics, ref.output_names, labels):
+            m.update(path=path, name=label)
+        misses = verdict(metrics, cell.thresholds, labels)
     notes = []
     if not classification and any(k in cell.thresholds for k in TOPK_THRESHOLDS):
         notes.append(f"top-k thresholds not applied: model task is {getattr(cell.model, 'task', 'other')!r}, "
@@ -95,6 +107,77 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
         reason = "; ".join(misses + ([divergence_text] if divergence_text else []))
         return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason=reason)
     return BuildResult(files={NUMERICS: out}, info=info)
+
+
+def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: Path) -> BuildResult:
+    """A program with several methods: each method's samples through that method, every output of
+    every method judged (labels name the method); one numerics.json, one verdict."""
+    import numpy as np
+
+    from tasks.build.numerics import compare_samples, verdict
+    from tasks.build.program_io import cast_inputs, run_program_samples
+    from tasks.build.reference import load_reference_samples
+    from tasks.config.io_spec import output_labels
+    from tasks.core.digest import sha256_file
+
+    metrics, full, sources, counts = [], [], set(), {}
+    for method in methods:
+        ref = load_reference_samples(reference, method)
+        results = run_program_samples(pte, [cast_inputs(ref.sample_inputs(n), None) for n in range(ref.count)],
+                                      method)
+        if any(len(r) != len(ref.outputs) for r in results):
+            raise ValueError(f"method {method}: program returned {len(results[0])} outputs, "
+                             f"eager returned {len(ref.outputs)}")
+        labels = output_labels(ref.output_names) if ref.output_names else [""] * len(ref.outputs)
+        if ref.ragged:
+            found, found_labels = per_size_metrics(ref, results, labels, False)
+        else:
+            found = [compare_samples(e, np.stack([r[i] for r in results])) for i, e in enumerate(ref.outputs)]
+            for m, path, label in zip(found, ref.output_names, labels):
+                m.update(path=path, name=label)
+            found_labels = [f"output {i}" + (f" ({label})" if label else "") for i, label in enumerate(labels)]
+        for m in found:
+            m["method"] = method
+        metrics += found
+        full += [f"method {method}: {label}" for label in found_labels]
+        sources.add(ref.source)
+        counts[method] = ref.count
+    misses = verdict(metrics, cell.thresholds, labels=full)
+    source = "; ".join(sorted(sources))
+    report = {"cell": cell.canonical(), "program_sha256": sha256_file(pte), "inputs": source,
+              "samples": counts, "methods": methods, "task": getattr(cell.model, "task", "other"),
+              "thresholds": cell.thresholds, "outputs": metrics, "passed": not misses, "misses": misses,
+              "notes": ["validated on random inputs"] if source.startswith("random") else []}
+    out = workdir / NUMERICS
+    out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
+    info = {"sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
+            "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
+            "cosine": pick_worst([m["cosine"] for m in metrics], min),
+            "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
+            "inputs": source, "samples": sum(counts.values()), "methods": methods, "passed": not misses,
+            "program_sha256": report["program_sha256"]}
+    if misses:
+        return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason="; ".join(misses))
+    return BuildResult(files={NUMERICS: out}, info=info)
+
+
+def per_size_metrics(ref, results: list, labels: list, classification: bool) -> tuple[list, list]:
+    """(metrics, labels) per sample and output of a ragged reference: ``input_shapes`` says the size."""
+    from tasks.build.numerics import compare_samples
+
+    metrics, full = [], []
+    for n in range(ref.count):
+        shapes = [list(x.shape) for x in ref.sample_inputs(n)]
+        for i, expected in enumerate(ref.outputs):
+            m = compare_samples(expected[n][None], results[n][i][None], classification)
+            name = labels[i] if i < len(labels) else ""
+            m.update(path=ref.output_names[i] if i < len(ref.output_names) else "", name=name,
+                     sample=n, input_shapes=shapes)
+            metrics.append(m)
+            full.append(f"output {i}" + (f" ({name})" if name else "")
+                        + " at input shapes " + ", ".join("x".join(map(str, s)) for s in shapes))
+    return metrics, full
 
 
 def pick_worst(values: list, pick):

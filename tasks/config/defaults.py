@@ -13,6 +13,9 @@ from __future__ import annotations
 
 # ---------------------------------------------------------------- models and data
 INPUT_DTYPE = "float32"  # models.<m>.inputs[i].dtype
+# models.<m>.inputs[i].range for an integer input that declares none: [lo, hi), hi exclusive.
+# Small and non-negative, so an index input (nn.Embedding, gather) stays valid; the cell's note says so.
+INT_INPUT_RANGE = (0, 2)
 SEED = 0  # validation.seed: seeded random inputs and calibration data
 SAMPLES = 16  # at most this many samples of a model's calibration or validation data (its `samples:`)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")  # the files an `images:` folder is read for

@@ -53,6 +53,10 @@ class MatrixResolver:
         options = quant.options
         if primary.get("with_backend_options"):  # e.g. an Ethos-U quantizer needs the target
             options = {**members[0].options, **quant.options}
+        multiple, group = primary.get("group_size_multiple"), options.get("group_size")
+        if multiple and group and int(group) % multiple:
+            return None, (f"{backend.primary.recipe} lowers only weight groups of a multiple of {multiple}: "
+                          f"{quant.name} group_size {group} is not one")
         for method in ("pt2e", "torchao", "dtype"):
             if method in primary:
                 label = primary[method].split(":")[-1]

@@ -10,11 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.config import recipes
+from tasks.config import defaults, recipes
 from tasks.config.code_deps import CodeDigests
 
 # Matrix dimension -> the pipeline.yaml section that declares its names.
 SECTIONS = {"model": "models", "backend": "backends", "quantization": "quantization"}
+
+
+INTEGER_DTYPES = {"int64": (-(1 << 63), 1 << 63), "int32": (-(1 << 31), 1 << 31), "int8": (-128, 128),
+                  "uint8": (0, 256)}  # dtype -> the values it holds, [lo, hi)
 
 
 @dataclass(frozen=True)
@@ -22,9 +26,57 @@ class InputSpec:
     name: str
     shape: tuple
     dtype: str
+    # The values random samples take (tasks/build/samples.py): integers in [lo, hi), hi exclusive;
+    # floats uniform in [lo, hi). None: floats standard normal, integers defaults.INT_INPUT_RANGE.
+    range: tuple | None = None
+    # Dynamic dims: ((axis, min, max, name), ...); ``shape`` holds each one's max (what the
+    # program's buffers are sized for). Dims with one name share one torch.export.Dim.
+    dims: tuple = ()
+
+    @property
+    def is_integer(self) -> bool:
+        return self.dtype in INTEGER_DTYPES
+
+    def sample_range(self) -> tuple | None:
+        """The declared range, the default one of an integer input, or None (standard normal, or bool)."""
+        if self.range is not None:
+            return self.range
+        return defaults.INT_INPUT_RANGE if self.is_integer else None
 
     def canonical(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        out = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.range is not None:  # left out when undeclared: existing keys stay as they were
+            out["range"] = list(self.range)
+        if self.dims:
+            out["dynamic"] = [{"axis": a, "min": lo, "max": hi, "name": n} for a, lo, hi, n in self.dims]
+        return out
+
+
+def dynamic_dims(inputs) -> dict:
+    """name -> (min, max) of every dynamic dim of ``inputs`` (InputSpecs)."""
+    return {n: (lo, hi) for item in inputs for _, lo, hi, n in item.dims}
+
+
+def measured_sizes(lo: int, hi: int) -> list:
+    """The sizes a dynamic dim is validated and benchmarked at: min, one interior size that is
+    not a power of two (upstream bugs show away from the bounds), max."""
+    if hi - lo < 2:
+        return sorted({lo, hi})
+    mid = (lo + hi) // 2
+    while mid & (mid - 1) == 0 and mid + 1 < hi:  # a power of two: step off it
+        mid += 1
+    return [lo, mid, hi]
+
+
+def default_range_note(model) -> str | None:
+    """What a cell's outcome says when integer inputs of ``model`` were sampled in the default range."""
+    unranged = [i for i in model.inputs if i.is_integer and i.range is None]
+    if not unranged:
+        return None
+    lo, hi = defaults.INT_INPUT_RANGE
+    names = ", ".join(f"{i.name} ({i.dtype})" for i in unranged)
+    return (f"integer input{'s' if len(unranged) > 1 else ''} {names} sampled in the default range "
+            f"[{lo}, {hi}) (declare `range: [lo, hi]` under models.{model.name}.inputs)")
 
 
 @dataclass(frozen=True)
@@ -37,12 +89,26 @@ class ModelSpec:
     calibration: dict | None  # {"npz"|"images": rel path, "sha256": digest, ...}; None: random
     validation: dict | None  # same form; the inputs the reference outputs are computed on
     task: str  # classification enables top-k agreement
+    # ((method name, inputs), ...) in declaration order; default one method, forward, with ``inputs``
+    # (``inputs`` is always the first method's).
+    methods: tuple = ()
+
+    @property
+    def method_names(self) -> tuple:
+        return tuple(m for m, _ in self.methods) or ("forward",)
+
+    @property
+    def multi_method(self) -> bool:
+        return self.method_names != ("forward",)
 
     def canonical(self) -> dict:
         # The name is not part of the content: renaming a model reuses its cache.
-        return {"source": self.source, "kwargs": self.kwargs, "weights": self.weights,
-                "inputs": [i.canonical() for i in self.inputs], "validation": self.validation,
-                "task": self.task}
+        out = {"source": self.source, "kwargs": self.kwargs, "weights": self.weights,
+               "inputs": [i.canonical() for i in self.inputs], "validation": self.validation,
+               "task": self.task}
+        if self.multi_method:  # left out for forward alone: existing keys stay as they were
+            out["methods"] = {m: [i.canonical() for i in inputs] for m, inputs in self.methods}
+        return out
 
 
 @dataclass(frozen=True)
@@ -58,6 +124,7 @@ class BackendMember:
     min_coverage: float | None = None  # the recipe's minimum delegation coverage; None: no delegate
     tools: dict = field(default_factory=dict)  # versions of its lowering tools (tasks/tools.py)
     runtime_tools: dict = field(default_factory=dict)  # versions of what runs its programs here
+    dynamic_shapes: bool = False  # the recipe's `dynamic_shapes`: lowers torch.export dynamic dims
 
     def canonical(self) -> dict:
         return {"recipe": self.recipe, "partitioner": self.partitioner, "options": self.options,

@@ -14,7 +14,7 @@ from tasks.config.code_deps import CodeDigests, ImportGraph
 from tasks.config.digest_cache import DigestCache, digest_cache_for
 from tasks.config.manifest_options import check_options as check_manifest_options
 from tasks.config.matrix import MatrixResolver
-from tasks.config.model import SECTIONS, BackendMember, BackendSpec, ModelSpec, Plan, QuantSpec, InputSpec
+from tasks.config.model import INTEGER_DTYPES, SECTIONS, BackendMember, BackendSpec, ModelSpec, Plan, QuantSpec, InputSpec
 from tasks.config.requirements import missing_requirement
 from tasks.config.selection import cache_settings
 from tasks.config.tools import ToolVersions, stage_tools, toolchain_versions
@@ -83,21 +83,80 @@ class _Resolver:
                 raise self.doc.error(path + ("weights", "sha256"),
                                      f"weights file sha256 is {actual}, pipeline pins {spec['weights']['sha256']}")
             weights = {"path": self.rel(full), "sha256": actual}
-        inputs = []
-        for i, item in enumerate(spec["inputs"]):
-            shape = tuple(item["shape"])
+        if "inputs" not in spec and "methods" not in spec:
+            raise self.doc.error(path, "missing required key 'inputs'")
+        if "inputs" in spec and "methods" in spec:
+            raise self.doc.error(path, "declare either 'inputs' (one method, forward) or 'methods' "
+                                       "(each with its inputs), not both")
+        dim_ranges: dict = {}  # dim names are shared across inputs and methods
+        if "methods" in spec:
+            methods = tuple((m, self.inputs(body["inputs"], path + ("methods", m, "inputs"), dim_ranges))
+                            for m, body in spec["methods"].items())
+        else:
+            methods = (("forward", self.inputs(spec["inputs"], path + ("inputs",), dim_ranges)),)
+        inputs = methods[0][1]
+        if "methods" in spec and spec.get("validation"):
+            raise self.doc.error(path + ("validation",), "validation data for several methods is not supported "
+                                                         "yet: drop it (each method gets seeded random inputs)")
+        return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
+                         weights=weights, inputs=inputs, methods=methods,
+                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",)),
+                         validation=self.calibration(spec.get("validation"), path + ("validation",)),
+                         task=spec.get("task", "other"))
+
+    def inputs(self, items: list, where: tuple, dim_ranges: dict) -> tuple:
+        """InputSpecs of one method's ``inputs`` list at key path ``where``."""
+        out = []
+        for i, item in enumerate(items):
+            shape, dims = self.input_dims(item, i, where, dim_ranges)
             elements = 1
             for d in shape:
                 elements *= d
             if elements > MAX_INPUT_ELEMENTS:
-                raise self.doc.error(path + ("inputs", i, "shape"),
+                raise self.doc.error(where + (i, "shape"),
                                      f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}")
-            inputs.append(InputSpec(item.get("name", f"input_{i}"), shape, item.get("dtype", defaults.INPUT_DTYPE)))
-        return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
-                         weights=weights, inputs=tuple(inputs),
-                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",)),
-                         validation=self.calibration(spec.get("validation"), path + ("validation",)),
-                         task=spec.get("task", "other"))
+            dtype = item.get("dtype", defaults.INPUT_DTYPE)
+            out.append(InputSpec(item.get("name", f"input_{i}"), shape, dtype,
+                                 self.input_range(item.get("range"), dtype, where + (i, "range")), dims))
+        return tuple(out)
+
+    def input_dims(self, item: dict, i: int, path: tuple, ranges: dict) -> tuple[tuple, tuple]:
+        """(shape with each dynamic dim at its max, ((axis, min, max, name), ...)); ``ranges``: the
+        dims named so far in this model (name -> (min, max)), which a shared name must match."""
+        shape, dims = [], []
+        for axis, d in enumerate(item["shape"]):
+            if isinstance(d, int):
+                shape.append(d)
+                continue
+            where = path + (i, "shape", axis)
+            name = d.get("name") or f"{item.get('name', f'input_{i}')}_{axis}"
+            lo, hi = d["min"], d["max"]
+            if not lo < hi:
+                raise self.doc.error(where, f"a dynamic dim needs min < max, got min {lo}, max {hi}")
+            if ranges.setdefault(name, (lo, hi)) != (lo, hi):
+                raise self.doc.error(where, f"dim {name!r} is [{ranges[name][0]}, {ranges[name][1]}] on an "
+                                            f"earlier input, [{lo}, {hi}] here: a shared name needs one range")
+            shape.append(hi)
+            dims.append((axis, lo, hi, name))
+        return tuple(shape), tuple(dims)
+
+    def input_range(self, value: list | None, dtype: str, path: tuple) -> tuple | None:
+        """``range: [lo, hi]`` checked against the dtype: integers need integer bounds inside it."""
+        if value is None:
+            return None
+        lo, hi = value
+        if dtype == "bool":
+            raise self.doc.error(path, "a bool input takes no range (its samples are True and False)")
+        if dtype in INTEGER_DTYPES:
+            if not all(float(v).is_integer() for v in value):
+                raise self.doc.error(path, f"an {dtype} input needs integer bounds, got [{lo}, {hi}]")
+            lo, hi = int(lo), int(hi)
+            low, high = INTEGER_DTYPES[dtype]
+            if lo < low or hi > high:
+                raise self.doc.error(path, f"[{lo}, {hi}) does not fit {dtype} ([{low}, {high}))")
+        if not lo < hi:
+            raise self.doc.error(path, f"expected lo < hi (integers: hi is exclusive), got [{lo}, {hi}]")
+        return (lo, hi)
 
     def package_versions(self, names: list, path: tuple) -> dict:
         versions = {}
@@ -140,7 +199,8 @@ class _Resolver:
                              missing=missing_requirement(recipe.data.get("needs")),
                              min_coverage=recipe.data.get("min_delegation_coverage") if delegates else None,
                              tools=self.versions.versions(stage_tools(recipe.data, "lowering")),
-                             runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")))
+                             runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")),
+                             dynamic_shapes=bool(recipe.data.get("dynamic_shapes", False)))
 
     def min_coverage(self, name: str, members: list) -> float | None:
         """gates.min_delegation_coverage.<name>, else the strictest member recipe's minimum."""
@@ -209,6 +269,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     m.check_threshold_keys(list(quants))
     m.check_scheme_options(list(quants))
     cells, rejected = m.cells(models, backends, quants, quant_thresholds)
+    cells, rejected = _reject_dynamic(doc, cells, rejected)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})
@@ -231,6 +292,40 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
                 toolchain=toolchain_versions(versions.distribution), code=CodeDigests(digests),
                 manifests=data.get("manifests") or {}, expected_failures=expected_failures,
                 artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False))
+
+def dynamic_refusal(cell) -> str | None:
+    """Why ``cell`` (a model with dynamic dims or several methods) cannot be built, or None."""
+    if cell.model.multi_method:
+        if cell.transform is not None:
+            return "several methods are built in fp32 only for now (quantization takes one forward)"
+        if not cell.backend.host_runnable:
+            return "several methods are validated on a host that runs the backend only for now (no bundled suites)"
+    if not any(i.dims for _, inputs in cell.model.methods for i in inputs):
+        return None
+    unable = [m.recipe for m in cell.backend.members if not m.dynamic_shapes]
+    if unable:
+        return (f"{', '.join(unable)} cannot lower dynamic shapes (its recipe has no `dynamic_shapes: true`; "
+                "OpenVINO and Arm TOSA fail on SymInt sizes): give the model fixed shapes for it")
+    if cell.transform is not None:
+        return "dynamic shapes are built in fp32 only for now (quantization re-exports at a fixed shape)"
+    return None
+
+
+def _reject_dynamic(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
+    from tasks.config.model import RejectedCell
+
+    kept, refused = [], list(rejected)
+    for cell in cells:
+        reason = dynamic_refusal(cell)
+        if reason:
+            refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
+        else:
+            kept.append(cell)
+    if not kept:
+        raise doc.error(("quantization",), "every cell of the matrix is refused: "
+                        + "; ".join(f"{r.name}: {r.reason}" for r in refused[:3]))
+    return tuple(kept), tuple(refused)
+
 
 def _display(path: Path) -> str:
     try:

@@ -31,7 +31,7 @@ from tasks.engine.log_capture import output_to
 from tasks.store.local import ENTRY_MANIFEST, Store, materialize
 from tasks.store.records import (DONE, PROGRAM_SHA256, STORED, TaskSpec, read_state, recorded_program_sha256,
                                  write_state)
-from tasks.store.results import Blocked, Skip
+from tasks.store.results import Blocked, Rejected, Skip
 
 
 def is_up_to_date(spec: TaskSpec, store: Store) -> bool:
@@ -39,8 +39,8 @@ def is_up_to_date(spec: TaskSpec, store: Store) -> bool:
     record = read_state(spec.state_file)
     if not record or record.get("key") != spec.key or record.get("status") not in DONE:
         return False
-    if record["status"] == "skipped":
-        return True  # nothing was written; the key already covers what this host lacks
+    if record["status"] in ("skipped", "rejected"):
+        return True  # nothing was written; the key already covers what this host lacks or the scheme refuses
     for name, target in spec.outputs.items():
         if target is None:
             continue  # in the store only: checked with the entry below
@@ -158,6 +158,9 @@ def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path,
             result = build(workdir) if inputs is None else build(workdir, given)
     except Skip as skip:
         write_state(task, "skipped", reason=str(skip), elapsed=time.monotonic() - start, log=task.log_file)
+        return True
+    except Rejected as rejected:
+        write_state(task, "rejected", reason=str(rejected), elapsed=time.monotonic() - start, log=task.log_file)
         return True
     except Blocked as blocked:
         write_state(task, "blocked", reason=str(blocked), elapsed=time.monotonic() - start)

@@ -13,7 +13,7 @@ from typing import Callable
 
 from tasks.store.local import Store
 from tasks.store.records import PROGRAM, PROGRAM_SHA256, TaskSpec, current
-from tasks.store.results import Blocked, Entry, Skip
+from tasks.store.results import Blocked, Entry, Rejected, Skip
 from tasks.store.specs import spec_of
 from tasks.store.stages import upstream_of
 
@@ -30,6 +30,8 @@ def require(upstream: TaskSpec) -> None:
         raise Blocked(f"{upstream.name} {record['status']}")
     if record["status"] == "skipped":
         raise Skip(f"{upstream.name} skipped: {record.get('reason', '')}")
+    if record["status"] == "rejected":
+        raise Rejected(f"{upstream.name} rejected: {record.get('reason', '')}")
 
 
 def stored(store: Store, upstream: TaskSpec, rebuild: Callable[[], bool]) -> Entry:

@@ -20,6 +20,8 @@ The state machine, first rule that applies:
 
     failed         a current record of capture, quantize, export, size gate, validate or
                    benchmark says failed (the first in that order): its reason and log
+    rejected       a current record says rejected: the scheme cannot apply to this model
+                   (e.g. a weight-group scheme that takes none of its layers), with why
     skipped        export skipped: this host cannot lower the backend (says what is missing)
     blocked        a current record says blocked (a task it needs did not succeed)
     not built      no current export record
@@ -51,7 +53,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.config.model import Cell, ExpectedFailure, Plan, RejectedCell
+from tasks.config.model import Cell, ExpectedFailure, Plan, RejectedCell, default_range_note
 from tasks.publish.baseline import p50_of
 from tasks.store.layout import ArtifactLayout, layout_of
 from tasks.store.records import current
@@ -79,11 +81,13 @@ class Evidence:
     delegates: tuple = ()
     executorch_version: str | None = None
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
-    outputs: tuple = ()  # the capture's eager outputs: {"shape", "dtype"} each
+    outputs: tuple = ()  # the capture's eager outputs: {"path", "shape", "dtype"} each
+    method_outputs: dict = field(default_factory=dict)  # several methods: method -> its outputs, likewise
     delegated_ops: int | None = None
     non_delegated_ops: int | None = None
     size_vs_fp32: float | None = None
     calibration: str | None = None  # where static quantization's calibration data came from
+    layers: dict | None = None  # the quantize record's: layers quantized and kept in float (layer_filter.py)
     metrics: dict = field(default_factory=dict)  # of METRICS, finite numbers only
     exact: bool = False  # validated here and identical to eager (infinite SQNR)
     validated_on: str | None = None  # the inputs the verdict was measured on, e.g. "npz data/val.npz"
@@ -183,12 +187,19 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> 
     capture = by_kind.get("capture")
     if capture and capture.get("status") == "ok":
         facts["outputs"] = tuple(o for o in _info(capture).get("outputs") or () if isinstance(o, dict))
+        methods = _info(capture).get("methods")
+        if isinstance(methods, dict):
+            facts["method_outputs"] = {m: list(v.get("outputs") or []) for m, v in methods.items()
+                                       if isinstance(v, dict)}
     gate = by_kind.get("sizegate")
     if gate:
         facts["size_vs_fp32"] = finite(_info(gate).get("size_vs_fp32"))
     calibration = _info(by_kind.get("quantize")).get("calibration")
     if isinstance(calibration, str):
         facts["calibration"] = calibration
+    layers = _info(by_kind.get("quantize")).get("layers")
+    if isinstance(layers, dict):
+        facts["layers"] = layers
     if validate and validate.get("status") in ("ok", "failed", "not-runnable") and _bound(validate, export_sha):
         vinfo = _info(validate)
         facts["validated_on"] = vinfo.get("inputs") if isinstance(vinfo.get("inputs"), str) else None
@@ -227,6 +238,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
         # (one that names none, e.g. a crash before it could, still counts: failing is the safe side).
         if record and record.get("status") == "failed" and _judged(record) in (None, export_sha):
             return out("failed", f"{name}: {record.get('reason') or 'failed'}", log=record.get("log"), task=name)
+    for name, record, _ in records:
+        if record and record.get("status") == "rejected":
+            return out("rejected", record.get("reason", ""), task=name)
     export = by_kind["export"]
     if export and export.get("status") == "skipped":
         return out("skipped", export.get("reason", ""), task=task_name(STAGE["export"], cell))
@@ -245,9 +259,12 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
         return out("not validated", f"the verdict on record judged another program "
                                     f"(sha256 {judged[:12] if judged else 'not recorded'}, "
                                     f"this one is {str(export_sha)[:12]})")
-    notes = []
+    notes = [n for n in (layers_note(cell.quant.name, evidence.layers or {}),) if n]
     if str(evidence.calibration or "").startswith("random"):
         notes.append("random calibration data (name some in pipeline.yaml)")
+    range_note = default_range_note(cell.model)
+    if range_note and (cell.model.validation is None or (cell.quant.calibrated and cell.model.calibration is None)):
+        notes.append(range_note)
     if validate["status"] == "not-runnable":
         return out("on-device", "; ".join([validate.get("reason", "")] + notes))
     if str(evidence.validated_on or "").startswith("random"):
@@ -255,6 +272,17 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
                         f"models.{cell.model.name}.validation in pipeline.yaml)")
         return out("provisional", "; ".join(notes))
     return out("ok", "; ".join(notes))
+
+
+def layers_note(scheme: str, layers: dict) -> str:
+    """'8da4w quantized 3 of 5 layers; kept in float: side (in_features 24 ...); ...', or "" when it took all."""
+    kept = [e for e in layers.get("kept_float") or () if isinstance(e, dict)]
+    quantized = finite(layers.get("quantized")) or 0
+    if not kept:
+        return ""
+    shown = "; ".join(f"{e.get('layer')} ({e.get('reason')})" for e in kept[:3])
+    more = f"; and {len(kept) - 3} more" if len(kept) > 3 else ""
+    return f"{scheme} quantized {quantized} of {quantized + len(kept)} layers; kept in float: {shown}{more}"
 
 
 def _with_expectation(entry: ExpectedFailure | None, natural: CellOutcome) -> CellOutcome:

@@ -6,9 +6,12 @@ writes them):
     etforge_meta_version   int: META_VERSION, the shape of the JSON below
     etforge_meta_json      str: {"etforge_meta_version", "model", "backend", "scheme",
                                  "etforge_version", "executorch_version",
-                                 "methods": {name: {"inputs": [{name, dtype, shape}],
-                                                    "outputs": [{name, shape}]}},
+                                 "methods": [{"name", "inputs", "outputs"}],
                                  "data_file": null | {"sha256": <hex of the .ptd it needs>}}
+
+``methods`` is tasks/config/io_spec.py describe_io's, the same description every manifest
+carries (inputs: name, dtype, shape, range, dynamic dims; outputs: name, pytree path,
+shape, dtype).
 
 An app reads them by executing the method (``load_method("etforge_meta_json").execute([])``);
 that works without the .ptd and off-Apple (research 7). etforge itself reads the string

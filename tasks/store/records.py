@@ -18,7 +18,7 @@ from pathlib import Path
 from tasks.core.atomic import atomic_write_text
 from tasks.core.digest import canonical_json
 
-DONE = ("ok", "skipped", "not-runnable")  # a record with one of these may be up to date
+DONE = ("ok", "skipped", "not-runnable", "rejected")  # a record with one of these may be up to date
 STORED = ("ok", "not-runnable")  # the statuses whose results are in the store
 PROGRAM = "program.pte"  # the export's blob a verdict judges
 PROGRAM_SHA256 = "program_sha256"  # the info field of a verdict naming the bytes it judged

@@ -2,7 +2,7 @@
 
 A stage's builder (named by dotted path in tasks/store/stages.py) is called as
 ``builder(request) -> BuildResult`` inside the task's action; it may raise Skip
-(this host cannot do it) or any error (the task fails with its first line).
+(this host cannot do it), Rejected (the scheme cannot apply to this model) or any error (the task fails with its first line).
 """
 
 from __future__ import annotations
@@ -23,6 +23,11 @@ class BuildResult:
 
 class Skip(Exception):
     """Raised by a builder when the host cannot do this task; the message says why."""
+
+
+class Rejected(Exception):
+    """Raised by a builder when the cell's scheme cannot apply to this model (e.g. it takes no layer
+    of it); the message says why. Recorded as ``rejected``: the cell's outcome, never a failure."""
 
 
 class Blocked(Exception):

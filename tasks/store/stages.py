@@ -71,8 +71,8 @@ STAGES = (
           doc="lower each cell (model x backend x quantization) to a .pte",
           task_doc="lower {model} for {backend} ({scheme}) to {pte}",
           builder="tasks.build.lower:export_stage", code=("tasks.build.lower", "tasks.build.coreml_reproducible"),
-          key_inputs=("backend", "identity", "coverage_gate", "toolchain", "partitioner_code"),
-          upstream=("graph",),
+          key_inputs=("backend", "embedded_metadata", "coverage_gate", "toolchain", "partitioner_code"),
+          upstream=("graph", "capture"),  # capture: the outputs its metadata describes
           outputs=(("program.pte", "pte_path"), ("export.json", "export_info_path"),
                    ("program.ptd", "ptd_path", "external_weights")),
           skip_if=(("backend_missing", "cannot lower here: {missing}"),), keep_entry=True),

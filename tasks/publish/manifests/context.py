@@ -47,6 +47,7 @@ from tasks.config.model import Plan
 from tasks.core.text import one_line
 from tasks.publish import outcome
 from tasks.publish.manifests import cpp_header
+from tasks.publish.manifests.interface import cell_interface
 from tasks.publish.manifests.naming import DART_RESERVED, cmake_identifier, dart_identifier, fallback_order, unique
 from tasks.store.layout import layout_of
 
@@ -152,10 +153,7 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
     variants = []
     for cell, result in built:
         ev = result.evidence
-        outputs = list(ev.outputs)
-        dtypes = list(ev.input_dtypes)
-        if len(dtypes) != len(cell.model.inputs):
-            dtypes = [i.dtype for i in cell.model.inputs]
+        io = cell_interface(cell, ev)  # the one description every manifest shows (interface.py)
         delegates = list(ev.delegates)
         file_name = f"{cell.stem}.pte"
         description = BACKEND_DESCRIPTIONS.get(cell.backend.primary.recipe, cell.backend.name)
@@ -181,12 +179,16 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
             "package_targets": [DELEGATE_TARGETS[d][1] for d in delegates
                                 if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][1]],
             "executorch_version": ev.executorch_version or plan.toolchain.get("executorch") or "",
-            "inputs": [{"name": i.name, "shape": list(i.shape), "dtype": d}
-                       for i, d in zip(cell.model.inputs, dtypes)],
-            "outputs": [{"name": f"output_{k}", "shape": list(o.get("shape", [])), "dtype": o.get("dtype", "")}
-                        for k, o in enumerate(outputs)],
+            "inputs": io["inputs"],  # the first method's: name, shape, dtype[, range][, dynamic]
+            "outputs": io["outputs"],  # named by pytree path (tasks/config/io_spec.py)
+            # every method with its inputs and outputs (one, forward, unless the model declares several)
+            "methods": io["methods"],
+            "cmake_methods": unique([m["name"] for m in io["methods"]], cmake_identifier),
             "description": description,
             "verdict": outcome.verdict(result),
+            # A weight-group scheme's layers: how many it quantized, which it kept in float and why.
+            "layers": ({k: ev.layers.get(k) for k in ("quantized", "float", "kept_float")}
+                       if ev.layers else None),
         })
     by_file: dict = {}
     for v in variants:

@@ -34,6 +34,7 @@ from tasks.core.atomic import atomic_write_text
 from tasks.core.text import one_line
 from tasks.publish import outcome, templates
 from tasks.publish.literals import C_COMMENT_LIMIT
+from tasks.publish.manifests.interface import cell_interface
 from tasks.publish.manifests.naming import fallback_order
 from tasks.store.layout import layout_of
 
@@ -87,10 +88,7 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
                              "reason": f"{result.status}: {outcome.listing_reason(result, layout_of(plan))}"})
             continue
         ev = result.evidence
-        outputs = list(ev.outputs) or None
-        dtypes = list(ev.input_dtypes)
-        if len(dtypes) != len(cell.model.inputs):
-            dtypes = [i.dtype for i in cell.model.inputs]
+        io = cell_interface(cell, ev)  # what index.json, the Dart and the CMake show (interface.py)
         stem = f"{cell.stem}.pte"
         verdict = outcome.verdict(result)
         variants.append({
@@ -104,12 +102,13 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
             "sha256": str(ev.sha256),
             "size": int(ev.size_bytes),
             "delegates": [str(d) for d in ev.delegates],
-            "inputs": [{"name": i.name, "shape": [int(d) for d in i.shape], "dtype": str(d)}
-                       for i, d in zip(cell.model.inputs, dtypes)],
+            # The first method's inputs and outputs (the same lists as methods[0]'s).
+            "inputs": io["inputs"],
             # -1: unknown (no current capture record); the runner then takes the program's count.
-            "num_outputs": len(outputs) if outputs is not None else -1,
-            "outputs": [{"shape": [int(d) for d in o.get("shape", [])], "dtype": str(o.get("dtype", ""))}
-                        for o in (outputs or [])],
+            "num_outputs": len(io["outputs"]) if io["outputs_known"] else -1,
+            "outputs": io["outputs"],
+            # Every method: name, inputs, outputs (empty: unknown, num_outputs -1 in C++).
+            "methods": io["methods"],
             "verdict": verdict["status"],
             "validated_on": verdict["inputs"] or "",
             # +inf: identical to eager; None (NaN in C++): not measured here

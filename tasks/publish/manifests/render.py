@@ -50,6 +50,10 @@ def index_document(context: dict) -> dict:
             "platforms": v["platforms"],
             "delegates": v["delegates"],
             "verdict": v["verdict"],
+            "layers": v.get("layers"),
+            "inputs": v["inputs"],  # name, shape, dtype[, range] (tasks/config/io_spec.py)
+            "outputs": v["outputs"],  # name, pytree path, shape, dtype
+            "methods": v["methods"],  # [{name, inputs, outputs}]; the two above are the first method's
         })
     return {
         "version": INDEX_FORMAT,
