@@ -347,3 +347,20 @@ def test_cpp_runner_runs_the_first_method_of_a_program_without_forward(built, ru
     (variant,) = _records(done.stdout, "variant")
     assert variant["status"] == "ok" and variant["method"] == "encode", variant
     assert variant["data_file"].endswith("seq2seq/seq2seq_portable_fp32.ptd")
+
+
+def test_the_size_gate_sees_through_the_names_a_program_carries(built):
+    from types import SimpleNamespace
+
+    from tasks.build.gates import size_gate
+    from tasks.store.program_meta import without_meta
+
+    a, b = (built.out / m / f"{m}_xnnpack_fp32.pte" for m in ("mlp_a", "mlp_b"))
+    assert a.read_bytes() != b.read_bytes() and without_meta(a.read_bytes()) == without_meta(b.read_bytes())
+    infos = [state(built, f"export:{m}/xnnpack/fp32")["info"] for m in ("mlp_a", "mlp_b")]
+    assert infos[0]["program_sha256"] == infos[1]["program_sha256"] and infos[0]["data_size_bytes"] > 8 * 1024
+    cell = SimpleNamespace(size_gate={"weights": ["linear"], "max_ratio": 0.4}, quant=SimpleNamespace(name="int8"),
+                           model=SimpleNamespace(name="mlp_b"))
+    facts, reason = size_gate(cell, infos[1], infos[0], {"all": 10000, "linear": 10000})
+    assert reason == "identical to its fp32 sibling but for the names it carries: int8 was not applied"
+    assert facts["size_vs_fp32"] == 1.0  # .pte and .ptd together

@@ -37,25 +37,45 @@ class ProgramMetaError(Exception):
     """A program's metadata is missing, unreadable or disagrees with what etforge expects."""
 
 
+PAD = 128  # the JSON is padded with spaces to a multiple of this
+
+
 def encode(meta: dict) -> str:
-    """The JSON string a program carries: the version first (MARKER), the rest sorted."""
+    """The JSON string a program carries: the version first (MARKER), the rest sorted, padded to a
+    multiple of PAD bytes so that two cells whose names differ by a few characters get programs of
+    one layout (:func:`without_meta` then tells whether a scheme changed anything else)."""
     body = {k: meta[k] for k in sorted(meta) if k != "etforge_meta_version"}
-    return json.dumps({"etforge_meta_version": META_VERSION, **body}, ensure_ascii=True)
+    text = json.dumps({"etforge_meta_version": META_VERSION, **body}, ensure_ascii=True)
+    return text + " " * (-len(text) % PAD)
 
 
-def read_meta(pte: bytes) -> dict | None:
-    """The metadata a .pte carries, or None when it has none (a program etforge did not make)."""
+def meta_span(pte) -> tuple[int, int] | None:
+    """(start, end) of the metadata JSON in the .pte's bytes, or None when it carries none."""
     start = pte.find(MARKER)
     while start >= 4:
         (length,) = struct.unpack_from("<I", pte, start - 4)
         end = start + length
         if end < len(pte) and pte[end] == 0:
             try:
-                return json.loads(pte[start:end].decode("ascii"))
+                json.loads(pte[start:end].decode("ascii"))
+                return start, end
             except (UnicodeDecodeError, ValueError):
                 pass
         start = pte.find(MARKER, start + 1)
     return None
+
+
+def read_meta(pte: bytes) -> dict | None:
+    """The metadata a .pte carries, or None when it has none (a program etforge did not make)."""
+    span = meta_span(pte)
+    return None if span is None else json.loads(pte[span[0]:span[1]].decode("ascii"))
+
+
+def without_meta(pte: bytes) -> bytes:
+    """The program with its metadata blanked (same length): what two cells' programs share when
+    they differ only in the names they carry (a scheme that changed nothing)."""
+    span = meta_span(pte)
+    return pte if span is None else pte[:span[0]] + b" " * (span[1] - span[0]) + pte[span[1]:]
 
 
 def required_data_sha256(meta: dict | None) -> str | None:
