@@ -42,7 +42,9 @@ def test_each_method_is_lowered_into_one_program_and_validated(built):
         assert report["passed"] and report["methods"] == ["encode", "decode"]
         assert [(o["method"], o["shape"]) for o in report["outputs"]] == [("encode", [1, 16]), ("decode", [1, 4, 20])]
     pte = built.out / "seq2seq" / "seq2seq_xnnpack_fp32.pte"
-    assert set(Runtime.get().load_program(pte.read_bytes()).method_names) == {"encode", "decode"}
+    # the two methods, and etforge's metadata constant methods (tasks/store/program_meta.py)
+    assert set(Runtime.get().load_program(pte.read_bytes()).method_names) == {
+        "encode", "decode", "etforge_meta_json", "etforge_meta_version"}
 
 
 def test_each_method_is_benchmarked(built):
