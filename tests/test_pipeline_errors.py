@@ -226,11 +226,11 @@ CASES = [
 
     # --- model sources -------------------------------------------------------------
     Case("model-both-sources", base(("    inputs:", "    torchvision: resnet18\n    inputs:")),
-         "pipeline.yaml:3: models.linreg: expected exactly one model source: 'python: module:factory' "
-         "or 'torchvision: <name>', got a mapping with keys python, torchvision, inputs"),
+         "pipeline.yaml:3: models.linreg: expected exactly one model source: 'python: module:factory', "
+         "'torchvision: <name>' or 'transformers: {...}', got a mapping with keys python, torchvision, inputs"),
     Case("model-no-source", base(("    python: models.linreg:build\n", "")),
-         "pipeline.yaml:3: models.linreg: expected exactly one model source: 'python: module:factory' "
-         "or 'torchvision: <name>', got a mapping with keys inputs"),
+         "pipeline.yaml:3: models.linreg: expected exactly one model source: 'python: module:factory', "
+         "'torchvision: <name>' or 'transformers: {...}', got a mapping with keys inputs"),
     Case("python-ref-is-a-path", base(("python: models.linreg:build", "python: models/linreg.py")),
          "pipeline.yaml:4: models.linreg.python: expected 'module:factory', e.g. models.linreg:build, "
          'got "models/linreg.py"'),

@@ -99,9 +99,12 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     import torch
 
     from tasks.build.model_loading import build_model
+    from tasks.config.hf_source import is_llm
 
     start = time.monotonic()
     model = build_model(model_spec, root)
+    if is_llm(model_spec):  # a prompt + eager greedy continuation; a static KV cache program
+        return _capture_llm(model, model_spec, seed, workdir, start)
     captured = {}  # method -> (program, samples, eager, names, source)
     for method, inputs in (model_spec.methods or (("forward", model_spec.inputs),)):
         module = method_module(model, method)
@@ -136,6 +139,26 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
             "outputs": next(iter(outputs.values())), "weight_bytes": weight_bytes(first[0])}
     if model_spec.multi_method:
         info["methods"] = {m: {"outputs": o} for m, o in outputs.items()}
+    return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
+
+
+def _capture_llm(model, model_spec, seed: int, workdir: Path, start: float) -> BuildResult:
+    """A decoder-only LLM: eager prompt logits and greedy continuation, one static-KV-cache program."""
+    import torch
+
+    from tasks.build import llm_export
+
+    samples, eager, names, source, extra = llm_export.eager_reference(model, model_spec, seed)
+    failure = nonfinite_eager(model_spec.name, eager, names, source)
+    if failure:
+        return BuildResult(status="failed", reason=failure)
+    program = llm_export.export_llm(model, model_spec.source["transformers"]["llm"])
+    torch.export.save(program, workdir / PROGRAM)
+    write_reference(workdir / REFERENCE, samples, eager, names, source, extra=extra)
+    info = {"export_s": round(time.monotonic() - start, 3), "inputs": source, "samples": len(samples),
+            "outputs": [{"path": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+                        for n, t in zip(names, eager[0])],
+            "weight_bytes": weight_bytes(program), **llm_export.capture_notes(model_spec, extra)}
     return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
 
 

@@ -78,6 +78,17 @@ def _register_transform_ops(cell) -> None:
         importlib.import_module(module)
 
 
+def _llm_options(cell) -> tuple[dict, dict]:
+    """An LLM cell's extra lowering settings (runner metadata methods, ...), else none."""
+    from tasks.config.hf_source import is_llm
+
+    if not is_llm(cell.model):
+        return {}, {}
+    from tasks.build.llm_export import lowering_options
+
+    return lowering_options(cell)  # also registers the llama:: ops the saved graph holds
+
+
 def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | None = None) -> BuildResult:
     """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little.
 
@@ -86,12 +97,12 @@ def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | N
 
     if not os.environ.get(FRESH_PROCESS_ENV) and any(m.partitioner in FRESH_PROCESS for m in cell.backend.members):
         return _build_in_fresh_process(cell, program_path, workdir, capture_info)
-    import torch
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
     start = time.monotonic()
     _register_transform_ops(cell)
+    edge_options, backend_options = _llm_options(cell)
     programs = load_programs(program_path)  # {"forward": ep}, or every method of a multi-method model
     first = next(iter(programs))
     program = programs[first]
@@ -107,14 +118,16 @@ def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | N
             stack.enter_context(context)
         edge = to_edge_transform_and_lower(program if len(programs) == 1 else programs,
                                            partitioner=partitioners_for(cell.backend),
-                                           constant_methods=constant_methods(meta))
+                                           **{**edge_options, "constant_methods": {
+                                               **edge_options.get("constant_methods", {}),  # an LLM runner's
+                                               **constant_methods(meta)}})
     graph_module = edge.exported_program(first).graph_module  # delegation of the first method
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
-    if cell.transform is not None:
-        # quantize/dequantize ops left outside a delegate need these out-variants.
+    if cell.transform is not None or backend_options:
+        # quantize/dequantize ops left outside a delegate (and fused quantized embeddings) need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
-    executorch_program = edge.to_executorch(_backend_config(cell.transform, external))
+    executorch_program = edge.to_executorch(_backend_config(cell.transform, external, backend_options))
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
     files = {PTE: pte, INFO: workdir / INFO}
@@ -140,6 +153,8 @@ def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | N
         "input_dtypes": input_dtypes,
         **data_info,
     }
+    if edge_options:  # an LLM: the runner's metadata methods, for manifests and the report
+        info["llm_metadata"] = edge_options["constant_methods"]
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")
     failure = delegation_gate(cell, info)
@@ -213,21 +228,24 @@ def _constant_bytes(program) -> int:
     return sum(t.nbytes for t in tensors.values())
 
 
-def _backend_config(transform, external: bool):
-    """ExecutorchBackendConfig of the cell, or None for the defaults.
+def _backend_config(transform, external: bool, settings: dict):
+    """ExecutorchBackendConfig of the cell (``settings``: an LLM cell's), or None for the defaults.
 
     Quantized embeddings (torchao dequantize + embedding) become ExecuTorch's quantized embedding
     ops only with quant fusion; without it ``Missing out variants: {'torchao::dequantize_affine'}``.
     ``external``: every constant left outside a delegate goes to the one data file too (DATA_TAG)."""
     from tasks.build.quantizers import quantizes_embeddings
 
-    fuse = quantizes_embeddings(transform)
-    if not fuse and not external:
+    settings = dict(settings)
+    if quantizes_embeddings(transform):
+        settings["do_quant_fusion_and_const_prop"] = True
+    if external:
+        settings["external_constants"] = lambda node: DATA_TAG
+    if not settings:
         return None
     from executorch.exir import ExecutorchBackendConfig
 
-    return ExecutorchBackendConfig(do_quant_fusion_and_const_prop=fuse,
-                                   external_constants=(lambda node: DATA_TAG) if external else False)
+    return ExecutorchBackendConfig(**settings)
 
 
 def _input_dtypes(program) -> list:

@@ -20,6 +20,10 @@ def build_model(spec, root: Path):
     torch.manual_seed(SEED)
     if "python" in spec.source:
         model = _from_factory(spec.source["python"], spec.kwargs, root)
+    elif "transformers" in spec.source:  # its checkpoint is a directory: loaded by hf_models
+        from tasks.build.hf_models import build_hf_model
+
+        return build_hf_model(spec, root)
     else:
         from tasks.build.torchvision_compat import import_torchvision
 

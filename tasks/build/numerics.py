@@ -196,3 +196,16 @@ def _fmt(name: str, value: float) -> str:
     if name == "max_abs_error":
         return f"{value:.3g}"
     return f"{value:.3f}"
+
+
+def finite_json(value):
+    """``value`` with every non-finite float as a string ("-inf"), so the file stays strict JSON."""
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value

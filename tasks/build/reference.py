@@ -62,9 +62,11 @@ class Reference:
         return self.source.startswith("random")
 
 
-def write_reference(path: Path, samples: list, eager: list, names: list, source: str) -> None:
+def write_reference(path: Path, samples: list, eager: list, names: list, source: str,
+                    extra: dict | None = None) -> None:
     """Write format 2: ``samples`` (per sample, a tuple of input tensors), ``eager`` (per sample, the
-    flattened output tensors), the outputs' pytree ``names`` and where the inputs came from."""
+    flattened output tensors), the outputs' pytree ``names`` and where the inputs came from.
+    ``extra``: more named arrays a stage's own reader wants (an LLM's ``llm_tokens``/``llm_logits``)."""
     import numpy as np
 
     shapes = {tuple(tuple(t.shape) for t in (*s, *out)) for s, out in zip(samples, eager)}
@@ -80,6 +82,7 @@ def write_reference(path: Path, samples: list, eager: list, names: list, source:
     arrays["samples"] = np.array(len(samples), dtype=np.int64)
     arrays["output_names"] = np.array(names, dtype=str)
     arrays["source"] = np.array(source)
+    arrays.update(extra or {})
     if hasattr(path, "write"):  # a buffer: one method's reference inside a multi-method file
         np.savez(path, **arrays)
         return

@@ -28,6 +28,12 @@ def validate_stage(request: BuildRequest) -> BuildResult:
 
         return build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE],
                              export.info.get("input_dtypes", []), request.workdir)
+    from tasks.config.hf_source import is_llm
+
+    if is_llm(cell.model):  # prefill + KV-cache decode steps + greedy continuation
+        from tasks.build.llm_numerics import build_llm_validate
+
+        return build_llm_validate(cell, export.files[PROGRAM], capture.files[REFERENCE], request.workdir)
     return build_validate(cell, export.files[PROGRAM], capture.files[REFERENCE],
                           export.info.get("input_dtypes", []), request.workdir, program=capture.files["model.pt2"])
 
@@ -38,7 +44,7 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     used to find the first divergent node when an fp32 cell misses a threshold."""
     import numpy as np
 
-    from tasks.build.numerics import compare_samples, verdict
+    from tasks.build.numerics import compare_samples, finite_json, verdict
     from tasks.build.program_io import cast_inputs, run_program_samples
     from tasks.build.reference import load_reference_samples, reference_methods
     from tasks.config.io_spec import output_labels
@@ -114,7 +120,7 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
     every method judged (labels name the method); one numerics.json, one verdict."""
     import numpy as np
 
-    from tasks.build.numerics import compare_samples, verdict
+    from tasks.build.numerics import compare_samples, finite_json, verdict
     from tasks.build.program_io import cast_inputs, run_program_samples
     from tasks.build.reference import load_reference_samples
     from tasks.config.io_spec import output_labels
@@ -222,15 +228,3 @@ def _diagnose(program: Path, cell, inputs: list, sample: int) -> dict:
     result["sample"] = sample
     return result
 
-
-def finite_json(value):
-    """``value`` with every non-finite float as a string ("-inf"), so the file stays strict JSON."""
-    import math
-
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: finite_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_json(v) for v in value]
-    return value

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tasks.config import defaults, recipes, schema
 from tasks.config.code_deps import CodeDigests, ImportGraph
+from tasks.config.hf_source import reject_llm_cells, resolve_transformers
 from tasks.config.digest_cache import DigestCache, digest_cache_for
 from tasks.config.manifest_options import check_options as check_manifest_options
 from tasks.config.matrix import MatrixResolver
@@ -61,6 +62,7 @@ class _Resolver:
 
     def model(self, name: str, spec: dict) -> ModelSpec:
         path = ("models", name)
+        implied_inputs = None  # a text-generation model's inputs follow from its llm options
         if "python" in spec:
             file = self.factory_file(spec["python"], path + ("python",))
             source = {"python": spec["python"], "file": self.rel(file),
@@ -70,6 +72,8 @@ class _Resolver:
                                   for f in sorted(self.imports.reach([file])) if f != file}}
             if spec.get("packages"):
                 source["packages"] = self.package_versions(spec["packages"], path + ("packages",))
+        elif "transformers" in spec:
+            source, implied_inputs = resolve_transformers(self, name, spec)
         else:
             source = {"torchvision": spec["torchvision"], "bn_recalibration": 1}
         weights = None
@@ -83,17 +87,22 @@ class _Resolver:
                 raise self.doc.error(path + ("weights", "sha256"),
                                      f"weights file sha256 is {actual}, pipeline pins {spec['weights']['sha256']}")
             weights = {"path": self.rel(full), "sha256": actual}
-        if "inputs" not in spec and "methods" not in spec:
-            raise self.doc.error(path, "missing required key 'inputs'")
         if "inputs" in spec and "methods" in spec:
             raise self.doc.error(path, "declare either 'inputs' (one method, forward) or 'methods' "
                                        "(each with its inputs), not both")
         dim_ranges: dict = {}  # dim names are shared across inputs and methods
-        if "methods" in spec:
+        if implied_inputs is not None:  # from the source (an LLM's token ids and cache positions)
+            if "methods" in spec:
+                raise self.doc.error(path + ("methods",), "a text-generation model's methods are implied "
+                                                          "(forward with a static KV cache); drop 'methods'")
+            methods = (("forward", tuple(implied_inputs)),)
+        elif "methods" in spec:
             methods = tuple((m, self.inputs(body["inputs"], path + ("methods", m, "inputs"), dim_ranges))
                             for m, body in spec["methods"].items())
-        else:
+        elif "inputs" in spec:
             methods = (("forward", self.inputs(spec["inputs"], path + ("inputs",), dim_ranges)),)
+        else:
+            raise self.doc.error(path, "missing required key 'inputs'")
         inputs = methods[0][1]
         if "methods" in spec and spec.get("validation"):
             raise self.doc.error(path + ("validation",), "validation data for several methods is not supported "
@@ -270,6 +279,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     m.check_scheme_options(list(quants))
     cells, rejected = m.cells(models, backends, quants, quant_thresholds)
     cells, rejected = _reject_dynamic(doc, cells, rejected)
+    cells, rejected = reject_llm_cells(cells, rejected)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})
@@ -296,18 +306,15 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
 def dynamic_refusal(cell) -> str | None:
     """Why ``cell`` (a model with dynamic dims or several methods) cannot be built, or None."""
     if cell.model.multi_method:
-        if cell.transform is not None:
-            return "several methods are built in fp32 only for now (quantization takes one forward)"
-        if not cell.backend.host_runnable:
-            return "several methods are validated on a host that runs the backend only for now (no bundled suites)"
+        if cell.transform is not None and cell.transform.method == "pt2e":
+            return ("several methods are not calibrated yet (PT2E quantizes one exported graph): "
+                    "use a weight scheme (8da4w, 8da8w, fp16) for this model")
     if not any(i.dims for _, inputs in cell.model.methods for i in inputs):
         return None
     unable = [m.recipe for m in cell.backend.members if not m.dynamic_shapes]
     if unable:
         return (f"{', '.join(unable)} cannot lower dynamic shapes (its recipe has no `dynamic_shapes: true`; "
                 "OpenVINO and Arm TOSA fail on SymInt sizes): give the model fixed shapes for it")
-    if cell.transform is not None:
-        return "dynamic shapes are built in fp32 only for now (quantization re-exports at a fixed shape)"
     return None
 
 

@@ -270,13 +270,23 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
     range_note = default_range_note(cell.model)
     if range_note and (cell.model.validation is None or (cell.quant.calibrated and cell.model.calibration is None)):
         notes.append(range_note)
+    hf_source = cell.model.source.get("transformers")
+    if hf_source and not hf_source.get("checkpoint"):  # built from its config: numerics, not quality
+        notes.append("random weights (transformers config, no checkpoint)")
     if validate["status"] == "not-runnable":
         return out("on-device", "; ".join([validate.get("reason", "")] + notes))
     if str(evidence.validated_on or "").startswith("random"):
-        notes.insert(0, f"validated on seeded random inputs only (name data under "
-                        f"models.{cell.model.name}.validation in pipeline.yaml)")
+        notes.insert(0, "validated on seeded random inputs only " + _validation_data_hint(cell.model))
         return out("provisional", "; ".join(notes))
     return out("ok", "; ".join(notes))
+
+
+def _validation_data_hint(model) -> str:
+    """How a provisional cell becomes ok: name data, where the model can take it."""
+    if model.multi_method or any(i.dims for i in model.inputs):
+        return ("(validation data files for dynamic-shape and multi-method models are not supported "
+                "yet: the cell stays provisional)")
+    return f"(name data under models.{model.name}.validation in pipeline.yaml)"
 
 
 def layers_note(scheme: str, layers: dict) -> str:
