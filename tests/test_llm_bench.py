@@ -1,7 +1,8 @@
 """LLM benchmarks and LLM manifests (issue 13 points 5 and 6) on one tiny LLM cell.
 
 One project is built once for the module: the tiny untied Llama of tests/test_llm_export.py
-(vocab 512, hidden 64, 2 layers) on XNNPACK fp32, through benchmark, manifest and report.
+(vocab 512, hidden 64, 2 layers) on portable fp32 (the cheapest lowering), through benchmark,
+manifest and report.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ models:
       config: {CONFIG}
       llm: {{max_context_len: 32, prompt_len: 8, decode_steps: 4}}
 backends:
-  xnnpack: {{}}
+  portable: {{}}
 quantization: [fp32]
 benchmark: {{iterations: 5, warmup: 1}}
 """
-CELL = "tiny_llm/xnnpack/fp32"
+CELL = "tiny_llm/portable/fp32"
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,7 @@ def built(tmp_path_factory):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     project.manifests = project.out / "manifests"
     project.index = json.loads((project.manifests / "index.json").read_text())
-    project.export = json.loads((project.out / "tiny_llm" / "tiny_llm_xnnpack_fp32.export.json").read_text())
+    project.export = json.loads((project.out / "tiny_llm" / "tiny_llm_portable_fp32.export.json").read_text())
     return project
 
 
@@ -111,7 +112,7 @@ def test_index_json_lists_the_llm_methods_metadata_and_kv_cache(built):
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
     from executorch.runtime import Runtime
 
-    program = Runtime.get().load_program((built.out / "tiny_llm" / "tiny_llm_xnnpack_fp32.pte").read_bytes())
+    program = Runtime.get().load_program((built.out / "tiny_llm" / "tiny_llm_portable_fp32.pte").read_bytes())
     # every method the manifest names is the program's; the others are etforge's own metadata methods
     assert set(llm["methods"]) <= set(program.method_names)
     assert all(m.startswith("etforge_meta") for m in set(program.method_names) - set(llm["methods"]))
