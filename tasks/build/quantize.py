@@ -29,6 +29,9 @@ from tasks.build.reference import REFERENCE
 from tasks.store.results import BuildRequest, BuildResult, Rejected
 
 PROGRAM = "model.pt2"
+# An LLM's quantized (or cast) eager model's logits on the validation prompt (llm_export.same_scheme_logits):
+# stored with its graph, passed on by the export stage, compared with the program by llm_numerics.
+SAME_SCHEME = "same_scheme_logits.npy"
 
 
 def pt2e_quantize(program, example_inputs: tuple, quantizer, calibration, fold_quantize: bool = True):
@@ -99,18 +102,20 @@ def _export_quantized(cell, model, inputs):
     from tasks.config.hf_source import is_llm
 
     if is_llm(cell.model):
-        from tasks.build.llm_export import export_llm
+        from tasks.build.llm_export import cell_llm_options, cell_uses_custom_ops, export_llm
 
-        return export_llm(model, cell.model.source["transformers"]["llm"])
+        return export_llm(model, cell_llm_options(cell), custom_ops=cell_uses_custom_ops(cell))
     return torch.export.export(model, inputs, strict=False)
 
 
 def build_quantized(cell, root: Path, seed: int, capture_program: Path, reference: Path,
                     workdir: Path) -> BuildResult:
+    import numpy as np
     import torch
 
     from tasks.build.model_loading import build_model
     from tasks.build.reference import load_reference
+    from tasks.config.hf_source import is_llm
     from tasks.build.samples import calibration_batches
     from tasks.core.dotted_path import load_callable
 
@@ -136,7 +141,13 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
         inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
     else:
         raise ValueError(f"unknown quantization method {transform.method!r}")
+    files = {PROGRAM: workdir / PROGRAM}
+    if is_llm(cell.model):  # the quantized eager model's logits: validation's same-scheme reference
+        from tasks.build.llm_export import same_scheme_logits
+
+        np.save(workdir / SAME_SCHEME, same_scheme_logits(model, reference))
+        files[SAME_SCHEME] = workdir / SAME_SCHEME
     program = _export_quantized(cell, model, inputs)
     torch.export.save(program, workdir / PROGRAM)
     info["quantize_s"] = round(time.monotonic() - start, 3)
-    return BuildResult(files={PROGRAM: workdir / PROGRAM}, info=info)
+    return BuildResult(files=files, info=info)

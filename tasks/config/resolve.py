@@ -292,7 +292,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     m.check_scheme_options(list(quants))
     cells, rejected = m.cells(models, backends, quants, quant_thresholds)
     cells, rejected = _reject_dynamic(doc, cells, rejected)
-    cells, rejected = reject_llm_cells(cells, rejected)
+    cells, rejected = reject_llm_cells(cells, rejected, models, backends)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})
