@@ -74,41 +74,23 @@ def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir:
     Status ``not-runnable``: nothing ran here; the device runs the test cases.
     """
     from executorch.devtools import BundledProgram
-    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
     from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
 
-    from tasks.build.program_io import cast_inputs, program_io_dtypes
-    from tasks.build.reference import load_reference_samples
+    from tasks.build.reference import reference_methods
 
-    ref = load_reference_samples(reference)
     pte_bytes = Path(pte).read_bytes()
-    try:
-        in_dtypes, out_dtypes = program_io_dtypes(pte_bytes)
-    except Exception:  # noqa: BLE001  (an unreadable header: fall back to the export info)
-        in_dtypes = list(input_dtypes or [])
-        out_dtypes = []
-    if len(in_dtypes) not in (0, len(ref.inputs)):
-        raise ValueError(f"the program takes {len(in_dtypes)} inputs, the reference has {len(ref.inputs)}")
-    if out_dtypes and len(out_dtypes) != len(ref.outputs):
-        raise ValueError(f"the program returns {len(out_dtypes)} outputs, eager returned {len(ref.outputs)}")
-    cases = []
-    for n in range(ref.count):
-        inputs = cast_inputs(ref.sample_inputs(n), in_dtypes)
-        expected = [_tensor(y, _at(out_dtypes, i)) for i, y in enumerate(ref.sample_outputs(n))]
-        cases.append(MethodTestCase(inputs=inputs, expected_outputs=expected))
-    bundle = BundledProgram(None, [MethodTestSuite(method_name=METHOD, test_cases=cases)], pte_file_path=str(pte))
+    suites, per_method = [], {}
+    for method in reference_methods(reference):  # one test suite per method (its own samples)
+        suite, per_method[method] = _method_suite(cell, method, pte_bytes, reference, input_dtypes)
+        suites.append(suite)
+    bundle = BundledProgram(None, suites, pte_file_path=str(pte))
     out = workdir / BPTE
     out.write_bytes(serialize_from_bundled_program_to_flatbuffer(bundle))
-    tol = tolerances(cell.thresholds, ref.outputs)
+    first = next(iter(per_method))
     info = {
-        "method": METHOD,
-        "test_cases": ref.count,
-        # expected output i of each test case is the output at this pytree path (tasks/config/io_spec.py)
-        "output_paths": list(ref.output_names),
-        "inputs": ref.source,
-        "rtol": tol["rtol"],
-        "atol": tol["atol"],
-        "tolerance_rule": tol["rule"],
+        # the first method's suite at the top (all of a one-method program); every method's under "methods"
+        "method": first,
+        **per_method[first],
         "thresholds": cell.thresholds,
         "not_checked_on_device": sorted(k for k in cell.thresholds if k not in ELEMENTWISE
                                         or (k == "sqnr_db" and "max_abs_error" in cell.thresholds)),
@@ -116,24 +98,58 @@ def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir:
         "size_bytes": out.stat().st_size,
         "program_sha256": hashlib.sha256(pte_bytes).hexdigest(),  # the program bundled and judged
     }
+    if len(per_method) > 1:
+        info["methods"] = per_method
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")
+    cases = sum(m["test_cases"] for m in per_method.values())
+    where = f" over {len(per_method)} methods" if len(per_method) > 1 else ""
     reason = (f"not runnable on this host (no {'/'.join(cell.backend.delegates) or cell.backend.name} runtime); "
-              f"{BPTE} carries {ref.count} test case(s), check on device with rtol={tol['rtol']:g}, "
-              f"atol={tol['atol']:.3g}")
+              f"{BPTE} carries {cases} test case(s){where}, check on device with rtol={info['rtol']:g}, "
+              f"atol={info['atol']:.3g}" + (" (per method: bundled.json methods)" if where else ""))
     return BuildResult(files={BPTE: out, INFO: workdir / INFO}, info=info, status="not-runnable", reason=reason)
 
 
-def verify_bundled(bpte: Path | bytes, rtol: float, atol: float, cases: int) -> int:
-    """Run test cases 0..cases-1 of a .bpte in this host's runtime (host-runnable programs only);
-    raise RuntimeError on the first mismatch. ``cases``: bundled.json's ``test_cases``."""
+def _method_suite(cell, method: str, pte_bytes: bytes, reference: Path, input_dtypes: list) -> tuple:
+    """(MethodTestSuite, its bundled.json facts) of one method: a test case per reference sample."""
+    from executorch.devtools.bundled_program.config import MethodTestCase, MethodTestSuite
+
+    from tasks.build.program_io import cast_inputs, program_io_dtypes
+    from tasks.build.reference import load_reference_samples
+
+    ref = load_reference_samples(reference, method)
+    try:
+        in_dtypes, out_dtypes = program_io_dtypes(pte_bytes, method)
+    except Exception:  # noqa: BLE001  (an unreadable header: fall back to the export info)
+        in_dtypes = list(input_dtypes or []) if method == METHOD else []
+        out_dtypes = []
+    if len(in_dtypes) not in (0, len(ref.inputs)):
+        raise ValueError(f"{method}: the program takes {len(in_dtypes)} inputs, the reference has {len(ref.inputs)}")
+    if out_dtypes and len(out_dtypes) != len(ref.outputs):
+        raise ValueError(f"{method}: the program returns {len(out_dtypes)} outputs, eager returned {len(ref.outputs)}")
+    cases = []
+    for n in range(ref.count):
+        inputs = cast_inputs(ref.sample_inputs(n), in_dtypes)
+        expected = [_tensor(y, _at(out_dtypes, i)) for i, y in enumerate(ref.sample_outputs(n))]
+        cases.append(MethodTestCase(inputs=inputs, expected_outputs=expected))
+    tol = tolerances(cell.thresholds, ref.outputs)
+    facts = {"test_cases": ref.count,
+             # expected output i of each test case is the output at this pytree path (tasks/config/io_spec.py)
+             "output_paths": list(ref.output_names), "inputs": ref.source,
+             "rtol": tol["rtol"], "atol": tol["atol"], "tolerance_rule": tol["rule"]}
+    return MethodTestSuite(method_name=method, test_cases=cases), facts
+
+
+def verify_bundled(bpte: Path | bytes, rtol: float, atol: float, cases: int, method: str = METHOD) -> int:
+    """Run test cases 0..cases-1 of one method of a .bpte in this host's runtime (host-runnable
+    programs only); raise RuntimeError on the first mismatch. ``cases``: bundled.json's ``test_cases``."""
     import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
     from executorch.extension.pybindings import portable_lib
 
     data = bpte if isinstance(bpte, bytes) else Path(bpte).read_bytes()
     module = portable_lib._load_bundled_program_from_buffer(data)
     for i in range(cases):
-        module.verify_result_with_bundled_expected_output(METHOD, i, rtol, atol)
+        module.verify_result_with_bundled_expected_output(method, i, rtol, atol)
     return cases
 
 

@@ -71,16 +71,16 @@ def run_program_samples(pte: Path, samples: list, method_name: str = METHOD) -> 
     return results
 
 
-def program_io_dtypes(pte_bytes: bytes) -> tuple[list, list]:
-    """(input dtypes, output dtypes) of the program's forward method; None for a non-tensor value."""
+def program_io_dtypes(pte_bytes: bytes, method: str = METHOD) -> tuple[list, list]:
+    """(input dtypes, output dtypes) of one of the program's methods; None for a non-tensor value."""
     from executorch.exir._serialize._program import deserialize_pte_binary
     from executorch.exir.schema import Tensor
     from executorch.exir.tensor import get_scalar_type
 
     program = deserialize_pte_binary(pte_bytes).program
-    plan = next((p for p in program.execution_plan if p.name == METHOD), None)
+    plan = next((p for p in program.execution_plan if p.name == method), None)
     if plan is None:
-        raise ValueError(f"the program has no {METHOD!r} method "
+        raise ValueError(f"the program has no {method!r} method "
                          f"(has: {', '.join(p.name for p in program.execution_plan)})")
 
     def dtype(index):

@@ -105,7 +105,25 @@ def _export_quantized(cell, model, inputs):
         from tasks.build.llm_export import cell_llm_options, cell_uses_custom_ops, export_llm
 
         return export_llm(model, cell_llm_options(cell), custom_ops=cell_uses_custom_ops(cell))
-    return torch.export.export(model, inputs, strict=False)
+    from tasks.build.capture import export_dynamic_shapes
+
+    # a model with dynamic dims keeps them: the same Dims its capture was exported with
+    return torch.export.export(model, inputs, strict=False, dynamic_shapes=export_dynamic_shapes(cell.model.inputs))
+
+
+def _export_method(model, method: str, method_inputs, reference: Path, dtype):
+    """One method of a multi-method model, exported from its own capture sample (and Dims)."""
+    import torch
+
+    from tasks.build.capture import export_dynamic_shapes, method_module
+    from tasks.build.reference import load_reference_samples
+
+    samples = load_reference_samples(reference, method)
+    inputs = [torch.from_numpy(x) for x in samples.sample_inputs(samples.count // 2)]
+    if dtype is not None:
+        inputs = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
+    return torch.export.export(method_module(model, method), tuple(inputs), strict=False,
+                               dynamic_shapes=export_dynamic_shapes(method_inputs))
 
 
 def build_quantized(cell, root: Path, seed: int, capture_program: Path, reference: Path,
@@ -113,15 +131,18 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
     import numpy as np
     import torch
 
+    from tasks.build.capture import save_programs
     from tasks.build.model_loading import build_model
-    from tasks.build.reference import load_reference
+    from tasks.build.reference import load_reference_samples
     from tasks.config.hf_source import is_llm
     from tasks.build.samples import calibration_batches
     from tasks.core.dotted_path import load_callable
 
     transform = cell.transform
     start = time.monotonic()
-    inputs = tuple(torch.from_numpy(x) for x in load_reference(reference)[0])
+    samples = load_reference_samples(reference)
+    # the capture's export sample (a dynamic model's interior size: torch.export specializes sizes 0 and 1)
+    inputs = tuple(torch.from_numpy(x) for x in samples.sample_inputs(samples.count // 2))
     info = {"method": transform.method, "quantizer": transform.ref}
     if transform.method == "pt2e":
         factory = load_callable(transform.ref)
@@ -147,7 +168,11 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
 
         np.save(workdir / SAME_SCHEME, same_scheme_logits(model, reference))
         files[SAME_SCHEME] = workdir / SAME_SCHEME
-    program = _export_quantized(cell, model, inputs)
-    torch.export.save(program, workdir / PROGRAM)
+    if cell.model.multi_method:  # one quantized model, each method exported from it (weights shared)
+        dtype = getattr(torch, transform.ref) if transform.method == "dtype" else None
+        save_programs(workdir / PROGRAM, {method: _export_method(model, method, method_inputs, reference, dtype)
+                                          for method, method_inputs in cell.model.methods})
+    else:
+        torch.export.save(_export_quantized(cell, model, inputs), workdir / PROGRAM)
     info["quantize_s"] = round(time.monotonic() - start, 3)
     return BuildResult(files=files, info=info)

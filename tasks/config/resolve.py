@@ -319,18 +319,15 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
 def dynamic_refusal(cell) -> str | None:
     """Why ``cell`` (a model with dynamic dims or several methods) cannot be built, or None."""
     if cell.model.multi_method:
-        if cell.transform is not None:
-            return "several methods are built in fp32 only for now (quantization takes one forward)"
-        if not cell.backend.host_runnable:
-            return "several methods are validated on a host that runs the backend only for now (no bundled suites)"
+        if cell.transform is not None and cell.transform.method == "pt2e":
+            return ("several methods are not calibrated yet (PT2E quantizes one exported graph): "
+                    "use a weight scheme (8da4w, 8da8w, fp16) for this model")
     if not any(i.dims for _, inputs in cell.model.methods for i in inputs):
         return None
     unable = [m.recipe for m in cell.backend.members if not m.dynamic_shapes]
     if unable:
         return (f"{', '.join(unable)} cannot lower dynamic shapes (its recipe has no `dynamic_shapes: true`; "
                 "OpenVINO and Arm TOSA fail on SymInt sizes): give the model fixed shapes for it")
-    if cell.transform is not None:
-        return "dynamic shapes are built in fp32 only for now (quantization re-exports at a fixed shape)"
     return None
 
 

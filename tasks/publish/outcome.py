@@ -273,10 +273,17 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
     if validate["status"] == "not-runnable":
         return out("on-device", "; ".join([validate.get("reason", "")] + notes))
     if str(evidence.validated_on or "").startswith("random"):
-        notes.insert(0, f"validated on seeded random inputs only (name data under "
-                        f"models.{cell.model.name}.validation in pipeline.yaml)")
+        notes.insert(0, "validated on seeded random inputs only " + _validation_data_hint(cell.model))
         return out("provisional", "; ".join(notes))
     return out("ok", "; ".join(notes))
+
+
+def _validation_data_hint(model) -> str:
+    """How a provisional cell becomes ok: name data, where the model can take it."""
+    if model.multi_method or any(i.dims for i in model.inputs):
+        return ("(validation data files for dynamic-shape and multi-method models are not supported "
+                "yet: the cell stays provisional)")
+    return f"(name data under models.{model.name}.validation in pipeline.yaml)"
 
 
 def layers_note(scheme: str, layers: dict) -> str:
