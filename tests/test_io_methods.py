@@ -46,9 +46,11 @@ def test_each_method_is_lowered_into_one_program_and_validated(built):
         assert report["passed"] and report["methods"] == ["encode", "decode"]
         assert [(o["method"], o["shape"]) for o in report["outputs"]] == [("encode", [1, 16]), ("decode", [1, 4, 20])]
     pte = built.out / "seq2seq" / "seq2seq_xnnpack_fp32.pte"
-    assert set(Runtime.get().load_program(pte.read_bytes()).method_names) == {"encode", "decode"}
+    # the two methods, and etforge's metadata constant methods (tasks/store/program_meta.py)
+    methods = {"encode", "decode", "etforge_meta_json", "etforge_meta_version"}
+    assert set(Runtime.get().load_program(pte.read_bytes()).method_names) == methods
     quantized = built.out / "seq2seq" / "seq2seq_xnnpack_8da8w.pte"
-    assert set(Runtime.get().load_program(quantized.read_bytes()).method_names) == {"encode", "decode"}
+    assert set(Runtime.get().load_program(quantized.read_bytes()).method_names) == methods
     assert quantized.stat().st_size < pte.stat().st_size  # one int8 copy of the shared weights
 
 

@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -174,11 +175,26 @@ def fake_export(plan, cell, status="ok", reason="", **info):
     spec.state_file.parent.mkdir(parents=True, exist_ok=True)
     spec.state_file.write_text(json.dumps(record))
     if status == "ok":
+        write_program_meta(plan, cell, payload["input_dtypes"])
         check = spec_of(plan, "validate", cell)
         check.state_file.write_text(json.dumps({
             "task": check.name, "key": check.key, "status": "ok", "reason": "", "outputs": {},
             "info": {"sqnr_db": 80.0, "cosine": 1.0, "max_abs_error": 1e-6, "inputs": "random (seeded)",
                      "samples": 1, "passed": True, "program_sha256": payload["sha256"]}}))
+
+
+def write_program_meta(plan, cell, input_dtypes) -> None:
+    """A stand-in .pte holding only the metadata string a real one carries (what `doit manifest`
+    reads back and checks, tasks/publish/manifests/program_check.py)."""
+    from tasks.config.io_spec import describe_io
+    from tasks.store.program_meta import encode
+
+    meta = {"model": cell.model.name, "backend": cell.backend.name, "scheme": cell.quant.name,
+            **describe_io(cell.model, [], input_dtypes), "data_file": None}
+    text = encode(meta).encode("ascii")
+    pte = layout_of(plan).pte_path(cell)
+    pte.parent.mkdir(parents=True, exist_ok=True)
+    pte.write_bytes(struct.pack("<I", len(text)) + text + b"\0")
 
 
 # ---------------------------------------------------------------- fixtures

@@ -5,7 +5,10 @@
 //
 // For each variant, best first: skip it when a delegate it needs is not
 // registered (or not available) in this runtime; check the .pte's size and
-// sha256 against the header; load Program + Method with a file data loader and
+// sha256 against the header; when the program keeps its weights in a separate
+// .ptd (its etforge metadata names the sha256; the header names the file, --data
+// overrides it), check that file and load it as the method's named data map
+// (FlatTensorDataMap); load Program + Method with a file data loader and
 // the method's planned buffers; fill the inputs (deterministic values, or raw
 // bytes from --input); warm up, time the iterations; print the outputs. Then a
 // ranking by mean latency. Every stdout line is one record: a kind, then
@@ -36,6 +39,7 @@
 #endif
 
 #include <executorch/extension/data_loader/file_data_loader.h>
+#include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
 #include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/core/evalue.h>
@@ -64,6 +68,7 @@ using executorch::aten::ScalarType;
 using executorch::aten::Tensor;
 using executorch::aten::TensorImpl;
 using executorch::extension::FileDataLoader;
+using executorch::extension::FlatTensorDataMap;
 using executorch::extension::MallocMemoryAllocator;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
@@ -74,6 +79,7 @@ using executorch::runtime::MethodMeta;
 using executorch::runtime::Program;
 using executorch::runtime::Span;
 using etforge::models::Model;
+using etforge::models::TensorSpec;
 using etforge::models::Variant;
 
 constexpr int kFormat = 1;
@@ -235,7 +241,8 @@ struct Options {
   std::string models_dir;
   std::vector<std::string> inputs;  // raw little-endian input files
   std::vector<std::string> models;
-  std::string method = "forward";
+  std::string method;  // empty: forward, or the first method of a program without one
+  std::string data;    // --data: the .ptd to load programs that keep their weights apart
   long warmup = 10;
   long iterations = 100;
   long values = 8;  // output numbers printed per tensor; -1: all
@@ -255,7 +262,10 @@ void usage(FILE* to) {
       "  --iterations N       timed runs (default 100)\n"
       "  --values N           output numbers printed per tensor, -1 for all (default 8)\n"
       "  --verify MODE        sha256 (default), size or none\n"
-      "  --method NAME        method to run (default forward)\n"
+      "  --method NAME        method to run (default forward, or the program's first method\n"
+      "                       when it has no forward)\n"
+      "  --data FILE.ptd      external weights to load the program with (default: the .ptd\n"
+      "                       the header names, under --models-dir)\n"
       "  --first              stop at the first variant that runs, as an app would\n"
       "  --list               print the models and variants of the header and exit\n",
       ETFORGE_DEFAULT_MODELS_DIR);
@@ -305,6 +315,10 @@ int parse(int argc, char** argv, Options* o) {
       const char* v = value("--input");
       if (!v) return 2;
       o->inputs.push_back(v);
+    } else if (a == "--data") {
+      const char* v = value("--data");
+      if (!v) return 2;
+      o->data = v;
     } else if (a == "--method") {
       const char* v = value("--method");
       if (!v) return 2;
@@ -548,11 +562,11 @@ struct Inputs {
 };
 
 // Fills `in` for `meta`, checking the header's input specs; returns "" or the failure.
-std::string prepare_inputs(const Variant& v, const MethodMeta& meta, const Options& o,
+std::string prepare_inputs(const TensorSpec* specs, size_t num_specs, const MethodMeta& meta, const Options& o,
                            const std::vector<std::vector<uint8_t>>& files, Inputs* in) {
   size_t n = meta.num_inputs();
-  if (n != v.num_inputs) {
-    return "program has " + std::to_string(n) + " inputs, the header says " + std::to_string(v.num_inputs);
+  if (n != num_specs) {
+    return "program has " + std::to_string(n) + " inputs, the header says " + std::to_string(num_specs);
   }
   size_t total = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -576,7 +590,7 @@ std::string prepare_inputs(const Variant& v, const MethodMeta& meta, const Optio
   size_t offset = 0;
   for (size_t i = 0; i < n; ++i) {
     auto info = meta.input_tensor_meta(i).get();
-    const auto& spec = v.inputs[i];
+    const auto& spec = specs[i];
     auto sizes = info.sizes();
     std::vector<int64_t> program_shape(sizes.begin(), sizes.end());
     std::vector<int64_t> header_shape(spec.shape, spec.shape + spec.rank);
@@ -643,6 +657,78 @@ std::vector<std::vector<uint8_t>> output_bytes(Method& method) {
   return out;
 }
 
+// The sha256 of the .ptd a program needs, from the etforge metadata it carries
+// (tasks/store/program_meta.py: a JSON string constant method, readable without the
+// .ptd); "" when its weights are inline or it carries no metadata.
+std::string required_data_sha256(const std::vector<uint8_t>& pte) {
+  static const std::string marker = "{\"etforge_meta_version\": ";
+  static const std::string key = "\"data_file\": {\"sha256\": \"";
+  auto at = std::search(pte.begin(), pte.end(), marker.begin(), marker.end());
+  if (at == pte.end()) {
+    return "";
+  }
+  auto end = std::find(at, pte.end(), static_cast<uint8_t>(0));  // the flatbuffer string's NUL
+  auto found = std::search(at, end, key.begin(), key.end());
+  if (found == end || end - (found + key.size()) < 64) {
+    return "";
+  }
+  return std::string(found + key.size(), found + key.size() + 64);
+}
+
+// The program's method to run: --method, else forward, else the header's first method,
+// else the program's first that is not an etforge metadata method.
+std::string method_to_run(const Variant& v, const Program& program, const Options& o) {
+  if (!o.method.empty()) {
+    return o.method;
+  }
+  std::vector<std::string> names;
+  for (size_t i = 0; i < program.num_methods(); ++i) {
+    auto name = program.get_method_name(i);
+    if (name.ok()) {
+      names.emplace_back(*name);
+    }
+  }
+  if (std::find(names.begin(), names.end(), "forward") != names.end()) {
+    return "forward";
+  }
+  if (v.num_methods > 0 && std::find(names.begin(), names.end(), v.methods[0].name) != names.end()) {
+    return v.methods[0].name;
+  }
+  for (const auto& name : names) {
+    if (name.rfind("etforge_", 0) != 0) {
+      return name;
+    }
+  }
+  return "forward";
+}
+
+// Where the program's .ptd is and that it is the one it needs; "" or the failure (one line).
+std::string find_data_file(const Variant& v, const Options& o, const std::string& needed, std::string* path) {
+  if (!o.data.empty()) {
+    *path = o.data;
+  } else if (v.data_file[0] != '\0') {
+    *path = path_join(o.models_dir, v.data_file);
+  } else {
+    return "the program keeps its weights in a separate .ptd (sha256 " + needed +
+           ") and none was given: pass --data FILE.ptd";
+  }
+  std::vector<uint8_t> bytes;
+  std::string error;
+  if (!read_file(*path, &bytes, &error)) {
+    return "the program keeps its weights in " + *path + " (sha256 " + needed + "), which cannot be read: " +
+           error + "; pass --data FILE.ptd";
+  }
+  if (o.verify == Verify::kSha256) {
+    Sha256 h;
+    h.update(bytes.data(), bytes.size());
+    std::string actual = h.hex();
+    if (actual != needed) {
+      return "the program needs the .ptd with sha256 " + needed + ", " + *path + " has " + actual;
+    }
+  }
+  return "";
+}
+
 VariantResult run_variant(const Variant& v, const Options& o, const std::vector<std::vector<uint8_t>>& files,
                    std::vector<Fields>* outputs) {
   // 1. Delegates the header says the program needs.
@@ -656,10 +742,23 @@ VariantResult run_variant(const Variant& v, const Options& o, const std::vector<
   std::string path = path_join(o.models_dir, v.file);
   std::vector<uint8_t> bytes;
   std::string error;
-  if (o.verify != Verify::kNone) {
-    if (!read_file(path, &bytes, &error)) {
-      return failed(error);
+  if (!read_file(path, &bytes, &error)) {
+    return failed(error);
+  }
+  // Before any load: XNNPACK crashes in load_method on a program whose .ptd is missing.
+  std::string needed = required_data_sha256(bytes);
+  if (v.data_sha256[0] != '\0' && needed != v.data_sha256) {
+    return failed(path + " names the .ptd sha256 " + (needed.empty() ? std::string("(none)") : needed) +
+                  ", the header says " + v.data_sha256);
+  }
+  std::string data_path;
+  if (!needed.empty()) {
+    std::string problem = find_data_file(v, o, needed, &data_path);
+    if (!problem.empty()) {
+      return failed(problem);
     }
+  }
+  if (o.verify != Verify::kNone) {
     if (bytes.size() != v.size_bytes) {
       return failed(path + " has " + std::to_string(bytes.size()) + " bytes, the header says " +
                     std::to_string(v.size_bytes));
@@ -672,9 +771,9 @@ VariantResult run_variant(const Variant& v, const Options& o, const std::vector<
         return failed(path + " has sha256 " + actual + ", the header says " + v.sha256);
       }
     }
-    bytes.clear();
-    bytes.shrink_to_fit();
   }
+  bytes.clear();
+  bytes.shrink_to_fit();
   // 3. Program and method.
   auto start = std::chrono::steady_clock::now();
   auto loader = FileDataLoader::from(path.c_str());
@@ -685,9 +784,25 @@ VariantResult run_variant(const Variant& v, const Options& o, const std::vector<
   if (!program.ok()) {
     return failed("Program::load failed: " + error_text(program.error()));
   }
-  auto meta_result = program->method_meta(o.method.c_str());
+  std::string method_name = method_to_run(v, program.get(), o);
+  auto meta_result = program->method_meta(method_name.c_str());
   if (!meta_result.ok()) {
-    return failed("no method '" + o.method + "': " + error_text(meta_result.error()));
+    return failed("no method '" + method_name + "': " + error_text(meta_result.error()));
+  }
+  // The data map (external weights) outlives the method: both are destroyed at return.
+  std::unique_ptr<FileDataLoader> data_loader;
+  std::unique_ptr<FlatTensorDataMap> data_map;
+  if (!data_path.empty()) {
+    auto dl = FileDataLoader::from(data_path.c_str());
+    if (!dl.ok()) {
+      return failed("cannot open " + data_path + ": " + error_text(dl.error()));
+    }
+    data_loader = std::make_unique<FileDataLoader>(std::move(dl.get()));
+    auto dm = FlatTensorDataMap::load(data_loader.get());
+    if (!dm.ok()) {
+      return failed(data_path + " is not a .ptd ExecuTorch can read: " + error_text(dm.error()));
+    }
+    data_map = std::make_unique<FlatTensorDataMap>(std::move(dm.get()));
   }
   MethodMeta meta = meta_result.get();
   // The delegates the program itself calls: a header that forgot one must not crash a load.
@@ -716,18 +831,23 @@ VariantResult run_variant(const Variant& v, const Options& o, const std::vector<
   MallocMemoryAllocator method_allocator;
   MallocMemoryAllocator temp_allocator;
   MemoryManager memory(&method_allocator, &planned_memory, &temp_allocator);
-  auto method = program->load_method(o.method.c_str(), &memory);
+  auto method = program->load_method(method_name.c_str(), &memory, nullptr, data_map.get());
   if (!method.ok()) {
-    return failed("load_method('" + o.method + "') failed: " + error_text(method.error()));
+    return failed("load_method('" + method_name + "') failed: " + error_text(method.error()));
   }
   double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  if (v.num_outputs >= 0 && method->outputs_size() != static_cast<size_t>(v.num_outputs)) {
+  // The header's description of this method (a variant's own inputs/outputs are its first method's).
+  const etforge::models::Method* spec = etforge::models::find_method(v, method_name.c_str());
+  const TensorSpec* in_specs = spec ? spec->inputs : v.inputs;
+  size_t num_in_specs = spec ? spec->num_inputs : v.num_inputs;
+  int num_outputs = spec ? spec->num_outputs : v.num_outputs;
+  if (num_outputs >= 0 && method->outputs_size() != static_cast<size_t>(num_outputs)) {
     return failed("program has " + std::to_string(method->outputs_size()) + " outputs, the header says " +
-                  std::to_string(v.num_outputs));
+                  std::to_string(num_outputs));
   }
   // 4. Inputs.
   Inputs in;
-  std::string problem = prepare_inputs(v, meta, o, files, &in);
+  std::string problem = prepare_inputs(in_specs, num_in_specs, meta, o, files, &in);
   if (!problem.empty()) {
     return failed(problem);
   }
@@ -809,6 +929,8 @@ VariantResult run_variant(const Variant& v, const Options& o, const std::vector<
   r.p50_ms = sorted.size() % 2 ? sorted[sorted.size() / 2]
                                : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
   r.extra = {{"file", v.file},
+             {"method", method_name},
+             {"data_file", data_path},
              {"delegates", join(used)},
              {"outputs", std::to_string(method->outputs_size())},
              {"repeatable", repeatable ? "1" : "0"}};
@@ -936,7 +1058,8 @@ int main(int argc, char** argv) {
                           {"pipeline_version", etforge::models::kPipelineVersion},
                           {"executorch", etforge::models::kExecutorchVersion},
                           {"models_dir", o.models_dir},
-                          {"method", o.method},
+                          {"method", o.method.empty() ? "default" : o.method},
+                          {"data", o.data},
                           {"warmup", std::to_string(o.warmup)},
                           {"iterations", std::to_string(o.iterations)},
                           {"inputs", o.inputs.empty() ? "default" : join(o.inputs)}});

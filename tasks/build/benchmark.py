@@ -297,12 +297,14 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
     from executorch.runtime import Runtime
 
+    from tasks.build.program_io import checked_data_path
     from tasks.config.machine import host_info, host_label
     from tasks.core.digest import sha256_file
 
     from tasks.build.reference import reference_methods
 
     pte = Path(pte)
+    data = checked_data_path(pte)  # before the clock starts: it hashes the .ptd
     opts = resolve_options(options)
     methods = reference_methods(Path(reference))
     if methods != ["forward"] and opts["method"] == "forward":  # several methods: the first is the headline
@@ -315,7 +317,7 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         gc.collect()
         status0 = _proc_status_kb("VmRSS", "VmHWM")
         t0 = time.perf_counter_ns()
-        program = runtime.load_program(str(pte))
+        program = runtime.load_program(str(pte), **({"data_path": str(data)} if data else {}))
         t1 = time.perf_counter_ns()
         method = program.load_method(opts["method"])  # `program` stays alive while `method` runs
         t2 = time.perf_counter_ns()

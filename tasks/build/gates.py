@@ -92,6 +92,14 @@ def delegation_gate(cell, info: dict) -> str | None:
     return None
 
 
+def _same_program(quantized: dict, fp32: dict) -> bool:
+    """The same program but for the names its metadata carries (and the same .ptd, if any)."""
+    def what(info):
+        return info.get("program_sha256") or info["sha256"], info.get("data_sha256")
+
+    return what(quantized) == what(fp32)
+
+
 def size_gate(cell, quantized: dict, fp32: dict, weights: dict) -> tuple[dict, str | None]:
     """(facts, failure reason or None) of a quantized program against its fp32 sibling.
 
@@ -111,11 +119,12 @@ def size_gate(cell, quantized: dict, fp32: dict, weights: dict) -> tuple[dict, s
     linreg, whose saving is smaller than any program's bookkeeping, is not failed for it.
     """
     gate = cell.size_gate
-    facts = {"size_vs_fp32": round(quantized["size_bytes"] / fp32["size_bytes"], 4),
-             "saved_bytes": fp32["size_bytes"] - quantized["size_bytes"]}
+    # A program with external weights ships with its .ptd: the two count together.
+    q_size, f_size = (info["size_bytes"] + (info.get("data_size_bytes") or 0) for info in (quantized, fp32))
+    facts = {"size_vs_fp32": round(q_size / f_size, 4), "saved_bytes": f_size - q_size}
     scheme = cell.quant.name
-    if quantized["sha256"] == fp32["sha256"]:
-        return facts, f"byte-identical to its fp32 sibling: {scheme} was not applied"
+    if _same_program(quantized, fp32):
+        return facts, f"identical to its fp32 sibling but for the names it carries: {scheme} was not applied"
     kinds = gate["weights"]
     taken = weights["all"] if "all" in kinds else sum(weights.get(k, 0) for k in kinds)
     what = "weights" if "all" in kinds else "/".join(kinds) + " weights"
@@ -128,8 +137,8 @@ def size_gate(cell, quantized: dict, fp32: dict, weights: dict) -> tuple[dict, s
     facts["weight_ratio"] = round(stored / taken, 4)
     if not stored <= gate["max_ratio"] * taken + overhead:  # NaN-safe
         return facts, (f"{what} stored at {stored / taken:.2f}x of fp32 (gate: {scheme} at most "
-                       f"{gate['max_ratio']}x + {overhead} B): {quantized['size_bytes']} B vs "
-                       f"{fp32['size_bytes']} B saves {facts['saved_bytes']} B of {taken} B")
+                       f"{gate['max_ratio']}x + {overhead} B): {q_size} B vs "
+                       f"{f_size} B saves {facts['saved_bytes']} B of {taken} B")
     return facts, None
 
 

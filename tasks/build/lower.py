@@ -20,13 +20,18 @@ from pathlib import Path
 from tasks.build.capture import load_programs
 from tasks.build.gates import delegation_coverage, delegation_gate
 from tasks.build.program_io import check_loads
+from tasks.build.program_meta import constant_methods, program_meta, stamp_data_sha256
 from tasks.core.paths import REPO_ROOT
+from tasks.store.program_meta import without_meta
 from tasks.store.results import BuildRequest, BuildResult
 
 PTE = "program.pte"
+PTD = "program.ptd"  # the external weights of a backend with `external_weights: true`
 INFO = "export.json"
-FRESH_PROCESS_ENV = "ETFORGE_EXPORT_FRESH_PROCESS"
-_MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.linear", "aten.bmm")  # set in the interpreter _build_in_fresh_process starts
+DATA_TAG = "etforge_weights"  # one tag: the runtime takes one data file per program
+MIN_EXTERNAL_FRACTION = 0.5  # of the graph's constant bytes the .ptd must hold, else the option did nothing
+FRESH_PROCESS_ENV = "ETFORGE_EXPORT_FRESH_PROCESS"  # set in the interpreter _build_in_fresh_process starts
+_MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.linear", "aten.bmm")  # an LLM note when left outside
 
 
 def partitioners_for(backend) -> list:
@@ -58,7 +63,7 @@ def export_stage(request: BuildRequest) -> BuildResult:
 
     if is_llm(cell.model):
         program = _llm_graph(cell, program, request.plan.root, request.workdir)
-    result = build_export(cell, program, request.workdir)
+    result = build_export(cell, program, request.workdir, request.upstream["capture"].info)
     same_scheme = graph.files.get("same_scheme_logits.npy")  # an LLM's quantized eager logits, for validate
     if same_scheme is not None:
         result.files["same_scheme_logits.npy"] = same_scheme
@@ -108,12 +113,14 @@ def _llm_options(cell) -> tuple[dict, dict]:
     return lowering_options(cell)  # also registers the llama:: ops the saved graph holds
 
 
-def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
-    """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little."""
+def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | None = None) -> BuildResult:
+    """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little.
+
+    ``capture_info``: the capture record's info; its outputs go into the program's metadata."""
     from tasks.build.partitioners import FRESH_PROCESS
 
     if not os.environ.get(FRESH_PROCESS_ENV) and any(m.partitioner in FRESH_PROCESS for m in cell.backend.members):
-        return _build_in_fresh_process(cell, program_path, workdir)
+        return _build_in_fresh_process(cell, program_path, workdir, capture_info)
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
@@ -123,30 +130,44 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
     programs = load_programs(program_path)  # {"forward": ep}, or every method of a multi-method model
     first = next(iter(programs))
     program = programs[first]
+    external = external_weights(cell.backend)
+    input_dtypes = [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)]
+    meta = program_meta(cell, input_dtypes, capture_info or {}, external)
+    constant_bytes = max(_constant_bytes(p) for p in programs.values()) if external else 0
+    if external:
+        for each in programs.values():
+            tag_delegate_constants(each)
     with ExitStack() as stack:
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
         partitioners = edge_options.pop("partitioner", None) or partitioners_for(cell.backend)
         edge = to_edge_transform_and_lower(program if len(programs) == 1 else programs,
-                                           partitioner=partitioners, **edge_options)
+                                           partitioner=partitioners,
+                                           **{**edge_options, "constant_methods": {
+                                               **edge_options.get("constant_methods", {}),  # an LLM runner's
+                                               **constant_methods(meta)}})
     graph_module = edge.exported_program(first).graph_module  # delegation of the first method
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
     if cell.transform is not None or backend_options:
         # quantize/dequantize ops left outside a delegate (and fused quantized embeddings) need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
-    if backend_options:
-        from executorch.exir import ExecutorchBackendConfig
-
-        executorch_program = edge.to_executorch(ExecutorchBackendConfig(**backend_options))
-    else:
-        executorch_program = edge.to_executorch(_backend_config(cell.transform))
+    executorch_program = edge.to_executorch(_backend_config(cell.transform, external, backend_options))
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
-    pte.write_bytes(executorch_program.buffer)
+    files = {PTE: pte, INFO: workdir / INFO}
+    data_info = {}
+    if external:
+        files[PTD] = workdir / PTD
+        data_info = write_external_data(executorch_program, files[PTD], constant_bytes)
+        pte.write_bytes(stamp_data_sha256(executorch_program.buffer, data_info["data_sha256"]))
+    else:
+        pte.write_bytes(executorch_program.buffer)
     info = {
         "size_bytes": pte.stat().st_size,
         "sha256": hashlib.sha256(pte.read_bytes()).hexdigest(),
+        # without its metadata (names, dtypes): the size gate tells a scheme that changed nothing by it
+        "program_sha256": hashlib.sha256(without_meta(pte.read_bytes())).hexdigest(),
         "lowering_s": round(lowering_s, 3),
         "delegated_ops": delegation.num_delegated_nodes,
         "non_delegated_ops": delegation.num_non_delegated_nodes,
@@ -154,7 +175,8 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
         **coverage,
         "delegates": list(cell.backend.delegates),
         "executorch_version": metadata.version("executorch"),
-        "input_dtypes": [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)],
+        "input_dtypes": input_dtypes,
+        **data_info,
     }
     if edge_options:  # an LLM: the runner's metadata methods, for manifests and the report
         info["llm_metadata"] = edge_options["constant_methods"]
@@ -163,22 +185,21 @@ def build_export(cell, program_path: Path, workdir: Path) -> BuildResult:
             info["note"] = f"linears not delegated: {matmuls} matmul op(s) run on portable kernels (slow)"
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")
-    files = {PTE: pte, INFO: workdir / INFO}
     failure = delegation_gate(cell, info)
     if failure:
         return BuildResult(files=files, info=info, status="failed", reason=failure)
     if cell.backend.host_runnable:
-        check_loads(pte, tuple(programs))
+        check_loads(pte, tuple(programs), files.get(PTD))
     return BuildResult(files=files, info=info)
 
 
-def _build_in_fresh_process(cell, program_path: Path, workdir: Path) -> BuildResult:
+def _build_in_fresh_process(cell, program_path: Path, workdir: Path, capture_info: dict | None) -> BuildResult:
     """build_export in a new interpreter (see tasks.build.partitioners.FRESH_PROCESS for why).
 
     Its stdout goes where ours goes (the task log); its stderr is relayed there too,
     and its last line becomes the error when it fails."""
     request, result = workdir / ".fresh-process-request.pkl", workdir / ".fresh-process-result.pkl"
-    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir)))
+    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir, capture_info)))
     package_root = str(REPO_ROOT)
     env = {**os.environ, FRESH_PROCESS_ENV: "1",
            "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
@@ -195,18 +216,64 @@ def _build_in_fresh_process(cell, program_path: Path, workdir: Path) -> BuildRes
     return built
 
 
+def external_weights(backend) -> bool:
+    """Whether the backend entry asks for its constants in a separate .ptd (`external_weights: true`)."""
+    return any(m.options.get("external_weights") for m in backend.members)
 
 
-def _backend_config(transform):
-    """Quantized embeddings (torchao dequantize + embedding) become ExecuTorch's quantized embedding
-    ops only with quant fusion; without it ``Missing out variants: {'torchao::dequantize_affine'}``."""
+def tag_delegate_constants(program) -> None:
+    """Tag every constant placeholder so that delegates (XNNPACK) put its bytes in the named data
+    file; ``external_constants`` alone moves only the constants left outside delegates (research 6)."""
+    user = set(program.graph_signature.user_inputs)
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name not in user:
+            node.meta.setdefault("custom", {})["delegate_constant_tag"] = DATA_TAG
+
+
+def write_external_data(executorch_program, ptd: Path, constant_bytes: int) -> dict:
+    """Write the program's one data file to ``ptd``; fail when it holds too little of the weights
+    (a backend that ignored the tags keeps them inline, and the option would silently do nothing)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=ptd.parent) as out:
+        executorch_program.write_tensor_data_to_file(out)
+        written = sorted(Path(out).glob("*.ptd"))
+        if len(written) > 1:
+            raise RuntimeError(f"external_weights: the program needs {len(written)} data files "
+                               f"({', '.join(p.name for p in written)}); etforge ships one per program")
+        data = written[0].read_bytes() if written else b""
+    if len(data) < MIN_EXTERNAL_FRACTION * constant_bytes:
+        raise RuntimeError(f"external_weights: only {len(data)} of the graph's {constant_bytes} constant bytes "
+                           "went to the .ptd; the backend kept its weights inside the program")
+    ptd.write_bytes(data)
+    return {"data_sha256": hashlib.sha256(data).hexdigest(), "data_size_bytes": len(data),
+            "constant_bytes": constant_bytes}
+
+
+def _constant_bytes(program) -> int:
+    tensors = {id(t): t for t in (*program.state_dict.values(), *program.constants.values())
+               if hasattr(t, "nbytes")}
+    return sum(t.nbytes for t in tensors.values())
+
+
+def _backend_config(transform, external: bool, settings: dict):
+    """ExecutorchBackendConfig of the cell (``settings``: an LLM cell's), or None for the defaults.
+
+    Quantized embeddings (torchao dequantize + embedding) become ExecuTorch's quantized embedding
+    ops only with quant fusion; without it ``Missing out variants: {'torchao::dequantize_affine'}``.
+    ``external``: every constant left outside a delegate goes to the one data file too (DATA_TAG)."""
     from tasks.build.quantizers import quantizes_embeddings
 
-    if not quantizes_embeddings(transform):
+    settings = dict(settings)
+    if quantizes_embeddings(transform):
+        settings["do_quant_fusion_and_const_prop"] = True
+    if external:
+        settings["external_constants"] = lambda node: DATA_TAG
+    if not settings:
         return None
     from executorch.exir import ExecutorchBackendConfig
 
-    return ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True)
+    return ExecutorchBackendConfig(**settings)
 
 
 def _input_dtypes(program) -> list:

@@ -41,27 +41,65 @@ def cast_inputs(inputs: list, dtypes: list | None) -> list:
     return out
 
 
-def load_method(pte_bytes: bytes, method: str = METHOD):
-    """(program, method) of a .pte in the ExecuTorch runtime: keep ``program`` alive while the method runs."""
+def data_file_of(pte: Path) -> Path:
+    """Where a program's .ptd is, when it has one: beside it, as the export stage writes it
+    (program.pte/program.ptd in the store, <stem>.pte/<stem>.ptd in artifacts/)."""
+    return Path(pte).with_suffix(".ptd")
+
+
+def checked_data_path(pte: Path | bytes, data_path: Path | None = None) -> Path | None:
+    """The data file to load ``pte`` with (default: the .ptd beside a .pte path), or None when its
+    weights are inline. Refuses, in one line, a program without the .ptd its metadata names or
+    with another one: XNNPACK segfaults in load_method without it, and portable kernels run
+    silently with the wrong weights given another (research 6)."""
+    from tasks.core.digest import sha256_file
+    from tasks.store.program_meta import ProgramMetaError, read_meta, required_data_sha256
+
+    shown = "the program" if isinstance(pte, bytes) else str(pte)
+    if data_path is None and not isinstance(pte, bytes):
+        data_path = data_file_of(pte)
+    needed = required_data_sha256(read_meta(pte if isinstance(pte, bytes) else Path(pte).read_bytes()))
+    if needed is None:
+        return None
+    if data_path is None or not Path(data_path).is_file():
+        raise ProgramMetaError(f"{shown} keeps its weights in a separate .ptd (sha256 {needed}) and it was "
+                               f"not given{f' ({data_path} is missing)' if data_path else ''}")
+    actual = sha256_file(Path(data_path))
+    if actual != needed:
+        raise ProgramMetaError(f"{shown} needs the .ptd with sha256 {needed}; {data_path} has {actual}")
+    return Path(data_path)
+
+
+def load_program(pte: Path | bytes, data_path: Path | None = None):
+    """The program in the ExecuTorch runtime, with its data file (checked_data_path)."""
     import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
     from executorch.runtime import Runtime
 
-    program = Runtime.get().load_program(pte_bytes)
+    data_path = checked_data_path(pte, data_path)
+    source = pte if isinstance(pte, bytes) else str(pte)
+    if data_path is None:
+        return Runtime.get().load_program(source)
+    return Runtime.get().load_program(source, data_path=str(data_path))
+
+
+def load_method(pte: Path | bytes, method: str = METHOD, data_path: Path | None = None):
+    """(program, method) of a .pte in the ExecuTorch runtime: keep ``program`` alive while the method runs."""
+    program = load_program(pte, data_path)
     return program, program.load_method(method)
 
 
-def check_loads(pte: Path, methods: tuple = (METHOD,)) -> None:
-    """Load the program and each of its ``methods`` in the ExecuTorch runtime."""
-    data = Path(pte).read_bytes()
+def check_loads(pte: Path, methods: tuple = (METHOD,), data_path: Path | None = None) -> None:
+    """Load the program (with its data file) and each of its ``methods`` in the ExecuTorch runtime."""
+    program = load_program(Path(pte), data_path)
     for name in methods:
-        load_method(data, name)
+        program.load_method(name)
 
 
 def run_program_samples(pte: Path, samples: list, method_name: str = METHOD) -> list:
     """Outputs of ``pte``'s method (numpy arrays) for each sample (a list of input tensors); one program load."""
     import torch
 
-    program, method = load_method(Path(pte).read_bytes(), method_name)  # `program` stays alive while `method` runs
+    program, method = load_method(Path(pte), method_name)  # `program` stays alive while `method` runs
     results = []
     for inputs in samples:
         outputs = method.execute(list(inputs))

@@ -49,7 +49,8 @@ def matrix_task_deps(plan, stage: Stage, cells) -> list:
 def _deps(plan, stage: Stage, subject) -> list:
     if any(holds(predicate, plan, subject) for predicate, _ in stage.skip_if):
         return []  # it skips without reading anything
-    return [task_name(up, up_subject) for _, up, up_subject in upstream_of(plan, stage, subject)]
+    # dict.fromkeys: two relations may name one task (an fp32 cell's graph is its capture)
+    return list(dict.fromkeys(task_name(up, up_subject) for _, up, up_subject in upstream_of(plan, stage, subject)))
 
 
 def stage_tasks(plan, stage: Stage, cells, store, host: dict, options: dict | None = None) -> list:

@@ -80,6 +80,9 @@ class Evidence:
     lowering_s: float | None = None
     delegates: tuple = ()
     executorch_version: str | None = None
+    data_file: Path | None = None  # external weights: the .ptd beside the .pte in the working tree
+    data_sha256: str | None = None  # of that .ptd, as its export recorded it (the program names it too)
+    data_size: int | None = None
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
     outputs: tuple = ()  # the capture's eager outputs: {"path", "shape", "dtype"} each
     method_outputs: dict = field(default_factory=dict)  # several methods: method -> its outputs, likewise
@@ -181,6 +184,8 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> 
                      sha256=einfo.get("sha256"), lowering_s=finite(einfo.get("lowering_s")),
                      delegates=tuple(einfo.get("delegates", cell.backend.delegates)),
                      executorch_version=einfo.get("executorch_version"),
+                     data_file=layout_of(plan).ptd_path(cell) if einfo.get("data_sha256") else None,
+                     data_sha256=einfo.get("data_sha256"), data_size=finite(einfo.get("data_size_bytes")),
                      input_dtypes=tuple(einfo.get("input_dtypes") or ()),
                      delegated_ops=finite(einfo.get("delegated_ops")),
                      non_delegated_ops=finite(einfo.get("non_delegated_ops")))

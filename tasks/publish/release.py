@@ -5,6 +5,8 @@ nothing globbed from the working tree:
 
     models/<stem>.pte     every cell whose outcome ships (tasks/outcome.py: ok, provisional, on-device)
     models/<stem>.bpte    for on-device cells, the BundledProgram the device checks itself with
+    models/<sha>.ptd      external weights, once per distinct file (named by the first 16 hex
+                          digits of its sha256; the cells with identical weights share it)
     manifests/<file>      tasks/publish/manifests/ files, rendered here from the same outcomes
     report.html, provenance.json, SHA256SUMS
 
@@ -48,6 +50,7 @@ from tasks.core.atomic import atomic_write_bytes, atomic_write_text
 from tasks.core.digest import canonical_json, sha256_file
 from tasks.core.text import first_line
 from tasks.publish import outcome
+from tasks.publish.manifests.naming import data_file_name
 from tasks.store.layout import layout_of
 from tasks.store.records import read_state, write_state
 from tasks.store.specs import spec_of
@@ -106,6 +109,9 @@ def programs(plan, shipped: list) -> list:
     for o in shipped:
         ev, cell = o.evidence, by_name[o.cell]
         out.append((f"models/{ev.program.name}", ev.program, ev.sha256, task_name(STAGE["export"], cell)))
+        if ev.data_sha256:  # one entry per distinct .ptd: programs() callers dedupe by archive name
+            out.append((f"models/{data_file_name(ev.data_sha256)}", ev.data_file, ev.data_sha256,
+                        task_name(STAGE["export"], cell)))
         if o.status == "on-device":
             out.append((f"models/{ev.bundle.name}", ev.bundle, ev.bundle_sha256, task_name(STAGE["validate"], cell)))
     return out
@@ -220,7 +226,8 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
         raise ReleaseRefused("no cell built a program to release")
     payload: dict = {}  # archive name -> bytes, read and checked once
     for name, path, recorded, task in programs(plan, shipped):
-        payload[name] = read_verified(plan, path, recorded, task)
+        if name not in payload:  # a shared .ptd is read (and checked) once
+            payload[name] = read_verified(plan, path, recorded, task)
     try:
         context = manifest.build_context(plan, cells, host, results={o.cell: o for o in results})
     except manifest.ManifestError as exc:
@@ -228,6 +235,9 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     for v in context["variants"]:  # the manifests name the bytes being packed, nothing else
         if hashlib.sha256(payload[f"models/{v['file']}"]).hexdigest() != v["sha256"]:
             raise ReleaseRefused(f"the manifests name sha256 {v['sha256']} for {v['file']}, not the packed file's")
+    for d in context["data_files"]:
+        if hashlib.sha256(payload[f"models/{d['file']}"]).hexdigest() != d["sha256"]:
+            raise ReleaseRefused(f"the manifests name sha256 {d['sha256']} for {d['file']}, not the packed file's")
     for name, text in sorted(render.render(context).items()):
         payload[f"manifests/{name}"] = text.encode("utf-8")
     models = {c.model.name for c in cells}

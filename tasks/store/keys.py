@@ -6,8 +6,11 @@
         "upstream": {relation: key of the upstream task},
         "code":     digest of the import closure of stage.code (tasks/config/code_deps.py)})
 
-Names never join a key (a model's name, a cell's name, the pipeline's name), so a
-renamed model reuses its cache. Code freshness is decided one way for every
+Names join no key (a model's name, a cell's name, the pipeline's name) but where they
+are part of the output: a program embeds its model, backend and scheme names in its
+metadata (tasks/store/program_meta.py), so the export key holds them
+(``embedded_metadata``). A renamed model reuses its capture and quantized graphs and
+is only lowered again. Code freshness is decided one way for every
 stage: the static import closure of its entry modules, plus the project modules
 its recipes name by dotted path (``partitioner_code``, ``quantizer_code``).
 A matrix-wide stage's key is the digest of what it renders (its content), its
@@ -50,6 +53,9 @@ FACTS = {
     "quantizer_code": lambda plan, cell, host: _named_code(
         plan, [cell.transform.ref] if cell.transform.method in FACTORY_METHODS else []),
     "backend": lambda plan, cell, host: cell.backend.canonical(),
+    # The names a program embeds (tasks/build/program_meta.py): part of the .pte's bytes.
+    "embedded_metadata": lambda plan, cell, host: {"model": cell.model.name, "backend": cell.backend.name,
+                                                   "scheme": cell.quant.name},
     "coverage_gate": lambda plan, cell, host: cell.backend.min_coverage,
     "partitioner_code": lambda plan, cell, host: _named_code(
         plan, [m.partitioner for m in cell.backend.members if m.partitioner]),

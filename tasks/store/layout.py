@@ -6,7 +6,8 @@
       .doit.sqlite3               doit's own database (tasks/engine/doit_db.py)
       release/<name>-<version>/   and .tar.gz, .bench.json (tasks/publish/release.py)
       <pipeline>/
-        <model>/<stem>.pte        and .export.json, .numerics.json, .bpte, .bundled.json, .bench.json
+        <model>/<stem>.pte        and .ptd (external weights), .export.json, .numerics.json, .bpte,
+                                  .bundled.json, .bench.json
         manifests/                models.g.dart, pubspec_assets.yaml, models.cmake, index.json, etforge_models.h
         report.html, summary.json
         .state/<task>.json        task records (tasks/store/records.py)
@@ -80,6 +81,12 @@ class ArtifactLayout:
 
     def pte_path(self, cell) -> Path:
         return self.cell_dir(cell) / f"{cell.stem}.pte"
+
+    def ptd_path(self, cell) -> Path:
+        """The program's external weights, beside it (tasks/build/program_io.py data_file_of);
+        what ships is named by its sha256 instead (manifests, release): cells with the same
+        weights share that file."""
+        return self.cell_dir(cell) / f"{cell.stem}.ptd"
 
     def export_info_path(self, cell) -> Path:
         return self.cell_dir(cell) / f"{cell.stem}.export.json"

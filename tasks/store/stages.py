@@ -71,8 +71,10 @@ STAGES = (
           doc="lower each cell (model x backend x quantization) to a .pte",
           task_doc="lower {model} for {backend} ({scheme}) to {pte}",
           builder="tasks.build.lower:export_stage", code=("tasks.build.lower", "tasks.build.coreml_reproducible"),
-          key_inputs=("backend", "coverage_gate", "toolchain", "partitioner_code"), upstream=("graph",),
-          outputs=(("program.pte", "pte_path"), ("export.json", "export_info_path")),
+          key_inputs=("backend", "embedded_metadata", "coverage_gate", "toolchain", "partitioner_code"),
+          upstream=("graph", "capture"),  # capture: the outputs its metadata describes
+          outputs=(("program.pte", "pte_path"), ("export.json", "export_info_path"),
+                   ("program.ptd", "ptd_path", "external_weights")),
           skip_if=(("backend_missing", "cannot lower here: {missing}"),), keep_entry=True),
     # A separate task, so that a failing fp32 export never keeps the quantized cell from building.
     Stage("sizegate", "cell",
@@ -154,6 +156,9 @@ PREDICATES = {
     "backend_missing": lambda plan, cell, selected: not _lowerable(cell),
     "host_runnable": lambda plan, cell, selected: cell.backend.host_runnable,
     "checked_on_device": lambda plan, cell, selected: not cell.backend.host_runnable,
+    # the backend entry keeps constants in a separate .ptd (tasks/build/lower.py external_weights)
+    "external_weights": lambda plan, cell, selected: any(m.options.get("external_weights")
+                                                         for m in cell.backend.members),
 }
 
 

@@ -48,7 +48,9 @@ from tasks.core.text import one_line
 from tasks.publish import outcome
 from tasks.publish.manifests import cpp_header
 from tasks.publish.manifests.interface import cell_interface
-from tasks.publish.manifests.naming import DART_RESERVED, cmake_identifier, dart_identifier, fallback_order, unique
+from tasks.publish.manifests.program_check import check_program
+from tasks.publish.manifests.naming import (DART_RESERVED, cmake_identifier, dart_identifier, data_file_name,
+                                            fallback_order, unique)
 from tasks.store.layout import layout_of
 
 # Delegate id (as recorded in a program) -> (target of an ExecuTorch source build,
@@ -119,6 +121,36 @@ def _join_url(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}" if base else name
 
 
+def _data_file(ev, layout, options: dict) -> dict | None:
+    """A variant's external weights as the manifests name them: by content (naming.data_file_name)."""
+    if not ev.data_sha256:
+        return None
+    name = data_file_name(ev.data_sha256)
+    return {"file": name, "sha256": ev.data_sha256, "size": int(ev.data_size or 0),
+            "path": layout.shown(ev.data_file),  # the cell's own copy, relative to artifacts/<pipeline>/
+            "asset": f"{options['assets_dir'].strip('/')}/{name}",
+            "remote_url": _join_url(options["base_url"], name)}
+
+
+def shared_data_files(variants: list) -> list:
+    """Each distinct .ptd once, in first-use order, with the programs (.pte files) and variants that need it."""
+    by_sha: dict = {}
+    for v in variants:
+        data = v["data_file"]
+        if data is None:
+            continue
+        entry = by_sha.setdefault(data["sha256"], {**data, "programs": [], "variants": []})
+        entry["programs"].append(v["file"])
+        entry["variants"].append(v["id"])
+    by_name: dict = {}
+    for entry in by_sha.values():
+        if entry["file"] in by_name:  # two sha256 with one 16-digit prefix: never silently merge them
+            raise ManifestError(f"the .ptd files {by_name[entry['file']]} and {entry['sha256']} would both ship "
+                                f"as {entry['file']}")
+        by_name[entry["file"]] = entry["sha256"]
+    return list(by_sha.values())
+
+
 def build_context(plan: Plan, cells=None, host: dict | None = None, results: dict | None = None) -> dict:
     """Everything the manifests are rendered from (JSON-serializable; its digest is the key).
 
@@ -186,10 +218,15 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
             "cmake_methods": unique([m["name"] for m in io["methods"]], cmake_identifier),
             "description": description,
             "verdict": outcome.verdict(result),
+            # external weights: the one .ptd the program needs (shared by the cells with the same weights)
+            "data_file": _data_file(ev, layout, options),
             # A weight-group scheme's layers: how many it quantized, which it kept in float and why.
             "layers": ({k: ev.layers.get(k) for k in ("quantized", "float", "kept_float")}
                        if ev.layers else None),
         })
+        problem = check_program(cell.name, ev.program, variants[-1])  # what the program says of itself
+        if problem:
+            raise ManifestError(problem)
     by_file: dict = {}
     for v in variants:
         if v["file"] in by_file:
@@ -197,6 +234,7 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
                                 "rename a model or backend in pipeline.yaml")
         by_file[v["file"]] = v["id"]
 
+    data_files = shared_data_files(variants)
     models = []
     for name in model_names:
         own = [v for v in variants if v["model"] == name]
@@ -231,6 +269,7 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         "options": {k: options[k] for k in defaults.MANIFEST_OPTIONS},
         "platforms": sorted({p for m in models for p in m["fallback"]}),
         "variants": variants,
+        "data_files": data_files,
         "models": models,
         "excluded": excluded,
         "delegate_targets": {d: [t for t in DELEGATE_TARGETS.get(d, (None, None))[::-1] if t] for d in delegates},

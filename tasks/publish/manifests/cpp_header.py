@@ -35,7 +35,7 @@ from tasks.core.text import one_line
 from tasks.publish import outcome, templates
 from tasks.publish.literals import C_COMMENT_LIMIT
 from tasks.publish.manifests.interface import cell_interface
-from tasks.publish.manifests.naming import fallback_order
+from tasks.publish.manifests.naming import data_file_name, fallback_order
 from tasks.store.layout import layout_of
 
 TEMPLATE = "etforge_models.h.j2"
@@ -63,6 +63,12 @@ def _check_order(plan, order) -> list:
             raise HeaderError(f"fallback order entry {entry!r}: unknown quantization {quant!r}; "
                               f"declared: {', '.join(plan.quantizations)}")
     return entries
+
+
+def _data_file(cell, ev, layout: str) -> str:
+    if not ev.data_sha256:
+        return ""
+    return data_file_name(ev.data_sha256) if layout == "flat" else f"{cell.model.name}/{cell.stem}.ptd"
 
 
 def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree",
@@ -116,6 +122,10 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
             "max_abs_error": verdict.get("max_abs_error"),
             "bundle_file": verdict.get("bundle") or "",
             "bundle_sha256": verdict.get("bundle_sha256") or "",
+            # external weights: the .ptd to load it with ("" when inline), spelled like ``file``
+            # (tree: the cell's copy beside its .pte; flat: the shared name models.cmake installs)
+            "data_file": _data_file(cell, ev, layout),
+            "data_sha256": ev.data_sha256 or "",
             "rtol": verdict.get("rtol"),
             "atol": verdict.get("atol"),
         })

@@ -19,6 +19,12 @@ DART_RESERVED = frozenset("""
 """.split())  # keywords, EtforgeModels' own members, and the lowercase types its body names
 
 
+def data_file_name(sha256: str) -> str:
+    """The shipped name of a program's external weights: its content address, so that cells
+    whose weights are identical ship one file (a .pte is named after its cell, ``<stem>.pte``)."""
+    return f"{sha256[:16]}.ptd"
+
+
 def dart_identifier(name: str) -> str:
     """lowerCamelCase Dart identifier for a pipeline name (letters, digits, '_' and '-')."""
     parts = [p for p in re.split(r"[^A-Za-z0-9]+", name) if p]

@@ -54,6 +54,8 @@ def index_document(context: dict) -> dict:
             "inputs": v["inputs"],  # name, shape, dtype[, range] (tasks/config/io_spec.py)
             "outputs": v["outputs"],  # name, pytree path, shape, dtype
             "methods": v["methods"],  # [{name, inputs, outputs}]; the two above are the first method's
+            # external weights: the name of the one .ptd (in dataFiles) to load it with, or null
+            "dataFile": v["data_file"]["file"] if v["data_file"] else None,
         })
     return {
         "version": INDEX_FORMAT,
@@ -63,6 +65,10 @@ def index_document(context: dict) -> dict:
         "pipelineVersion": context["version"],
         "baseUrl": context["options"]["base_url"],
         "models": entries,
+        # Each .ptd once, named by its sha256, with the programs that need it.
+        "dataFiles": [{"name": d["file"], "hash": d["sha256"], "size": d["size"],
+                       "sizeMB": round(d["size"] / (1024 * 1024), 2), "remoteUrl": d["remote_url"],
+                       "path": d["path"], "programs": d["programs"]} for d in context["data_files"]],
         "labels": [],
         "backends": {v["backend"]: {"description": v["description"]} for v in context["variants"]},
         "excluded": context["excluded"],
