@@ -314,7 +314,12 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     from tasks.core.digest import sha256_file
 
     from tasks.build.reference import reference_methods
+    from tasks.config.hf_source import is_llm
 
+    if getattr(cell, "model", None) is not None and is_llm(cell.model):
+        from tasks.build.llm_export import register_custom_ops
+
+        register_custom_ops()  # else forward fails to load (0x14) in a process that has not imported them yet
     pte = Path(pte)
     data = checked_data_path(pte)  # before the clock starts: it hashes the .ptd
     opts = resolve_options(options)

@@ -27,10 +27,20 @@ def register_custom_ops() -> None:
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
 
 
-def uses_custom_ops(recipe_names) -> bool:
-    from tasks.config.hf_source import LLM_BACKENDS
+def cell_uses_custom_ops(cell) -> bool:
+    """XNNPACK and portable LLM programs use llama:: custom ops; Core ML's is a static capture without them."""
+    from tasks.config.hf_source import uses_custom_ops
 
-    return all(name in LLM_BACKENDS for name in recipe_names)
+    return uses_custom_ops(m.recipe for m in cell.backend.members)
+
+
+def cell_llm_options(cell) -> dict:
+    """The cell's ``llm`` options as its program is built: Core ML's is static (hf_source rejects
+    a dynamic Core ML cell at plan time; this keeps the program and its metadata consistent)."""
+    llm = dict(cell.model.source["transformers"]["llm"])
+    if not cell_uses_custom_ops(cell):
+        llm["dynamic_shapes"] = False
+    return llm
 
 
 def _et_custom_sdpa(module, query, key, value, attention_mask, position_ids=None, scaling=None, **kwargs):
@@ -103,13 +113,13 @@ def export_llm(model, llm: dict, custom_ops: bool = True):
     return program
 
 
-def runner_metadata(model_spec, custom_ops: bool) -> dict:
+def runner_metadata(model_spec, custom_ops: bool, llm: dict | None = None) -> dict:
     """The constant methods ExecuTorch's LLM runner reads (extension/llm/runner/constants.h), plus
     informative shape facts; values from the config (built, never downloaded) and the llm options."""
     from tasks.build.hf_models import build_config
 
     source = model_spec.source["transformers"]
-    config, llm = build_config(source), source["llm"]
+    config, llm = build_config(source), llm or source["llm"]
     eos = config.eos_token_id
     metadata = {"get_max_seq_len": llm["max_context_len"], "get_max_context_len": llm["max_context_len"],
                 "get_vocab_size": config.vocab_size, "use_kv_cache": True,
@@ -131,14 +141,57 @@ def lowering_options(cell) -> tuple[dict, dict]:
     from executorch.exir.passes import MemoryPlanningPass
 
     register_custom_ops()
-    custom = uses_custom_ops(m.recipe for m in cell.backend.members)
+    custom = cell_uses_custom_ops(cell)
     edge = {"compile_config": EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            "constant_methods": runner_metadata(cell.model, custom),
+            "constant_methods": runner_metadata(cell.model, custom, cell_llm_options(cell)),
             "transform_passes": [_drop_embedding_padding_idx()]}
+    if not custom:
+        edge["partitioner"] = coreml_llm_partitioners(cell)
     # const-prop fuses torchao's dequantize_affine + embedding into quantized embedding ops.
     backend = {"extract_delegate_segments": True, "do_quant_fusion_and_const_prop": True,
                "memory_planning_pass": MemoryPlanningPass(alloc_graph_input=False)}
     return edge, backend
+
+
+def coreml_llm_partitioners(cell) -> list:
+    """Core ML's partitioner with the settings an LLM lowers with (NOTES.md section 4 "Core ML settings
+    that lowered"): iOS18 and the cell's compute precision; the KV cache and its position counter stay
+    outside the delegate (take_over_mutable_buffer=True fails in coremltools'
+    canonicalize_inplace_pattern on the cache's position state)."""
+    import coremltools as ct
+    from executorch.backends.apple.coreml.compiler import CoreMLBackend
+    from executorch.backends.apple.coreml.partition import CoreMLPartitioner
+
+    from tasks.build.partitioners import _COREML_UNITS
+
+    options = dict(cell.backend.members[0].options)
+    specs = CoreMLBackend.generate_compile_specs(
+        compute_unit=getattr(ct.ComputeUnit, _COREML_UNITS[options.get("compute_units", "all")]),
+        minimum_deployment_target=ct.target.iOS18,
+        compute_precision=getattr(ct.precision, options.get("compute_precision", "float16").upper()))
+    return [CoreMLPartitioner(compile_specs=specs, take_over_mutable_buffer=False)]
+
+
+def static_capture(cell, root):
+    """The graph a Core ML fp32 LLM cell lowers: the eager model exported again with transformers'
+    static cache and plain SDPA (no llama:: ops) and static shapes (the capture's graph has both)."""
+    from tasks.build.model_loading import build_model
+
+    return export_llm(build_model(cell.model, root), cell_llm_options(cell), custom_ops=False)
+
+
+def same_scheme_logits(model, reference):
+    """Logits [P + N - 1, V] (float32) of ``model`` (the eager model after the cell's quantization or
+    cast) on the capture's prompt followed by eager's greedy tokens, without a cache: the same
+    positions as the reference's ``llm_logits``. Call before export_llm (which swaps attention)."""
+    import numpy as np
+    import torch
+
+    with np.load(reference) as data:
+        prompt, tokens = torch.from_numpy(data["input_0"][0]), torch.from_numpy(data["llm_tokens"])
+    ids = torch.cat([prompt, tokens[None, :-1]], 1)
+    with torch.no_grad():
+        return model(input_ids=ids, use_cache=False).logits[0].float().numpy()
 
 
 def _drop_embedding_padding_idx():

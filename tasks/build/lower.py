@@ -31,6 +31,7 @@ INFO = "export.json"
 DATA_TAG = "etforge_weights"  # one tag: the runtime takes one data file per program
 MIN_EXTERNAL_FRACTION = 0.5  # of the graph's constant bytes the .ptd must hold, else the option did nothing
 FRESH_PROCESS_ENV = "ETFORGE_EXPORT_FRESH_PROCESS"  # set in the interpreter _build_in_fresh_process starts
+_MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.linear", "aten.bmm")  # an LLM note when left outside
 
 
 def partitioners_for(backend) -> list:
@@ -56,8 +57,31 @@ def lowering_contexts(backend) -> list:
 
 def export_stage(request: BuildRequest) -> BuildResult:
     """The export stage's builder: lower the graph of ``request.upstream["graph"]`` (quantized or fp32)."""
-    return build_export(request.subject, request.upstream["graph"].files["model.pt2"], request.workdir,
-                        request.upstream["capture"].info)
+    cell, graph = request.subject, request.upstream["graph"]
+    program = graph.files["model.pt2"]
+    from tasks.config.hf_source import is_llm
+
+    if is_llm(cell.model):
+        program = _llm_graph(cell, program, request.plan.root, request.workdir)
+    result = build_export(cell, program, request.workdir, request.upstream["capture"].info)
+    same_scheme = graph.files.get("same_scheme_logits.npy")  # an LLM's quantized eager logits, for validate
+    if same_scheme is not None:
+        result.files["same_scheme_logits.npy"] = same_scheme
+    return result
+
+
+def _llm_graph(cell, program: Path, root: Path, workdir: Path) -> Path:
+    """The capture's graph holds llama:: custom ops and dynamic shapes; a Core ML fp32 cell lowers a
+    static capture without them instead (a quantized one's quantize stage exported it that way)."""
+    from tasks.build.llm_export import cell_uses_custom_ops, static_capture
+
+    if cell_uses_custom_ops(cell) or cell.transform is not None:
+        return program
+    import torch
+
+    path = workdir / "static_capture.pt2"
+    torch.export.save(static_capture(cell, root), path)
+    return path
 
 
 def _register_transform_ops(cell) -> None:
@@ -116,8 +140,9 @@ def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | N
     with ExitStack() as stack:
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
+        partitioners = edge_options.pop("partitioner", None) or partitioners_for(cell.backend)
         edge = to_edge_transform_and_lower(program if len(programs) == 1 else programs,
-                                           partitioner=partitioners_for(cell.backend),
+                                           partitioner=partitioners,
                                            **{**edge_options, "constant_methods": {
                                                **edge_options.get("constant_methods", {}),  # an LLM runner's
                                                **constant_methods(meta)}})
@@ -155,6 +180,9 @@ def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | N
     }
     if edge_options:  # an LLM: the runner's metadata methods, for manifests and the report
         info["llm_metadata"] = edge_options["constant_methods"]
+        matmuls = sum(n for op, n in coverage["not_delegated"].items() if op in _MATMUL_OPS)
+        if matmuls and cell.backend.delegates:  # e.g. bf16 on XNNPACK: it builds, but slowly
+            info["note"] = f"linears not delegated: {matmuls} matmul op(s) run on portable kernels (slow)"
     (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
                                 encoding="utf-8")
     failure = delegation_gate(cell, info)

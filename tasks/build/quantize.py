@@ -29,6 +29,9 @@ from tasks.build.reference import REFERENCE
 from tasks.store.results import BuildRequest, BuildResult, Rejected
 
 PROGRAM = "model.pt2"
+# An LLM's quantized (or cast) eager model's logits on the validation prompt (llm_export.same_scheme_logits):
+# stored with its graph, passed on by the export stage, compared with the program by llm_numerics.
+SAME_SCHEME = "same_scheme_logits.npy"
 
 
 def pt2e_quantize(program, example_inputs: tuple, quantizer, calibration, fold_quantize: bool = True):
@@ -99,9 +102,9 @@ def _export_quantized(cell, model, inputs):
     from tasks.config.hf_source import is_llm
 
     if is_llm(cell.model):
-        from tasks.build.llm_export import export_llm
+        from tasks.build.llm_export import cell_llm_options, cell_uses_custom_ops, export_llm
 
-        return export_llm(model, cell.model.source["transformers"]["llm"])
+        return export_llm(model, cell_llm_options(cell), custom_ops=cell_uses_custom_ops(cell))
     from tasks.build.capture import export_dynamic_shapes
 
     # a model with dynamic dims keeps them: the same Dims its capture was exported with
@@ -125,11 +128,13 @@ def _export_method(model, method: str, method_inputs, reference: Path, dtype):
 
 def build_quantized(cell, root: Path, seed: int, capture_program: Path, reference: Path,
                     workdir: Path) -> BuildResult:
+    import numpy as np
     import torch
 
     from tasks.build.capture import save_programs
     from tasks.build.model_loading import build_model
     from tasks.build.reference import load_reference_samples
+    from tasks.config.hf_source import is_llm
     from tasks.build.samples import calibration_batches
     from tasks.core.dotted_path import load_callable
 
@@ -157,6 +162,12 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
         inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
     else:
         raise ValueError(f"unknown quantization method {transform.method!r}")
+    files = {PROGRAM: workdir / PROGRAM}
+    if is_llm(cell.model):  # the quantized eager model's logits: validation's same-scheme reference
+        from tasks.build.llm_export import same_scheme_logits
+
+        np.save(workdir / SAME_SCHEME, same_scheme_logits(model, reference))
+        files[SAME_SCHEME] = workdir / SAME_SCHEME
     if cell.model.multi_method:  # one quantized model, each method exported from it (weights shared)
         dtype = getattr(torch, transform.ref) if transform.method == "dtype" else None
         save_programs(workdir / PROGRAM, {method: _export_method(model, method, method_inputs, reference, dtype)
@@ -164,4 +175,4 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
     else:
         torch.export.save(_export_quantized(cell, model, inputs), workdir / PROGRAM)
     info["quantize_s"] = round(time.monotonic() - start, 3)
-    return BuildResult(files={PROGRAM: workdir / PROGRAM}, info=info)
+    return BuildResult(files=files, info=info)

@@ -34,27 +34,62 @@ def xnnpack_int8_static(options: dict):
 
     ``per_channel`` (default True) selects per-channel weight scales; False is
     per-tensor. Needs calibration batches."""
-    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-        XNNPACKQuantizer,
-        get_symmetric_quantization_config,
-    )
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
 
     config = get_symmetric_quantization_config(is_per_channel=bool(options.get("per_channel", True)))
-    return XNNPACKQuantizer().set_global(config)
+    return _xnnpack_quantizer().set_global(config)
+
+
+def _xnnpack_quantizer():
+    """An XNNPACKQuantizer whose ``transform_for_annotation`` turns only floating-point scalars of
+    add/mul into tensor attributes (what it does so their other operand can be quantized).
+
+    The stock one converts every scalar to a float32 attribute, integer ones included: in a
+    transformers encoder the mask construction adds an int scalar to ``arange`` and feeds
+    ``aten.index.Tensor``, which then gets a float index and calibration fails with
+    ``IndexError: tensors used as indices must be long, int, byte or bool tensors``
+    (research/issue13 NOTES.md section 5). Integer arithmetic is never quantized, so
+    leaving it alone changes nothing else."""
+    import torch
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import XNNPACKQuantizer
+    from torchao.quantization.pt2e.utils import get_new_attr_name_with_prefix
+
+    arithmetic = (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)
+
+    class FloatScalarsXNNPACKQuantizer(XNNPACKQuantizer):
+        def transform_for_annotation(self, model):
+            # executorch 1.5.1's _convert_scalars_to_attrs, skipping integer-valued nodes
+            for node in model.graph.nodes:
+                val = node.meta.get("val")
+                if node.op != "call_function" or node.target not in arithmetic or (
+                        isinstance(val, torch.Tensor) and not val.is_floating_point()):
+                    continue
+                args = []
+                for arg in node.args:
+                    if not isinstance(arg, torch.fx.Node):
+                        name = get_new_attr_name_with_prefix("_tensor_constant_")(model)
+                        model.register_buffer(name, torch.tensor(float(arg)))
+                        with model.graph.inserting_before(node):
+                            attr = model.graph.create_node("get_attr", name, (), {})
+                        attr.meta["val"] = val.fake_mode.from_tensor(getattr(model, name), static_shapes=True)
+                        arg = attr
+                    args.append(arg)
+                node.args = tuple(args)
+            model.recompile()
+            return model
+
+    return FloatScalarsXNNPACKQuantizer()
 
 
 def xnnpack_int8_dynamic(options: dict):
     """PT2E, XNNPACK: dynamic int8 activations (scales computed at run time),
     int8 per-channel weights. Only linear-like ops are quantized; best for
     transformer blocks. Calibration is not needed (it does no harm)."""
-    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
-        XNNPACKQuantizer,
-        get_symmetric_quantization_config,
-    )
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
 
     config = get_symmetric_quantization_config(is_per_channel=bool(options.get("per_channel", True)),
                                                is_dynamic=True)
-    return XNNPACKQuantizer().set_global(config)
+    return _xnnpack_quantizer().set_global(config)
 
 
 # --------------------------------------------------------------------------- PT2E: Core ML

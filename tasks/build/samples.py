@@ -26,7 +26,10 @@ calibration, and through reference.npz validation, benchmark and bundled test
 cases): per input, in order, from one seeded ``torch.Generator``, exactly the
 declared dtype; floats standard normal, or uniform in ``range: [lo, hi)``;
 integers uniform in ``[lo, hi)`` (hi exclusive: ``[0, 32000]`` for a vocabulary
-of 32000), ``defaults.INT_INPUT_RANGE`` without a declared range; bools True/False.
+of 32000), ``defaults.INT_INPUT_RANGE`` without a declared range; bools True/False;
+``sample: attention_mask`` inputs a valid padding mask (per row along the last axis, ones for a
+prefix of uniform random length in [1, T], then zeros: what a tokenizer emits, never an all-zero
+row, which would make attention NaN).
 """
 
 from __future__ import annotations
@@ -96,6 +99,12 @@ def _draw(item, shape: tuple, generator):
     import torch
 
     dtype = getattr(torch, item.dtype)
+    if item.sample == "attention_mask":
+        rows = 1
+        for d in shape[:-1]:
+            rows *= d
+        lengths = torch.randint(1, shape[-1] + 1, (rows, 1), generator=generator)
+        return (torch.arange(shape[-1])[None] < lengths).reshape(shape).to(dtype)
     if dtype == torch.bool:
         return torch.randint(0, 2, shape, generator=generator).bool()
     bounds = item.sample_range()

@@ -23,17 +23,22 @@ TOPK_THRESHOLDS = ("top1_agreement", "top5_agreement")
 def validate_stage(request: BuildRequest) -> BuildResult:
     """The validate stage's builder: runs the program here, or bundles it for the device to check."""
     cell, export, capture = request.subject, request.upstream["export"], request.upstream["capture"]
+    from tasks.config.hf_source import is_llm
+
     if not cell.backend.host_runnable:
+        if is_llm(cell.model):  # the prompt token by token through the static program
+            from tasks.build.llm_numerics import build_llm_bundled
+
+            return build_llm_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE], request.workdir)
         from tasks.build.bundle import build_bundled
 
         return build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE],
                              export.info.get("input_dtypes", []), request.workdir)
-    from tasks.config.hf_source import is_llm
-
     if is_llm(cell.model):  # prefill + KV-cache decode steps + greedy continuation
-        from tasks.build.llm_numerics import build_llm_validate
+        from tasks.build.llm_numerics import SAME_SCHEME, build_llm_validate
 
-        return build_llm_validate(cell, export.files[PROGRAM], capture.files[REFERENCE], request.workdir)
+        return build_llm_validate(cell, export.files[PROGRAM], capture.files[REFERENCE], request.workdir,
+                                  same_scheme=export.files.get(SAME_SCHEME))
     return build_validate(cell, export.files[PROGRAM], capture.files[REFERENCE],
                           export.info.get("input_dtypes", []), request.workdir, program=capture.files["model.pt2"])
 

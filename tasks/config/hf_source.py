@@ -33,23 +33,61 @@ TEXT_GENERATION = "text-generation"
 # Defaults of the `llm:` block (a text-generation model's export and validation).
 LLM_DEFAULTS = {"max_context_len": 128, "prompt_len": 8, "decode_steps": 8, "dynamic_shapes": True}
 DISTRIBUTION = "transformers"
-# Backend recipes an LLM cell lowers for: their programs may hold ExecuTorch's llama:: custom
-# ops. Core ML cannot take them (it needs a capture without them and static shapes: not built yet).
-LLM_BACKENDS = frozenset({"xnnpack", "portable"})
-# Schemes an LLM cell takes here: the torchao ones (tasks/build/quantize.py applies them to the
-# eager model, then exports through the static-KV-cache wrapper); `embedding: 4|8` quantizes its tables.
-LLM_SCHEMES = frozenset({"fp32", "8da4w", "8da8w"})
+# Backend recipe -> the schemes an LLM cell takes on it (measured: research/issue13 NOTES.md section 4).
+# XNNPACK and portable programs hold ExecuTorch's llama:: custom SDPA / KV-cache ops; Core ML cannot
+# take them and lowers a static capture with transformers' own static cache instead (llm_export.py).
+LLM_SCHEMES = {"xnnpack": frozenset({"fp32", "fp16", "bf16", "8da4w", "8da8w"}),
+               "portable": frozenset({"fp32"}),
+               "coreml": frozenset({"fp32", "coreml_int4w"})}
+CUSTOM_OPS_BACKENDS = frozenset({"xnnpack", "portable"})
+# Why the combinations measured to fail cannot be built; other unlisted ones: not supported here.
+_NO_TORCHAO_KERNELS = ("portable has no kernels for torchao's dynamic-activation ops (to_executorch: Missing out "
+                       "variants: torchao::choose_qparams_affine, quantize_affine, dequantize_affine); use xnnpack")
+_WEIGHT_ONLY_XNNPACK = ("weight-only {bits}-bit linears on XNNPACK run but compute garbage on an LLM ({db} dB "
+                        "vs eager, top-1 0/8) at fp32 size; use 8da4w or 8da8w")
+LLM_REJECTIONS = {
+    ("coreml", "8da4w"): "8da4w does not lower on Core ML (coremltools: KeyError: torch.int8 in "
+                         "_construct_ct_tensor_type_from_torch); use coreml_int4w",
+    ("coreml", "8da8w"): "dynamic int8 activations do not lower on Core ML (coremltools: KeyError: torch.int8); "
+                         "use coreml_int4w",
+    ("coreml", "fp16"): "a Core ML LLM keeps fp32 weights (model.to(float16) fails in coremltools: slice_update "
+                        "... update has dtype fp16 whereas x has dtype fp32); use fp32 with "
+                        "compute_precision: float16, or coreml_int4w (which computes in fp16)",
+    ("portable", "8da4w"): _NO_TORCHAO_KERNELS,
+    ("portable", "8da8w"): _NO_TORCHAO_KERNELS,
+    ("xnnpack", "coreml_int4w"): _WEIGHT_ONLY_XNNPACK.format(bits=4, db=-44.6),
+    ("xnnpack", "coreml_int8w"): _WEIGHT_ONLY_XNNPACK.format(bits=8, db=-68.1),
+}
+CORE_ML_DYNAMIC = ("Core ML LLM programs need static shapes (coremltools fails on the dynamic sequence length: "
+                   "'Input squeeze_0 has rank 1 != other inputs rank 0'): set transformers.llm.dynamic_shapes: "
+                   "false (prefill then runs token by token)")
 
 
 def llm_rejection(cell) -> str | None:
     """Why etforge refuses this LLM cell at plan time, or None."""
-    outside = [m.recipe for m in cell.backend.members if m.recipe not in LLM_BACKENDS]
+    recipes = [m.recipe for m in cell.backend.members]
+    outside = [r for r in recipes if r not in LLM_SCHEMES]
     if outside:
-        return (f"LLM export (static KV cache with ExecuTorch's llama:: custom ops) supports "
-                f"{', '.join(sorted(LLM_BACKENDS))}, not {', '.join(outside)}")
-    if cell.quant.name not in LLM_SCHEMES:
-        return f"LLM cells take {', '.join(sorted(LLM_SCHEMES))} here, not {cell.quant.name!r}"
+        return (f"LLM export (static KV cache) supports {', '.join(sorted(LLM_SCHEMES))}, "
+                f"not {', '.join(outside)}")
+    if "coreml" in recipes and len(recipes) > 1:
+        return ("a chain with coreml cannot lower an LLM: Core ML needs a capture without ExecuTorch's llama:: "
+                "custom ops, the other members use them")
+    scheme = cell.quant.name
+    for recipe in recipes:
+        if (recipe, scheme) in LLM_REJECTIONS:
+            return LLM_REJECTIONS[recipe, scheme]
+        if scheme not in LLM_SCHEMES[recipe]:
+            return (f"LLM cells on {recipe} take {', '.join(sorted(LLM_SCHEMES[recipe]))} here, "
+                    f"not {scheme!r}")
+    if "coreml" in recipes and cell.model.source["transformers"]["llm"]["dynamic_shapes"]:
+        return CORE_ML_DYNAMIC
     return None
+
+
+def uses_custom_ops(recipe_names) -> bool:
+    """Whether an LLM program for these backend recipes holds ExecuTorch's llama:: custom ops."""
+    return all(name in CUSTOM_OPS_BACKENDS for name in recipe_names)
 
 
 def is_llm(model_spec) -> bool:
@@ -166,11 +204,19 @@ def checkpoint_digest(files: dict) -> str:
     return digest(sorted(files.items()))
 
 
-def reject_llm_cells(cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
-    """The matrix's cells without the LLM cells etforge cannot build, which join ``rejected``."""
+def reject_llm_cells(cells: tuple, rejected: tuple, models: dict, backends: dict) -> tuple[tuple, tuple]:
+    """The matrix's cells without the LLM cells etforge cannot build, which join ``rejected``; an LLM
+    cell a recipe already refused gets the LLM reason where one is known (it says why and what to use)."""
+    from dataclasses import replace
+
     from tasks.config.model import RejectedCell
 
-    kept, refused = [], list(rejected)
+    kept, refused = [], []
+    for r in rejected:
+        model = models.get(r.model)
+        recipes = [m.recipe for m in backends[r.backend].members] if r.backend in backends else []
+        known = [LLM_REJECTIONS[k] for k in ((rec, r.quantization) for rec in recipes) if k in LLM_REJECTIONS]
+        refused.append(replace(r, reason=known[0]) if model is not None and is_llm(model) and known else r)
     for cell in cells:
         reason = llm_rejection(cell) if is_llm(cell.model) else None
         if reason:

@@ -32,6 +32,9 @@ class InputSpec:
     # Dynamic dims: ((axis, min, max, name), ...); ``shape`` holds each one's max (what the
     # program's buffers are sized for). Dims with one name share one torch.export.Dim.
     dims: tuple = ()
+    # How random samples are drawn when not uniform in ``range``: "attention_mask" (a tokenizer's
+    # padding mask: ones for a prefix of seeded random length >= 1 along the last axis, then zeros).
+    sample: str | None = None
 
     @property
     def is_integer(self) -> bool:
@@ -47,6 +50,8 @@ class InputSpec:
         out = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
         if self.range is not None:  # left out when undeclared: existing keys stay as they were
             out["range"] = list(self.range)
+        if self.sample is not None:
+            out["sample"] = self.sample
         if self.dims:
             out["dynamic"] = [{"axis": a, "min": lo, "max": hi, "name": n} for a, lo, hi, n in self.dims]
         return out
@@ -70,7 +75,7 @@ def measured_sizes(lo: int, hi: int) -> list:
 
 def default_range_note(model) -> str | None:
     """What a cell's outcome says when integer inputs of ``model`` were sampled in the default range."""
-    unranged = [i for i in model.inputs if i.is_integer and i.range is None]
+    unranged = [i for i in model.inputs if i.is_integer and i.range is None and i.sample is None]
     if not unranged:
         return None
     lo, hi = defaults.INT_INPUT_RANGE

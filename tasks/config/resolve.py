@@ -126,7 +126,8 @@ class _Resolver:
                                      f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}")
             dtype = item.get("dtype", defaults.INPUT_DTYPE)
             out.append(InputSpec(item.get("name", f"input_{i}"), shape, dtype,
-                                 self.input_range(item.get("range"), dtype, where + (i, "range")), dims))
+                                 self.input_range(item.get("range"), dtype, where + (i, "range")), dims,
+                                 self.input_sample(item, dtype, where + (i,))))
         return tuple(out)
 
     def input_dims(self, item: dict, i: int, path: tuple, ranges: dict) -> tuple[tuple, tuple]:
@@ -148,6 +149,18 @@ class _Resolver:
             shape.append(hi)
             dims.append((axis, lo, hi, name))
         return tuple(shape), tuple(dims)
+
+    def input_sample(self, item: dict, dtype: str, path: tuple) -> str | None:
+        """``sample: attention_mask``: an integer or bool input without ``range`` (its values are 0/1)."""
+        kind = item.get("sample")
+        if kind is None:
+            return None
+        if dtype not in INTEGER_DTYPES and dtype != "bool":
+            raise self.doc.error(path + ("sample",), f"an attention mask is an integer or bool input, not {dtype}")
+        if "range" in item:
+            raise self.doc.error(path + ("range",), "an attention_mask input takes no range (its samples are "
+                                                    "ones for a prefix, then zeros)")
+        return kind
 
     def input_range(self, value: list | None, dtype: str, path: tuple) -> tuple | None:
         """``range: [lo, hi]`` checked against the dtype: integers need integer bounds inside it."""
@@ -279,7 +292,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     m.check_scheme_options(list(quants))
     cells, rejected = m.cells(models, backends, quants, quant_thresholds)
     cells, rejected = _reject_dynamic(doc, cells, rejected)
-    cells, rejected = reject_llm_cells(cells, rejected)
+    cells, rejected = reject_llm_cells(cells, rejected, models, backends)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})

@@ -276,6 +276,8 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
     hf_source = cell.model.source.get("transformers")
     if hf_source and not hf_source.get("checkpoint"):  # built from its config: numerics, not quality
         notes.append("random weights (transformers config, no checkpoint)")
+    if (export.get("info") or {}).get("note"):  # what lowering noticed (an LLM's undelegated linears)
+        notes.append(export["info"]["note"])
     if validate["status"] == "not-runnable":
         return out("on-device", "; ".join([validate.get("reason", "")] + notes))
     if str(evidence.validated_on or "").startswith("random"):
