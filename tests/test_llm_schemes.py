@@ -92,7 +92,7 @@ def test_llm_combinations_that_cannot_work_are_rejected_at_plan_time(tmp_path):
     plan = _plan(tmp_path, "false", "{xnnpack: {}, portable: {}, coreml: {}}",
                  "[fp32, fp16, bf16, 8da4w, 8da8w, coreml_int4w, coreml_int8w]")
     built = {c.name.removeprefix("tiny_llm/") for c in plan.cells}
-    assert built == {"xnnpack/fp32", "xnnpack/fp16", "xnnpack/bf16", "xnnpack/8da4w", "xnnpack/8da8w",
+    assert built == {"xnnpack/fp32", "xnnpack/fp16", "xnnpack/8da4w", "xnnpack/8da8w",
                      "portable/fp32", "coreml/fp32", "coreml/coreml_int4w"}
     reasons = {r.name.removeprefix("tiny_llm/"): r.reason for r in plan.rejected}
     assert "KeyError: torch.int8" in reasons["coreml/8da4w"] and "coreml_int4w" in reasons["coreml/8da4w"]
@@ -100,6 +100,7 @@ def test_llm_combinations_that_cannot_work_are_rejected_at_plan_time(tmp_path):
     assert "Missing out variants" in reasons["portable/8da8w"]
     assert "weight-only" in reasons["xnnpack/coreml_int4w"] or "drops the weight scales" in reasons["xnnpack/coreml_int4w"]
     assert "fp32 weights" in reasons["coreml/fp16"]
+    assert "does not delegate bf16" in reasons["xnnpack/bf16"]
     assert all(reasons[c] for c in reasons)
 
 

@@ -134,5 +134,5 @@ def test_a_scheme_llm_cells_do_not_take_is_rejected_at_plan_time(tmp_path):
     (tmp_path / "models" / "linreg.py").write_text("def build():\n    pass\n")
     plan = _resolve(tmp_path, text.replace("[fp32]", "[fp32, int8, 8da4w]"))
     reasons = {r.name: r.reason for r in plan.rejected}
-    assert reasons["tiny_llm/xnnpack/int8"] == "LLM cells on xnnpack take 8da4w, 8da8w, bf16, fp16, fp32 here, not 'int8'"
+    assert reasons["tiny_llm/xnnpack/int8"] == "LLM cells on xnnpack take 8da4w, 8da8w, fp16, fp32 here, not 'int8'"
     assert {"tiny_llm/xnnpack/8da4w", "linreg/xnnpack/int8", "linreg/xnnpack/8da4w"} <= {c.name for c in plan.cells}

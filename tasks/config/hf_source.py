@@ -36,7 +36,7 @@ DISTRIBUTION = "transformers"
 # Backend recipe -> the schemes an LLM cell takes on it (measured: research/issue13 NOTES.md section 4).
 # XNNPACK and portable programs hold ExecuTorch's llama:: custom SDPA / KV-cache ops; Core ML cannot
 # take them and lowers a static capture with transformers' own static cache instead (llm_export.py).
-LLM_SCHEMES = {"xnnpack": frozenset({"fp32", "fp16", "bf16", "8da4w", "8da8w"}),
+LLM_SCHEMES = {"xnnpack": frozenset({"fp32", "fp16", "8da4w", "8da8w"}),
                "portable": frozenset({"fp32"}),
                "coreml": frozenset({"fp32", "coreml_int4w"})}
 CUSTOM_OPS_BACKENDS = frozenset({"xnnpack", "portable"})
@@ -55,6 +55,8 @@ LLM_REJECTIONS = {
                         "compute_precision: float16, or coreml_int4w (which computes in fp16)",
     ("portable", "8da4w"): _NO_TORCHAO_KERNELS,
     ("portable", "8da8w"): _NO_TORCHAO_KERNELS,
+    ("xnnpack", "bf16"): ("XNNPACK does not delegate bf16 linears (measured: 18% of the compute ops delegated, "
+                          "below its 50% coverage gate; the matmuls run as portable aten::mm); use fp16"),
     ("xnnpack", "coreml_int4w"): _WEIGHT_ONLY_XNNPACK.format(bits=4, db=-44.6),
     ("xnnpack", "coreml_int8w"): _WEIGHT_ONLY_XNNPACK.format(bits=8, db=-68.1),
 }
