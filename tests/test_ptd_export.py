@@ -358,7 +358,7 @@ def test_the_size_gate_sees_through_the_names_a_program_carries(built):
     a, b = (built.out / m / f"{m}_xnnpack_fp32.pte" for m in ("mlp_a", "mlp_b"))
     assert a.read_bytes() != b.read_bytes() and without_meta(a.read_bytes()) == without_meta(b.read_bytes())
     infos = [state(built, f"export:{m}/xnnpack/fp32")["info"] for m in ("mlp_a", "mlp_b")]
-    assert infos[0]["program_sha256"] == infos[1]["program_sha256"] and infos[0]["data_size_bytes"] > 8 * 1024
+    assert infos[0]["sha256_without_metadata"] == infos[1]["sha256_without_metadata"] and infos[0]["data_size_bytes"] > 8 * 1024
     cell = SimpleNamespace(size_gate={"weights": ["linear"], "max_ratio": 0.4}, quant=SimpleNamespace(name="int8"),
                            model=SimpleNamespace(name="mlp_b"))
     facts, reason = size_gate(cell, infos[1], infos[0], {"all": 10000, "linear": 10000})

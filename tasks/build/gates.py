@@ -95,7 +95,7 @@ def delegation_gate(cell, info: dict) -> str | None:
 def _same_program(quantized: dict, fp32: dict) -> bool:
     """The same program but for the names its metadata carries (and the same .ptd, if any)."""
     def what(info):
-        return info.get("program_sha256") or info["sha256"], info.get("data_sha256")
+        return info.get("sha256_without_metadata") or info["sha256"], info.get("data_sha256")
 
     return what(quantized) == what(fp32)
 
