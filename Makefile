@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test setup clean
+.PHONY: run test test-all setup clean
 
 # Build and validate every cell of the default pipeline.yaml on two workers, then
 # benchmark (alone, so timings are not skewed by parallel exports), write the
@@ -16,6 +16,12 @@ run: $(STAMP)
 # Run the test suite on two workers (each test file stays on one worker, so its shared
 # fixtures are built once); installs Debian's chromium for the report test if missing.
 test: $(STAMP)
+	./.ci/install-chromium.sh
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+
+# Also the `slow` tests: S3 repeats of the shared-cache scenarios, two more kill points, OpenVINO
+# byte reproducibility across processes.
+test-all: $(STAMP)
 	./.ci/install-chromium.sh
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 

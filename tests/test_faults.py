@@ -52,8 +52,11 @@ def assert_nothing_half_done(project) -> None:
             assert path.stat().st_size == meta["size"], path
 
 
-@pytest.mark.parametrize("kill_at", ["start   capture:cnn", "start   export:cnn/xnnpack/fp32",
-                                     "ok      export:linreg/xnnpack/fp32", "start   validate:cnn/portable/fp32"])
+# Mid-lowering and mid-verdict run by default; between tasks and mid-capture in `make test-all`.
+@pytest.mark.parametrize("kill_at", [pytest.param("start   capture:cnn", marks=pytest.mark.slow),
+                                     "start   export:cnn/xnnpack/fp32",
+                                     pytest.param("ok      export:linreg/xnnpack/fp32", marks=pytest.mark.slow),
+                                     "start   validate:cnn/portable/fp32"])
 def test_a_killed_run_leaves_nothing_a_later_run_accepts_and_the_next_run_finishes(tmp_path, kill_at):
     project = make_project(tmp_path / "proj")
     proc = start_doit(project)

@@ -168,6 +168,7 @@ quantization: [fp32]
 """
 
 
+@pytest.mark.slow  # OpenVINO lowers in a fresh interpreter by design; this re-proves it (48 s): `make test-all`
 def test_openvino_bytes_do_not_depend_on_what_the_process_lowered_before(tmp_path):
     """OpenVINO numbers graph nodes process-wide: a process that compiled `first` before
     `second` would give `second` other bytes than one that compiled only `second`."""

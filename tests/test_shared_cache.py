@@ -24,7 +24,9 @@ def s3_env(moto_endpoint, tmp_path_factory):
     return aws_test_env(tmp_path_factory.mktemp("aws"), moto_endpoint)
 
 
-@pytest.fixture(params=["shared-dir", "s3"])
+# s3 (moto) repeats every scenario over another fsspec transport: `make test-all`; the default
+# run covers the S3 round trip in tests/test_remote_cache.py.
+@pytest.fixture(params=["shared-dir", pytest.param("s3", marks=pytest.mark.slow)])
 def remote_env(request, tmp_path):
     if request.param == "shared-dir":
         return {"ETFORGE_CACHE_REMOTE": str(tmp_path / "shared-cache")}
