@@ -166,8 +166,8 @@ def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | N
     info = {
         "size_bytes": pte.stat().st_size,
         "sha256": hashlib.sha256(pte.read_bytes()).hexdigest(),
-        # without its metadata (names, dtypes): the size gate tells a scheme that changed nothing by it
-        # not "program_sha256": that name binds a verdict to the bytes it judged (publish/outcome.py)
+        # without its metadata (names, dtypes): the size gate tells a scheme that changed nothing by it.
+        # Not named "program_sha256": that field binds a verdict to the bytes it judged (publish/outcome.py).
         "sha256_without_metadata": hashlib.sha256(without_meta(pte.read_bytes())).hexdigest(),
         "lowering_s": round(lowering_s, 3),
         "delegated_ops": delegation.num_delegated_nodes,
