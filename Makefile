@@ -13,17 +13,19 @@ run: $(STAMP)
 	$(BIN)/doit -n 2 -P process export sizegate validate || true
 	$(BIN)/doit
 
-# Run the test suite on two workers (each test file stays on one worker, so its shared
-# fixtures are built once); installs Debian's chromium for the report test if missing.
+# Run the test suite on three workers (each test file stays on one worker, so its shared
+# fixtures are built once; a third worker fills the cores while the others wait on their
+# doit subprocesses: 425 tests in 12.0 min on 2 cores, against ~13 min on two workers);
+# installs Debian's chromium for the report test if missing.
 test: $(STAMP)
 	./.ci/install-chromium.sh
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile -m "not slow" tests
 
 # Also the `slow` tests: S3 repeats of the shared-cache scenarios, two more kill points, OpenVINO
 # byte reproducibility across processes.
 test-all: $(STAMP)
 	./.ci/install-chromium.sh
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile tests
 
 setup: $(STAMP)
 
