@@ -100,6 +100,13 @@ class StartedDoit:
         return DoitRun(self.proc.returncode, stdout, stderr)
 
 
+# A tiny untied Llama (2 layers, hidden 64, vocab 512) for transformers text-generation tests:
+# random tied-embedding configs emit one constant token, so greedy agreement would prove nothing.
+TINY_LLAMA_CONFIG = ("{model_type: llama, vocab_size: 512, hidden_size: 64, intermediate_size: 128, "
+                     "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, "
+                     "max_position_embeddings: 64, tie_word_embeddings: false, bos_token_id: 1, "
+                     "eos_token_id: 2, pad_token_id: 0}")
+
 def doit_concurrently(*runs: tuple) -> list:
     """Run doit on independent projects at once: ``(project, args, extra_env)`` each, extra_env
     optional; their DoitRuns in order. Each is its own process, as on separate machines; on two

@@ -14,11 +14,9 @@ import subprocess
 
 import pytest
 
-from conftest import make_project
+from conftest import TINY_LLAMA_CONFIG, make_project
 
-CONFIG = ("{model_type: llama, vocab_size: 512, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
-          "num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64, "
-          "tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2, pad_token_id: 0}")
+CONFIG = TINY_LLAMA_CONFIG
 PIPELINE = f"""\
 name: t
 version: 0.0.1

@@ -15,15 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_project, state
+from conftest import TINY_LLAMA_CONFIG, make_project, state
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-CONFIG = ("{model_type: llama, vocab_size: 512, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2, "
-          "num_attention_heads: 4, num_key_value_heads: 2, max_position_embeddings: 64, "
-          "tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2, pad_token_id: 0}")
+CONFIG = TINY_LLAMA_CONFIG
 MODEL = f"""\
   tiny_llm:
     transformers:

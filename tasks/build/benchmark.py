@@ -35,8 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-from tasks.config import defaults
+from tasks.build.proc_status import proc_status_bytes
 from tasks.build.reference import REFERENCE
+from tasks.config import defaults
 from tasks.store.results import BuildRequest, BuildResult
 
 BENCH = "bench.json"
@@ -113,20 +114,6 @@ def summarize(samples_ns: list) -> dict:
 
 
 # ---------------------------------------------------------------- runtime helpers
-
-def _proc_status_kb(*fields: str) -> dict:
-    """Fields of /proc/self/status in bytes (empty off Linux)."""
-    out = {}
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in fields:
-                    out[key] = int(value.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
 
 def process_peak_rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -334,16 +321,16 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         # an LLM first: its program's RSS is measured before this process loads any other copy
         llm = _llm_section(cell, pte, inputs, opts)
         gc.collect()
-        status0 = _proc_status_kb("VmRSS", "VmHWM")
+        status0 = proc_status_bytes("VmRSS", "VmHWM")
         t0 = time.perf_counter_ns()
         program = runtime.load_program(str(pte), **({"data_path": str(data)} if data else {}))
         t1 = time.perf_counter_ns()
         method = program.load_method(opts["method"])  # `program` stays alive while `method` runs
         t2 = time.perf_counter_ns()
-        status1 = _proc_status_kb("VmRSS", "VmHWM")
+        status1 = proc_status_bytes("VmRSS", "VmHWM")
         try:
             timing = time_execute(method, inputs, opts["warmup"], opts["iterations"], opts["max_seconds"])
-            status2 = _proc_status_kb("VmRSS", "VmHWM")
+            status2 = proc_status_bytes("VmRSS", "VmHWM")
             per_size = time_sizes(method, sizes_inputs(Path(reference), input_dtypes), opts)
             per_method = time_methods(program, Path(reference), [m for m in methods if m != opts["method"]], opts)
         finally:

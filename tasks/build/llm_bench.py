@@ -36,21 +36,10 @@ import statistics
 import time
 from pathlib import Path
 
+from tasks.build.proc_status import proc_status_bytes
+
 DECODE_STEPS = 32  # KV-cache steps per generation (fewer when the context is shorter)
 NS_PER_MS = 1e6
-
-
-def _status(*fields: str) -> dict:
-    out = {}
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in fields:
-                    out[key] = int(value.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
 
 
 def _reset_peak() -> bool:
@@ -82,7 +71,7 @@ def _generate(method, prompt, steps: int, dynamic: bool, samples: list) -> dict:
     prefill = clock()
     token = int(logits[0, -1].argmax())
     first_token = clock()
-    samples.append(_status("VmRSS").get("VmRSS", 0))
+    samples.append(proc_status_bytes("VmRSS").get("VmRSS", 0))
     step_ns = []
     for i in range(steps):
         ids, pos = torch.tensor([[token]], dtype=torch.long), torch.tensor([length + i], dtype=torch.long)
@@ -91,7 +80,7 @@ def _generate(method, prompt, steps: int, dynamic: bool, samples: list) -> dict:
         t1 = clock()
         step_ns.append(t1 - t0)
         token = int(out[0][0, -1].argmax())
-    samples.append(_status("VmRSS").get("VmRSS", 0))
+    samples.append(proc_status_bytes("VmRSS").get("VmRSS", 0))
     return {"prefill_ns": prefill - start, "ttft_ns": first_token - start, "step_ns": step_ns}
 
 
@@ -109,13 +98,13 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
     steps, dynamic = decode_steps(llm), llm["dynamic_shapes"]
     length = int(prompt.shape[1])
     gc.collect()
-    before = _status("VmRSS").get("VmRSS")
+    before = proc_status_bytes("VmRSS").get("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter_ns()
     program = Runtime.get().load_program(str(pte))
     method = program.load_method("forward")
     t1 = time.perf_counter_ns()
-    samples = [_status("VmRSS").get("VmRSS", 0)]
+    samples = [proc_status_bytes("VmRSS").get("VmRSS", 0)]
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -130,7 +119,7 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
         if gc_was_enabled:
             gc.enable()
         del method, program
-    hwm = _status("VmHWM").get("VmHWM") if reset else None
+    hwm = proc_status_bytes("VmHWM").get("VmHWM") if reset else None
     rss_method = ("VmHWM after the runs, reset through /proc/self/clear_refs just before loading"
                   if hwm is not None else "largest VmRSS sampled after loading, each prefill and each generation")
     # the kernel's RSS counters lag by a few pages per thread: a sample may read above VmHWM
