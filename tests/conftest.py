@@ -100,6 +100,26 @@ class StartedDoit:
         return DoitRun(self.proc.returncode, stdout, stderr)
 
 
+def cpp_probe_lines(source: str, include_dir: Path, tmp_path: Path) -> list:
+    """Compile ``source`` (strict C++17) against the headers in ``include_dir``, run it, return its lines."""
+    probe, exe = tmp_path / "probe.cpp", tmp_path / "probe"
+    probe.write_text(source)
+    compiled = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-pedantic", "-Werror",
+                               "-I", str(include_dir), str(probe), "-o", str(exe)],
+                              capture_output=True, text=True, timeout=120)
+    assert compiled.returncode == 0, compiled.stderr
+    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=30).stdout.splitlines()
+
+
+def cmake_probe_lines(script: str, manifest: Path, tmp_path: Path) -> list:
+    """Run a ``cmake -P`` script with ``-DMANIFEST=<manifest>``; its message() lines (stderr)."""
+    path = tmp_path / "probe.cmake"
+    path.write_text(script)
+    run = subprocess.run(["cmake", f"-DMANIFEST={manifest}", "-P", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return run.stderr.splitlines()
+
 # A tiny untied Llama (2 layers, hidden 64, vocab 512) for transformers text-generation tests:
 # random tied-embedding configs emit one constant token, so greedy agreement would prove nothing.
 TINY_LLAMA_CONFIG = ("{model_type: llama, vocab_size: 512, hidden_size: 64, intermediate_size: 128, "

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 
 import pytest
 
-from conftest import make_project
+from conftest import cmake_probe_lines, cpp_probe_lines, make_project
 from test_manifest import dart_constants, parse_dart, syntax_errors
 
 PIPELINE = """\
@@ -187,26 +186,14 @@ def test_dart_carries_the_methods_and_dynamic_dims_of_index_json(built):
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="a C++ compiler is needed")
 def test_cpp_header_compiles_and_holds_the_methods_and_ranges_of_index_json(built, tmp_path):
-    probe = tmp_path / "probe.cpp"
-    probe.write_text(PROBE_CPP)
-    exe = tmp_path / "probe"
-    compiled = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-pedantic", "-Werror",
-                               "-I", str(built.manifests), str(probe), "-o", str(exe)],
-                              capture_output=True, text=True, timeout=120)
-    assert compiled.returncode == 0, compiled.stderr
-    printed = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    printed = cpp_probe_lines(PROBE_CPP, built.manifests, tmp_path)
     assert [line for line in printed if " first " not in line] == io_lines(built.index)
     assert [line for line in printed if " first " in line] == [f"{SEQ} first 1 1", f"{SEQ2SEQ} first 1 1"]
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
 def test_cmake_variables_carry_the_methods_and_ranges_of_index_json(built, tmp_path):
-    script = tmp_path / "probe.cmake"
-    script.write_text(PROBE_CMAKE)
-    run = subprocess.run(["cmake", f"-DMANIFEST={built.manifests / 'models.cmake'}", "-P", str(script)],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    printed = run.stderr.splitlines()
+    printed = cmake_probe_lines(PROBE_CMAKE, built.manifests / "models.cmake", tmp_path)
     assert [line for line in printed if " min_shape=" not in line] == io_lines(built.index)
     extras = [line for line in printed if " min_shape=" in line]
     assert f"{SEQ} forward in0 min_shape=1;1 path=" in extras

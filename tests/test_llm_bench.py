@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
 
 import pytest
 
-from conftest import TINY_LLAMA_CONFIG, make_project
+from conftest import TINY_LLAMA_CONFIG, cmake_probe_lines, cpp_probe_lines, make_project
 
 CONFIG = TINY_LLAMA_CONFIG
 PIPELINE = f"""\
@@ -188,24 +187,13 @@ endforeach()
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="a C++ compiler is needed")
 def test_cpp_header_carries_the_llm_spec_of_index_json(built, tmp_path):
-    probe = tmp_path / "probe.cpp"
-    probe.write_text(PROBE_CPP)
-    exe = tmp_path / "probe"
-    compiled = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-pedantic", "-Werror",
-                               "-I", str(built.manifests), str(probe), "-o", str(exe)],
-                              capture_output=True, text=True, timeout=120)
-    assert compiled.returncode == 0, compiled.stderr
-    printed = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30).stdout.splitlines()
+    printed = cpp_probe_lines(PROBE_CPP, built.manifests, tmp_path)
     assert printed == llm_lines(built.index) and len(printed) > 10
     assert f"{CELL} llm get_eos_ids 2" in printed and f"{CELL} llm use_kv_cache 1" in printed
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
 def test_cmake_variables_carry_the_llm_spec_of_index_json(built, tmp_path):
-    script = tmp_path / "probe.cmake"
-    script.write_text(PROBE_CMAKE)
-    run = subprocess.run(["cmake", f"-DMANIFEST={built.manifests / 'models.cmake'}", "-P", str(script)],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr
-    assert run.stderr.splitlines() == llm_lines(built.index)
-    assert f"{CELL} kv_cache 16384 float32 BSHD 2,2,1,32,2,16" in run.stderr.splitlines()
+    printed = cmake_probe_lines(PROBE_CMAKE, built.manifests / "models.cmake", tmp_path)
+    assert printed == llm_lines(built.index)
+    assert f"{CELL} kv_cache 16384 float32 BSHD 2,2,1,32,2,16" in printed
