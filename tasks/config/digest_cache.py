@@ -1,20 +1,31 @@
 """sha256 of files, memoised by stat signature, so a no-op run hashes nothing it has hashed before.
 
-File digests are kept by (size, mtime_ns, inode) in a small JSON state file
-(``artifacts/.etforge/digests.json``), with small JSON values derived from a
-file's content (its imports, for config/code_deps.py) keyed by that content's
-sha256.
+File digests are kept by stat signature (size, mtime_ns, ctime_ns, inode) in a
+small JSON state file (``artifacts/.etforge/digests.json``), with small JSON
+values derived from a file's content (its imports, for config/code_deps.py)
+keyed by that content's sha256.
+
+The signature holds ctime for the reason git's index does: ``cp -p``, ``touch -r``
+and ``os.utime`` can give a changed file its old size and mtime, but no user can
+set ctime. A file changed less than RACY_NS before it was hashed is not memoised
+(git's "racily clean" rule): a second write within one timestamp tick would keep
+every stat field, so such a file is hashed again on the next run.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from tasks.core.atomic import atomic_write_text
 from tasks.core.digest import canonical_json, sha256_file
 
 PROJECT_MEMO = Path("artifacts") / ".etforge" / "digests.json"  # relative to the project directory
+# Coarser than the timestamp tick of the file systems a checkout lives on (ext4, xfs, tmpfs:
+# one kernel jiffy, at most 10 ms; APFS: 1 ns). A file must have been written this long
+# before it is hashed for its digest to be memoised.
+RACY_NS = 100_000_000
 
 
 class DigestCache:
@@ -45,14 +56,17 @@ class DigestCache:
 
     def file_digest(self, path: Path) -> str:
         st = path.stat()
-        signature = [st.st_size, st.st_mtime_ns, st.st_ino]
+        signature = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
         key = str(path.resolve())
         cached = self.entries.get(key)
-        if cached and cached[:3] == signature:
-            return cached[3]
+        if isinstance(cached, list) and cached[:4] == signature:
+            return cached[4]
         value = sha256_file(path)
-        self.entries[key] = signature + [value]
-        self.dirty = True
+        if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) >= RACY_NS:
+            self.entries[key] = signature + [value]
+            self.dirty = True
+        elif self.entries.pop(key, None) is not None:  # racily clean: the next run hashes it again
+            self.dirty = True
         return value
 
     def derived(self, kind: str, content_sha256: str, compute):
