@@ -99,6 +99,18 @@ def alias_bomb() -> str:
     return "\n".join(lines) + "\n"
 
 
+VALIDATION_NPZ = base(("      - {name: features, shape: [1, 4], dtype: float32}\n",
+                       "      - {name: features, shape: [1, 4], dtype: float32}\n"
+                       "    validation: {npz: data/val.npz}\n"))
+
+
+def write_npz(root: Path, **shapes) -> None:
+    import numpy as np
+
+    (root / "data").mkdir()
+    np.savez(root / "data" / "val.npz", **{name: np.zeros(shape, np.float32) for name, shape in shapes.items()})
+
+
 @dataclass
 class Case:
     id: str
@@ -416,6 +428,19 @@ CASES = [
     Case("yaml-alias-bomb", alias_bomb(),
          "pipeline.yaml:6: f: document expands to more than 200000 values "
          "(YAML aliases nested into an alias bomb?)"),
+    # --- data files that cannot feed the model (they used to fail inside a task, e.g. an
+    # UnboundLocalError for an .npz without samples) -----------------------------------
+    Case("npz-without-arrays", VALIDATION_NPZ, "pipeline.yaml:7: models.linreg.validation.npz: "
+         "data/val.npz holds no arrays", setup=lambda root: write_npz(root)),
+    Case("npz-without-samples", VALIDATION_NPZ, "pipeline.yaml:7: models.linreg.validation.npz: "
+         "data/val.npz array 'features' has shape [0, 4]: no samples along its first axis",
+         setup=lambda root: write_npz(root, features=(0, 4))),
+    Case("npz-without-the-input", VALIDATION_NPZ, "pipeline.yaml:7: models.linreg.validation.npz: "
+         "data/val.npz has no array 'features' or 'input_0' (has: image)",
+         setup=lambda root: write_npz(root, image=(2, 4))),
+    Case("npz-not-a-zip", VALIDATION_NPZ, "pipeline.yaml:7: models.linreg.validation.npz: "
+         "data/val.npz is not an .npz archive (BadZipFile: File is not a zip file)",
+         setup=lambda root: (root / "data").mkdir() or (root / "data" / "val.npz").write_bytes(b"not a zip")),
 ]
 
 

@@ -159,7 +159,9 @@ def _from_npz(model_spec, path: Path, samples: int) -> list:
             if name not in data.files:
                 raise KeyError(f"{path.name} has no array {item.name!r} or 'input_{i}' (has: {', '.join(data.files)})")
             arrays.append(data[name])
-    count = min(len(a) for a in arrays)
+    count = min((len(a) if a.ndim else 0) for a in arrays)
+    if count == 0:  # (planning refuses such a file; it may have changed since)
+        raise ValueError(f"{path.name} holds no samples for {model_spec.name} (an empty first axis)")
     batches = []
     for n in range(min(count, samples)):
         batch = []

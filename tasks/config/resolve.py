@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.config import defaults, recipes, schema
+from tasks.config import defaults, npz_index, recipes, schema
 from tasks.config.code_deps import CodeDigests, ImportGraph
 from tasks.config.hf_source import reject_llm_cells, resolve_transformers
 from tasks.config.digest_cache import DigestCache, digest_cache_for
@@ -109,8 +109,8 @@ class _Resolver:
                                                          "yet: drop it (each method gets seeded random inputs)")
         return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
                          weights=weights, inputs=inputs, methods=methods,
-                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",)),
-                         validation=self.calibration(spec.get("validation"), path + ("validation",)),
+                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",), inputs),
+                         validation=self.calibration(spec.get("validation"), path + ("validation",), inputs),
                          task=spec.get("task", "other"))
 
     def inputs(self, items: list, where: tuple, dim_ranges: dict) -> tuple:
@@ -188,7 +188,8 @@ class _Resolver:
                 raise self.doc.error(path + (i,), f"package {name!r} is not installed (pip install {name})")
         return versions
 
-    def calibration(self, spec: dict | None, path: tuple) -> dict | None:
+    def calibration(self, spec: dict | None, path: tuple, inputs: tuple) -> dict | None:
+        """A ``calibration`` or ``validation`` entry with its content digest; ``inputs``: what it feeds."""
         if spec is None:
             return None
         kind = "npz" if "npz" in spec else "images"
@@ -197,6 +198,13 @@ class _Resolver:
             if not full.is_file():
                 raise self.doc.error(path + (kind,), f"{path[-1]} file {spec[kind]!r} not found")
             content = self.file_digest(full, path + (kind,))
+            try:  # memoised by content: a no-op run reads no archive
+                shapes = self.digests.derived("npz_shapes", content, lambda: npz_index.array_shapes(full))
+            except npz_index.NpzError as exc:
+                raise self.doc.error(path + (kind,), f"{spec[kind]} {exc}") from None
+            problem = npz_index.feeding_problem(shapes, inputs)
+            if problem:
+                raise self.doc.error(path + (kind,), f"{spec[kind]} {problem}")
         else:
             if not full.is_dir():
                 raise self.doc.error(path + (kind,), f"{path[-1]} folder {spec[kind]!r} not found")
