@@ -10,13 +10,15 @@ file, which ``doit -f path/to/dodo.py`` does not read.)
 Losing the database costs nothing: etforge's tasks decide up-to-dateness from
 their own state records (``uptodate`` callables, no ``file_dep``), and doit
 keeps only bookkeeping there (saved values, ``doit ignore`` marks). So a
-database that cannot be read is moved aside with one warning, before doit
-opens it.
+database that doit could not read (a damaged file or row, a foreign schema, a
+directory in its place) is moved aside with one warning, before doit opens it.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -24,6 +26,7 @@ BACKEND = "sqlite3"
 FILE_NAME = ".doit.sqlite3"  # a new name: the JSON file of earlier versions is not SQLite
 LEGACY_FILE_NAME = ".doit.db"
 UNREADABLE = ("SQLITE_CORRUPT", "SQLITE_NOTADB")  # not BUSY/LOCKED: another run may be writing
+TABLE_COLUMNS = [("task_id", "text"), ("task_data", "json")]  # doit.dependency.SqliteDB's table
 
 
 def database_path(artifacts_dir: Path) -> Path:
@@ -56,32 +59,60 @@ def prepare(path: Path) -> str | None:
 
 
 def set_aside_if_unreadable(path: Path) -> str | None:
-    """Move an unreadable database (and its journal) aside; return the one-line warning, or None."""
-    if not path.exists():
+    """Move an unreadable database (and its journal) aside; return the one-line warning, or None.
+
+    Unreadable: not a regular file (a directory in its place), failing SQLite's check, a
+    ``doit`` table of another schema, or any row doit could not decode (doit reads a
+    task's row lazily and dies on it with a JSONDecodeError traceback, on every run).
+    """
+    if not os.path.lexists(path):
         return None
-    try:
-        conn = sqlite3.connect(path, timeout=30)
+    if path.is_dir() or not path.is_file():
+        problem = "not a file"
+    else:
         try:
-            # Reads every page (a truncated file fails here, not halfway through a run);
-            # a hot journal left by a killed commit is rolled back first.
-            result = conn.execute("PRAGMA quick_check").fetchone()
-        finally:
-            conn.close()
-        problem = None if result and result[0] == "ok" else str(result[0] if result else "empty check")
-    except sqlite3.DatabaseError as exc:
-        if getattr(exc, "sqlite_errorname", None) not in UNREADABLE:
-            return None  # busy, locked, permissions: doit will say so itself
-        problem = str(exc)
+            conn = sqlite3.connect(path, timeout=30)
+            try:
+                problem = _problem(conn)
+            finally:
+                conn.close()
+        except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorname", None) not in UNREADABLE:
+                return None  # busy, locked, permissions: doit will say so itself
+            problem = str(exc)
     if problem is None:
         return None
     aside = path.with_name(path.name + ".corrupt")
     try:
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside)
         os.replace(path, aside)
         Path(f"{path}-journal").unlink(missing_ok=True)
     except OSError as exc:
         return f"etforge: warning: doit's database {path} is unreadable ({problem}) and cannot be moved: {exc}"
     return (f"etforge: warning: doit's database {path} was unreadable ({problem}); moved it to "
             f"{aside.name} and starting afresh (etforge's state records keep every task up to date)")
+
+
+def _problem(conn: sqlite3.Connection) -> str | None:
+    """Why doit could not use this database, or None."""
+    # Reads every page (a truncated file fails here, not halfway through a run);
+    # a hot journal left by a killed commit is rolled back first.
+    result = conn.execute("PRAGMA quick_check").fetchone()
+    if not result or result[0] != "ok":
+        return str(result[0] if result else "empty check")
+    columns = [(row[1], str(row[2]).lower()) for row in conn.execute("PRAGMA table_info(doit)")]
+    if not columns:
+        return None  # a new database: doit creates its table
+    if columns != TABLE_COLUMNS:
+        return f"its doit table has columns {columns}, not {TABLE_COLUMNS}"
+    for task_id, data in conn.execute("SELECT task_id, task_data FROM doit"):
+        try:
+            if not isinstance(json.loads(data), dict):
+                raise ValueError("not an object")
+        except (TypeError, ValueError) as exc:  # (UnicodeDecodeError is a ValueError)
+            return f"the row of {task_id!r} is not a JSON object: {type(exc).__name__}"
+    return None
 
 
 def close(dep_manager, path: Path) -> str | None:
