@@ -84,28 +84,31 @@ def ensure_writable(plan: Plan) -> None:
 
 
 def check_links(plan: Plan) -> None:
-    """Refuse to write through a directory symlink that leaves the project (unless the pipeline opts in).
+    """Refuse to write through a symlink that dangles, or a directory symlink that leaves the project
+    (unless the pipeline opts in).
 
-    Checked: ``artifacts``, ``artifacts/<pipeline>`` and every directory directly in
-    them (``cache``, ``release``, ``.etforge``, model dirs, ``.state``, ``logs``,
-    ``manifests``). File symlinks need no check: atomic writes replace a link rather
-    than write through it.
+    Checked: ``artifacts`` and ``artifacts/<pipeline>`` themselves and every entry directly in
+    them, in ``artifacts/cache`` and in ``artifacts/.etforge`` (the directories etforge creates
+    files in: a dangling link there made every task fail with ``FileExistsError``). A file
+    symlink that resolves needs no check: atomic writes replace a link rather than write through it.
     """
     root = plan.root.resolve()
     layout = layout_of(plan)
     candidates = [layout.artifacts_dir, layout.out_dir]
-    for directory in (layout.artifacts_dir, layout.out_dir):
+    for directory in (layout.artifacts_dir, layout.out_dir, layout.cache_dir, layout.etforge_dir):
         try:
-            candidates += [Path(e.path) for e in os.scandir(directory) if e.is_symlink() and e.is_dir()]
+            candidates += [Path(e.path) for e in os.scandir(directory) if e.is_symlink()]
         except OSError:
             pass  # not there yet (or not a directory: ensure_writable says so)
-    for link in candidates:
+    for link in dict.fromkeys(candidates):
         if not link.is_symlink():
             continue
         target = os.readlink(link)
         if not link.exists():
             raise PipelineError(f"{link} is a symlink to {target}, which does not exist: "
                                 "create that directory or remove the link")
+        if not link.is_dir():
+            continue
         try:
             link.resolve().relative_to(root)
         except ValueError:
