@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -130,6 +131,12 @@ FACTORIES = {
              "    raise RuntimeError('boom: this factory always fails')\n"),
     "suicide": ("import os, signal\n\n\ndef build():\n"
                 "    os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does\n"),
+    "big": "import torch\n\n\ndef build():\n    return torch.nn.Linear(4, 16384)  # 256 KB of weights\n",
+    "exits": "import sys\n\n\ndef build():\n    sys.exit(0)  # a factory that thinks it is a script\n",
+    "hard_exits": "import os\n\n\ndef build():\n    os._exit(0)\n",
+    # a model module that parses the command line at import: doit's arguments are not its own
+    "argparse_at_import": ("import argparse\n\nARGS = argparse.ArgumentParser().parse_args()\n\n\n"
+                           "def build():\n    raise AssertionError('never reached')\n"),
 }
 
 
@@ -268,24 +275,54 @@ def database(project: Project) -> Path:
     return project.root / "artifacts" / ".doit.sqlite3"
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete"])
-def test_a_damaged_doit_database_costs_one_warning_and_no_rebuild(built_tiny, tmp_path, damage):
-    project = copy_project(built_tiny, tmp_path / "proj")
-    db = database(project)
+def flip_a_byte_inside_a_row(db: Path) -> None:
+    """One byte of a task's JSON row changed in the file itself: SQLite's own check still passes."""
+    data = bytearray(db.read_bytes())
+    at = data.index(b'{"', data.index(b"export:linreg/portable/fp32"))  # its task_data follows its id
+    data[at] = ord("}")
+    db.write_bytes(bytes(data))
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+
+
+def damage_database(db: Path, damage: str) -> None:
     if damage == "truncate":  # what a kill or a full disk did to the JSON database, in place
         with open(db, "r+b") as f:
             f.truncate(db.stat().st_size // 2)
     elif damage == "garbage":
         db.write_text('{"export:linreg/portable/fp32": {"_values_:')
+    elif damage == "row":
+        flip_a_byte_inside_a_row(db)
+    elif damage == "directory":
+        db.unlink()
+        (db / "x").mkdir(parents=True)
+    elif damage == "schema":
+        db.unlink()
+        with sqlite3.connect(db) as conn:
+            conn.execute("CREATE TABLE doit (name TEXT, value INTEGER)")
     else:
         db.unlink()
+
+
+DATABASE_DAMAGE = {"truncate": "database disk image is malformed", "garbage": "file is not a database",
+                   "row": "the row of 'export:linreg/portable/fp32' is not a JSON object: JSONDecodeError",
+                   "directory": "not a file",
+                   "schema": "its doit table has columns [('name', 'text'), ('value', 'integer')], not "
+                             "[('task_id', 'text'), ('task_data', 'json')]"}
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "row", "directory", "schema", "delete"])
+def test_a_damaged_doit_database_costs_one_warning_and_no_rebuild(built_tiny, tmp_path, damage):
+    project = copy_project(built_tiny, tmp_path / "proj")
+    db = database(project)
+    damage_database(db, damage)
     run = project.doit()
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.started == set()  # etforge's own records say everything is up to date
     if damage == "delete":
         assert run.stderr == ""
     else:
-        why = {"truncate": "database disk image is malformed", "garbage": "file is not a database"}[damage]
+        why = DATABASE_DAMAGE[damage]
         assert run.stderr.splitlines() == [
             f"etforge: warning: doit's database {db} was unreadable ({why}); moved it to "
             ".doit.sqlite3.corrupt and starting afresh (etforge's state records keep every task up to date)"]
@@ -331,7 +368,8 @@ def test_a_symlink_inside_the_project_is_followed(tmp_path):
     assert (project.root / "build" / ".etforge" / "digests.json").is_file()
 
 
-@pytest.mark.parametrize("link", ["artifacts", "artifacts/t"])
+@pytest.mark.parametrize("link", ["artifacts", "artifacts/t", "artifacts/t/linreg", "artifacts/cache/00",
+                                  "artifacts/.etforge/pending-uploads"])
 def test_a_dangling_artifacts_symlink_gets_its_own_message(tmp_path, link):
     project = make_project(tmp_path / "proj")
     (project.root / link).parent.mkdir(parents=True, exist_ok=True)
@@ -453,3 +491,70 @@ def test_a_flipped_byte_in_a_cached_blob_is_rebuilt_in_the_same_run(built_linreg
         assert record["info"]["program_sha256"] == hashlib.sha256(pte.read_bytes()).hexdigest()
     assert_nothing_half_done(project)
     assert project.doit().started == set()
+
+
+# ---------------------------------------------------------------- red team, round two
+
+def test_a_module_replaced_with_its_old_size_and_mtime_is_not_served_stale(built_small, tmp_path):
+    project = copy_project(built_small, tmp_path / "proj")
+    assert project.doit().started == set()  # the copy's digests are memoised under its own paths
+    blocks = project.root / "models" / "blocks.py"
+    pte = project.out / "cnn" / "cnn_xnnpack_fp32.pte"
+    stale = pte.read_bytes()
+    edited = tmp_path / "blocks.py"
+    edited.write_text(blocks.read_text().replace("padding=1", "padding=2"))
+    os.utime(edited, ns=(blocks.stat().st_atime_ns, blocks.stat().st_mtime_ns))
+    subprocess.run(["cp", "-p", str(edited), str(blocks)], check=True)
+    assert blocks.stat().st_size == edited.stat().st_size and blocks.stat().st_mtime_ns == edited.stat().st_mtime_ns
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert {"capture:cnn", "export:cnn/xnnpack/fp32", "export:cnn/portable/fp32"} <= run.started
+    assert not any(name.startswith(("capture:linreg", "export:linreg")) for name in run.started)
+    assert pte.read_bytes() != stale  # padding=2 is another program
+    assert project.doit().started == set()
+
+
+@pytest.mark.parametrize("factory, args, reason", [
+    ("exits", (), "SystemExit: the code called sys.exit(0)"),
+    ("exits", ("-n", "2", "-P", "process"), "SystemExit: the code called sys.exit(0)"),
+    ("exits", ("-r", "json"), "SystemExit: the code called sys.exit(0)"),
+    ("argparse_at_import", (), "SystemExit: the code called sys.exit(2)"),
+    ("hard_exits", (), "exited with code 0 (the task's code called os._exit) while running it"),
+], ids=["sys-exit", "sys-exit-2-workers", "sys-exit-json", "argparse", "os-exit"])
+def test_a_model_that_exits_fails_its_own_cells_and_the_others_build(tmp_path, factory, args, reason):
+    project = tiny_project(tmp_path / "proj", factory)
+    run = project.doit(*args)
+    assert run.returncode == 1, run.stdout + run.stderr  # never green: the run used to exit 0
+    assert "Traceback" not in run.stderr
+    if "json" in args:
+        json.loads(run.stdout)  # stdout stays the reporter's JSON
+    rows = summary_rows(project)
+    assert rows[f"{factory}/portable/fp32"]["status"] == "failed"
+    assert reason in rows[f"{factory}/portable/fp32"]["note"]
+    assert rows["linreg/portable/fp32"]["status"] == "provisional"  # built all the same
+    assert run.stderr.splitlines()[-1] == f"etforge: 1 failing: {factory}/portable/fp32"
+
+
+def test_a_file_size_limit_that_aborts_native_code_fails_the_cell_with_the_reason(tmp_path):
+    project = tiny_project(tmp_path / "proj", "big")
+    limited = doit_with_file_limit(project, 40)  # saving big's graph: torch's stream writer aborts
+    output = limited.stdout + limited.stderr
+    assert limited.returncode == 1, output
+    assert "Traceback" not in output
+    rows = summary_rows(project)  # the run finished: summary.json is there
+    assert rows["big/portable/fp32"]["status"] == "failed"
+    assert "a file-size limit of 40960 bytes is set" in rows["big/portable/fp32"]["note"]
+    assert rows["linreg/portable/fp32"]["status"] == "provisional"  # small enough: built all the same
+    assert limited.stderr.splitlines()[-1] == "etforge: 1 failing: big/portable/fp32"
+    run = project.doit()  # room again
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_threads_are_refused_with_one_line_before_anything_runs(tmp_path):
+    project = tiny_project(tmp_path / "proj")
+    run = project.doit("-n", "2", "-P", "thread")
+    assert run.returncode == 3
+    assert run.stderr.splitlines() == [
+        "etforge: error: -P thread is not supported (torch.export is not thread-safe and each task's log is a "
+        "process-wide redirect); use -P process"]
+    assert not (project.out / ".state").exists()

@@ -165,7 +165,7 @@ def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path,
     except Blocked as blocked:
         write_state(task, "blocked", reason=str(blocked), elapsed=time.monotonic() - start)
         return True
-    except Exception as exc:  # any builder error fails this task only
+    except (Exception, SystemExit) as exc:  # any builder error fails this task only (a model's sys.exit too)
         task.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(task.log_file, "a", encoding="utf-8") as log:
             log.write(traceback.format_exc())

@@ -27,6 +27,12 @@ the main process knows which task each worker holds, and waits on the pipes
 (reason with the signal or exit code, written to the task's state record),
 a fresh worker replaces it on the next job, and the run goes on. Workers ask
 the kernel to kill them when the main process dies (``PR_SET_PDEATHSIG``).
+
+A sequential run (no ``-n``) is the same runner with one worker: a model's code
+that calls ``os._exit``, aborts in native code or dies of a file-size limit then
+fails its own task instead of ending the run (with exit status 0, as ``os._exit(0)``
+did in-process). ``-P thread`` is refused: two ``torch.export`` calls in one
+process at once fail, and a task's log is a process-wide ``dup2`` of stdout/stderr.
 """
 
 from __future__ import annotations
@@ -34,15 +40,15 @@ from __future__ import annotations
 import ctypes
 import os
 import pickle
+import resource
 import signal
 import sys
 from multiprocessing import get_context
 from multiprocessing.connection import wait
 
 import doit.cmd_run
-from doit.exceptions import TaskFailed
-from doit.runner import (ERROR, FAILURE, JobTask, JobTaskPickle, MRunner, MThreadRunner, Runner,
-                         SUCCESS)
+from doit.exceptions import TaskError, TaskFailed
+from doit.runner import ERROR, FAILURE, SUCCESS, JobTask, JobTaskPickle, MRunner
 from doit.task import DelayedLoaded
 
 from tasks.engine import runlock
@@ -66,9 +72,26 @@ def install(lifecycle: RunLifecycle) -> None:
 
 def runner_classes(lifecycle: RunLifecycle) -> dict:
     bound = {"lifecycle": lifecycle}
-    return {"Runner": type("EtforgeRunner", (LifecycleMixin, Runner), bound),
+    return {"Runner": type("EtforgeRunner", (LifecycleMixin, OneWorkerRunner), bound),
             "MRunner": type("EtforgeMRunner", (LifecycleMixin, WorkerRunner), bound),
-            "MThreadRunner": type("EtforgeMThreadRunner", (LifecycleMixin, MThreadRunner), bound)}
+            "MThreadRunner": ThreadsRefused}
+
+
+USAGE_ERROR = 3  # doit's code for an error before any task runs
+
+
+class ThreadsRefused:
+    """``-P thread``: refused with one line before anything runs (see the module docstring)."""
+
+    THREADS_REFUSED = ("etforge: error: -P thread is not supported (torch.export is not thread-safe and each "
+                       "task's log is a process-wide redirect); use -P process")
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def run_all(self, task_dispatcher) -> int:
+        say(self.THREADS_REFUSED)
+        return USAGE_ERROR
 
 
 class LifecycleMixin:
@@ -134,8 +157,18 @@ def describe_exit(exitcode: int | None) -> str:
                 "SIGABRT": " (aborted by native code, e.g. `terminate called ...`)",
                 "SIGSEGV": " (a crash in native code)",
                 "SIGXFSZ": " (the file-size limit)"}.get(name, "")
+        if name in ("SIGABRT", "SIGXFSZ") and _file_size_limit() is not None:
+            # torch's file writer aborts when a write fails with EFBIG
+            hint = f" (a file-size limit of {_file_size_limit()} bytes is set: `ulimit -f`)"
         return f"was killed by {name}{hint}"
+    if exitcode == 0:
+        return "exited with code 0 (the task's code called os._exit)"
     return f"exited with code {exitcode}"
+
+
+def _file_size_limit() -> int | None:
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 class _PipeReporter:
@@ -316,7 +349,10 @@ class WorkerRunner(MRunner):
                 else:
                     task = pickle.loads(job.task_pickle)
                 result = {"name": task.name}
-                failure = self.execute_task(task)
+                try:
+                    failure = self.execute_task(task)
+                except SystemExit as exc:  # the task's code exited: its failure, not the run's
+                    failure = TaskError(f"{task.name}: its code called sys.exit({exc.code!r})")
                 if failure:
                     result["failure"] = failure
                 result["task"] = task.pickle_safe_dict()
@@ -328,3 +364,11 @@ class WorkerRunner(MRunner):
                 conn.send({"exit": exc.__class__, "exception": str(exc)})
             except OSError:
                 pass
+
+
+class OneWorkerRunner(WorkerRunner):
+    """A sequential run: doit's Runner arguments, one worker process."""
+
+    def __init__(self, dep_manager, reporter, continue_=False, always_execute=False, stream=None):
+        super().__init__(dep_manager, reporter, continue_=continue_, always_execute=always_execute,
+                         stream=stream, num_process=1)
