@@ -20,7 +20,7 @@ import pytest
 from conftest import free_port
 from tasks.store.local import Store
 from tasks.store.entries import ENTRY_MANIFEST as MANIFEST, SIGNATURE
-from tasks.store.remote import RemoteError, RemoteStore, UntrustedEntry, remote_from_url
+from tasks.store.remote import DamagedEntry, RemoteError, RemoteStore, UntrustedEntry, remote_from_url
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "etforge-cache"
@@ -172,7 +172,8 @@ def test_hostile_manifest_names_are_refused(remote, tmp_path):
         box = tmp_path / f"box-{uuid.uuid4().hex[:6]}"
         dest = box / "dest"
         dest.mkdir(parents=True)
-        assert store.fetch(KEY, dest) is False, hostile
+        with pytest.raises(DamagedEntry, match=rf"entry {KEY[:12]} is damaged: manifest.json names a blob outside"):
+            store.fetch(KEY, dest)
         assert tree(box) == {}, hostile  # nothing in dest, nothing beside it
     assert not Path("/tmp/evil-abs").exists()
 
@@ -189,9 +190,11 @@ def test_manifest_for_another_key_or_garbage_is_a_miss(remote, tmp_path):
         fs.pipe_file(remote_path(store, KEY, name), fs.cat_file(remote_path(store, other, name)))
     dest = tmp_path / "fetched"
     dest.mkdir()
-    assert store.fetch(KEY, dest) is False
+    with pytest.raises(DamagedEntry, match="manifest.json is for another key$"):
+        store.fetch(KEY, dest)
     fs.pipe_file(remote_path(store, KEY, MANIFEST), b"{not json")
-    assert store.fetch(KEY, dest) is False
+    with pytest.raises(DamagedEntry, match=r"manifest.json is not JSON \(JSONDecodeError\)$"):
+        store.fetch(KEY, dest)
     assert list(dest.iterdir()) == []
 
 

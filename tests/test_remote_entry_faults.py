@@ -1,22 +1,41 @@
-"""Hostile cache entries (issue 18): a manifest of the wrong shape is a miss, never a crash.
+"""Hostile remote cache entries (issue 18) and what a run says about its remote.
 
-``MANIFEST_DAMAGES``, name -> damage(store_root, key), each leaves the manifest of entry ``key``
-of a store (local, or a shared-directory remote: the layout is the same) in one hostile shape.
+A reader never follows a link out of a shared-directory remote, never opens a FIFO or
+device, never reads an oversized manifest whole and never trusts a malformed one: such
+an entry is a miss, named in one warning per run and set aside when the remote is
+writable, and the run finishes.
+
+Importable for randomized fault tests: ``HOSTILE_REMOTE_DAMAGES``, name -> damage(remote_root,
+key), each leaving entry ``key`` of the shared directory ``remote_root`` unusable in one hostile
+way. What a damage points to outside the remote lives in ``outside_dir(remote_root)`` (its files
+hold OUTSIDE_BYTES), so a test can check that nothing there was read (``holds_outside_bytes``)
+or written (``snapshot``). A damage expects entry ``key`` whole (one damage per key;
+"symlinked shard dir" takes the other entries of its <k[:2]> directory along). Import the
+names you need, not ``*``: the tests of this file would be collected twice.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import shutil
+import stat
+import threading
+import uuid
 from pathlib import Path
 
 import pytest
 
-from tasks.store.entries import ENTRY_MANIFEST as MANIFEST, read_entry
+from conftest import LINREG_PIPELINE, copy_project, make_project, state
+from tasks.store.entries import ENTRY_MANIFEST as MANIFEST, SIGNATURE, read_entry
 from tasks.store.local import Store
+from tasks.store.remote import MANIFEST_LIMIT, RemoteStore
 
 OUTSIDE_BYTES = b"etforge test: bytes that live outside the remote cache\n"
+WARNING = "etforge: warning: "
+CELL = "linreg/xnnpack/fp32"
 
 
 # -- damages -----------------------------------------------------------------------------------
@@ -50,6 +69,93 @@ def _victim(manifest: dict) -> str:
 
 def _meta(data: bytes) -> dict:
     return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def _aside(root: Path, what: str) -> Path:
+    return outside_dir(root) / f"{what}-{uuid.uuid4().hex[:8]}"
+
+
+def symlinked_blob(root, key):
+    """A blob linked to a file outside, the manifest saying its sha256 and size."""
+    entry = _entry(root, key)
+    manifest = _load(entry)
+    name = _victim(manifest)
+    (entry / name).unlink()
+    (entry / name).symlink_to(outside_dir(root) / "secret.txt")
+    manifest["files"][name] = _meta(OUTSIDE_BYTES)
+    _save(entry, manifest)
+
+
+def symlinked_manifest(root, key):
+    """The (otherwise good) manifest moved outside and linked back."""
+    entry = _entry(root, key)
+    target = _aside(root, "manifest")
+    shutil.move(entry / MANIFEST, target)
+    (entry / MANIFEST).symlink_to(target)
+
+
+def symlinked_entry_dir(root, key):
+    """The whole (otherwise good) entry moved outside and linked back."""
+    entry = _entry(root, key)
+    target = _aside(root, "entry")
+    shutil.move(entry, target)
+    entry.symlink_to(target, target_is_directory=True)
+
+
+def symlinked_shard_dir(root, key):
+    """The entry's <k[:2]> directory moved outside and linked back."""
+    shard = root / key[:2]
+    if shard.is_symlink():
+        return
+    target = _aside(root, "shard")
+    shutil.move(shard, target)
+    shard.symlink_to(target, target_is_directory=True)
+
+
+def fifo_manifest(root, key):
+    path = _entry(root, key) / MANIFEST
+    path.unlink()
+    os.mkfifo(path)
+
+
+def fifo_blob(root, key):
+    entry = _entry(root, key)
+    path = entry / _victim(_load(entry))
+    path.unlink()
+    os.mkfifo(path)
+
+
+def fifo_entry_dir(root, key):
+    entry = _entry(root, key)
+    shutil.rmtree(entry)
+    os.mkfifo(entry)
+
+
+def manifest_is_a_directory(root, key):
+    path = _entry(root, key) / MANIFEST
+    path.unlink()
+    path.mkdir()
+
+
+def blob_is_a_directory(root, key):
+    entry = _entry(root, key)
+    path = entry / _victim(_load(entry))
+    path.unlink()
+    path.mkdir()
+
+
+def blob_larger_than_its_manifest_says(root, key):
+    entry = _entry(root, key)
+    with open(entry / _victim(_load(entry)), "ab") as blob:
+        blob.write(b"\0" * (1 << 20))
+
+
+def huge_manifest(root, key):
+    """A well-formed manifest, padded past the reader's cap."""
+    entry = _entry(root, key)
+    manifest = _load(entry)
+    manifest["info"]["padding"] = "x" * (MANIFEST_LIMIT + (1 << 20))
+    _save(entry, manifest)
 
 
 def _raw_manifest(data: bytes):
@@ -103,11 +209,43 @@ MANIFEST_DAMAGES = {
     "manifest names an absolute blob": _absolute_blob,
 }
 
+HOSTILE_REMOTE_DAMAGES = {
+    "symlinked blob": symlinked_blob,
+    "symlinked manifest": symlinked_manifest,
+    "symlinked entry dir": symlinked_entry_dir,
+    "symlinked shard dir": symlinked_shard_dir,
+    "FIFO manifest": fifo_manifest,
+    "FIFO blob": fifo_blob,
+    "FIFO entry dir": fifo_entry_dir,
+    "manifest is a directory": manifest_is_a_directory,
+    "blob is a directory": blob_is_a_directory,
+    "blob larger than its manifest says": blob_larger_than_its_manifest_says,
+    "huge manifest": huge_manifest,
+    "manifest for another key": _rewritten(lambda m, v: m.update(key=hashlib.sha256(b"another").hexdigest())),
+    **MANIFEST_DAMAGES,
+}
+
+
+def snapshot(directory: Path) -> dict:
+    """Every path under ``directory`` with its type and, for regular files, bytes; no link followed."""
+    seen = {}
+    for path in sorted(directory.rglob("*")):
+        st = path.lstat()
+        body = path.read_bytes() if stat.S_ISREG(st.st_mode) else os.readlink(path) if path.is_symlink() else None
+        seen[path.relative_to(directory).as_posix()] = (stat.S_IFMT(st.st_mode), body)
+    return seen
+
+
+def holds_outside_bytes(directory: Path) -> list:
+    """Regular files under ``directory`` whose bytes include OUTSIDE_BYTES (a read through a damage)."""
+    return [p for p in directory.rglob("*") if not p.is_symlink() and p.is_file() and OUTSIDE_BYTES in p.read_bytes()]
+
 
 # -- the store, in process ----------------------------------------------------------------------
 
 KEY = hashlib.sha256(b"a hostile entry").hexdigest()
 BLOBS = {"export.json": b'{"program": "linreg"}\n', "program.pte": os.urandom(5000) + b"PTE"}
+SECRET = b"shared between the writers"
 
 
 def build_blobs(directory: Path) -> dict:
@@ -117,6 +255,110 @@ def build_blobs(directory: Path) -> dict:
     return {name: directory / name for name in BLOBS}
 
 
+def shared_entry(tmp_path: Path, secret: bytes | None = None) -> Path:
+    """A shared directory holding one good entry KEY, uploaded as a writer would."""
+    root = tmp_path / "shared"
+    root.mkdir()
+    writer = Store(tmp_path / "writer" / "cache", remote=RemoteStore(str(root), secret=secret),
+                   state_dir=tmp_path / "writer" / ".etforge")
+    writer.put(KEY, build_blobs(tmp_path / "built"), {"status": "ok"})
+    read_entry(_entry(root, KEY))
+    return root
+
+
+def get_within(store: Store, key: str, seconds: float = 20):
+    """store.get(key), failing the test when it does not return in time (a FIFO opened blocking)."""
+    result = {}
+    worker = threading.Thread(target=lambda: result.update(hit=store.get(key)), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert not worker.is_alive(), f"store.get hung for {seconds} s"
+    return result["hit"]
+
+
+def warning_lines(err: str) -> list:
+    return [line for line in err.splitlines() if line.startswith(WARNING)]
+
+
+MODES = {"writable": (False, None), "read-only": (True, None), "signed read-only": (True, SECRET)}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("damage", HOSTILE_REMOTE_DAMAGES)
+def test_a_hostile_remote_entry_is_a_miss_named_once_and_nothing_outside_is_touched(tmp_path, capsys, damage,
+                                                                                     mode):
+    read_only, secret = MODES[mode]
+    root = shared_entry(tmp_path, secret)
+    HOSTILE_REMOTE_DAMAGES[damage](root, KEY)
+    outside, remote_before = snapshot(outside_dir(root)), snapshot(root)
+    capsys.readouterr()
+
+    reader = Store(tmp_path / "cache", remote=RemoteStore(str(root), read_only=read_only, secret=secret),
+                   state_dir=tmp_path / ".etforge")
+    assert get_within(reader, KEY) is None and not reader.has(KEY)
+    lines = warning_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and f"entry {KEY[:12]} " in lines[0], lines
+    assert "treating it as a miss" in lines[0], lines
+    other_worker = Store(tmp_path / "cache", remote=RemoteStore(str(root), read_only=read_only, secret=secret),
+                         state_dir=tmp_path / ".etforge")
+    other_worker.run_id = reader.run_id  # the same run: the entry is not named again
+    assert get_within(other_worker, KEY) is None and get_within(reader, KEY) is None
+    assert capsys.readouterr().err == ""
+    assert holds_outside_bytes(tmp_path / "cache") == []
+    assert snapshot(outside_dir(root)) == outside  # nothing outside written, moved or deleted
+    if read_only:
+        assert snapshot(root) == remote_before  # left in place
+        return
+    assert not os.path.lexists(_entry(root, KEY))  # set aside: no one tries it again
+    # The rebuilt entry goes up in its place, into real directories of the share only.
+    reader.put(KEY, build_blobs(tmp_path / "rebuilt"), {"status": "ok"})
+    assert all(not p.is_symlink() for p in (root / KEY[:2], _entry(root, KEY), *_entry(root, KEY).iterdir()))
+    assert read_entry(_entry(root, KEY))[0].keys() == BLOBS.keys()
+    assert snapshot(outside_dir(root)) == outside
+    assert capsys.readouterr().err == ""
+
+
+def _signature_fifo(entry: Path, raw: bytes) -> None:
+    os.mkfifo(entry / SIGNATURE)
+
+
+def _signature_link(entry: Path, raw: bytes) -> None:
+    """A link to a file outside holding the right signature: a reader following it would accept."""
+    target = _aside(entry.parent.parent, "hmac")
+    target.write_bytes(hmac.new(SECRET, raw, hashlib.sha256).hexdigest().encode())
+    entry.joinpath(SIGNATURE).symlink_to(target)
+
+
+def _signature_huge(entry: Path, raw: bytes) -> None:
+    (entry / SIGNATURE).write_bytes(b"0" * (10 << 20))
+
+
+@pytest.mark.parametrize("damage", [_signature_fifo, _signature_link, _signature_huge], ids=["FIFO", "link", "huge"])
+def test_a_hostile_signature_file_is_a_miss_for_a_signed_reader(tmp_path, capsys, damage):
+    root = shared_entry(tmp_path, SECRET)
+    entry = _entry(root, KEY)
+    (entry / SIGNATURE).unlink()
+    damage(entry, (entry / MANIFEST).read_bytes())
+    capsys.readouterr()
+    reader = Store(tmp_path / "cache", remote=RemoteStore(str(root), read_only=True, secret=SECRET))
+    assert get_within(reader, KEY) is None
+    lines = warning_lines(capsys.readouterr().err)
+    assert len(lines) == 1 and f"entry {KEY[:12]} is damaged: {SIGNATURE} is " in lines[0], lines
+
+
+def test_a_writer_never_writes_through_a_link_planted_as_the_share_tmp_dir(tmp_path):
+    root = tmp_path / "shared"
+    root.mkdir()
+    outside = outside_dir(root)
+    (root / "tmp").symlink_to(outside, target_is_directory=True)
+    before = snapshot(outside)
+    writer = Store(tmp_path / "cache", remote=RemoteStore(str(root)), state_dir=tmp_path / ".etforge")
+    writer.put(KEY, build_blobs(tmp_path / "built"), {"status": "ok"})
+    assert snapshot(outside) == before
+    assert (root / "tmp").is_dir() and not (root / "tmp").is_symlink()
+    read_entry(_entry(root, KEY))
+
+
 @pytest.mark.parametrize("damage", MANIFEST_DAMAGES)
 def test_a_malformed_local_manifest_is_a_miss_and_is_discarded(tmp_path, damage):
     store = Store(tmp_path / "cache", state_dir=tmp_path / ".etforge")
@@ -124,3 +366,83 @@ def test_a_malformed_local_manifest_is_a_miss_and_is_discarded(tmp_path, damage)
     MANIFEST_DAMAGES[damage](tmp_path / "cache", KEY)
     assert store.get(KEY) is None  # never a TypeError out of read_entry
     assert not store.entry_dir(KEY).exists()
+
+
+# -- whole runs ---------------------------------------------------------------------------------
+
+def remote_from(built, root: Path, secret: str | None = None) -> Path:
+    """A shared directory holding every entry of ``built``'s cache (signed with ``secret``)."""
+    root.mkdir()
+    for entry in (built.root / "artifacts" / "cache").glob("??/*"):
+        shutil.copytree(entry, root / entry.parent.name / entry.name)
+        if secret:
+            raw = (entry / MANIFEST).read_bytes()
+            signature = hmac.new(secret.encode(), raw, hashlib.sha256).hexdigest()
+            (root / entry.parent.name / entry.name / SIGNATURE).write_text(signature)
+    return root
+
+
+def key_of(built, task: str) -> str:
+    return state(built, task)["key"]
+
+
+def test_a_blob_linked_to_etc_hostname_never_reaches_the_working_tree(built_linreg, tmp_path):
+    hostname = Path("/etc/hostname")
+    if not hostname.is_file():
+        pytest.skip("no /etc/hostname here")
+    root = remote_from(built_linreg, tmp_path / "shared")
+    key = key_of(built_linreg, f"export:{CELL}")
+    blob = _entry(root, key) / "export.json"
+    manifest = _load(_entry(root, key))
+    blob.unlink()
+    blob.symlink_to(hostname)
+    manifest["files"]["export.json"] = _meta(hostname.read_bytes())
+    _save(_entry(root, key), manifest)
+
+    reader = make_project(tmp_path / "reader", LINREG_PIPELINE)
+    run = reader.start_doit(f"export:{CELL}", extra_env={"ETFORGE_CACHE_REMOTE": str(root)}).finish(timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    export_json = Path(state(reader, f"export:{CELL}")["outputs"]["export.json"]["path"])
+    assert export_json.read_bytes() != hostname.read_bytes()
+    assert json.loads(export_json.read_bytes())["sha256"]  # the real one, rebuilt here
+    assert state(reader, f"export:{CELL}")["cached"] is False and state(reader, "capture:linreg")["cached"] is True
+    assert warning_lines(run.stderr) == [
+        f"{WARNING}remote cache {root}: entry {key[:12]} is damaged: export.json is a symlink; "
+        "treating it as a miss (set aside on the remote)"], run.stderr
+    assert not blob.is_symlink() and read_entry(_entry(root, key))  # the rebuilt entry replaced it
+
+
+def test_a_fifo_manifest_hangs_no_worker_of_a_signed_run(built_linreg, tmp_path):
+    secret = "correct horse battery staple"
+    root = remote_from(built_linreg, tmp_path / "shared", secret=secret)
+    capture = key_of(built_linreg, "capture:linreg")
+    fifo_manifest(root, capture)
+    reader = make_project(tmp_path / "reader", LINREG_PIPELINE + "thresholds: {fp32: {sqnr_db: 55}}\n")
+    env = {"ETFORGE_CACHE_REMOTE": str(root), "ETFORGE_CACHE_KEY": secret, "ETFORGE_CACHE_READ_ONLY": "1"}
+    run = reader.start_doit("-n", "2", "-P", "process", f"validate:{CELL}", extra_env=env).finish(timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert warning_lines(run.stderr) == [
+        f"{WARNING}remote cache {root}: entry {capture[:12]} is damaged: manifest.json is a FIFO; "
+        "treating it as a miss (the remote is read-only: left in place)"], run.stderr
+    assert state(reader, "capture:linreg")["cached"] is False  # rebuilt here
+    assert state(reader, f"export:{CELL}")["cached"] is True  # its signed entry still serves
+    assert state(reader, f"validate:{CELL}")["status"] == "ok"
+    assert stat.S_ISFIFO((_entry(root, capture) / MANIFEST).lstat().st_mode)
+
+
+def test_a_null_blob_in_a_remote_manifest_is_set_aside_and_the_run_finishes(built_linreg, tmp_path):
+    root = remote_from(built_linreg, tmp_path / "shared", secret="k")  # the shape is checked before the HMAC
+    key = key_of(built_linreg, f"export:{CELL}")
+    MANIFEST_DAMAGES["null file meta"](root, key)
+    reader = copy_project(built_linreg, tmp_path / "reader")
+    shutil.rmtree(reader.root / "artifacts" / "cache")  # export and capture look their entries up again
+    env = {"ETFORGE_CACHE_REMOTE": str(root), "ETFORGE_CACHE_KEY": "k"}
+    run = reader.start_doit(f"export:{CELL}", extra_env=env).finish(timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "TypeError" not in run.stdout + run.stderr
+    assert warning_lines(run.stderr) == [
+        f"{WARNING}remote cache {root}: entry {key[:12]} is damaged: manifest.json: 'export.json' needs a "
+        '"sha256" (64 lowercase hex digits) and a "size" (an integer >= 0); treating it as a miss '
+        "(set aside on the remote)"], run.stderr
+    assert state(reader, f"export:{CELL}")["status"] == "ok"  # put back from its own working tree
+    assert read_entry(_entry(root, key))  # and shared again: a whole entry replaced the damaged one
