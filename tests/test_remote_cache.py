@@ -51,6 +51,7 @@ def remote(request, tmp_path):
     """A factory of RemoteStores on one fresh remote location (shared dir or S3 prefix)."""
     if request.param == "dir":
         url = str(tmp_path / "shared")
+        (tmp_path / "shared").mkdir()  # the share exists: etforge never creates it
         options = {}
     else:
         endpoint = request.getfixturevalue("s3_endpoint")
@@ -235,6 +236,7 @@ def test_stale_entry_is_replaced_on_upload(remote, tmp_path):
 
 def test_shared_directory_by_file_url(tmp_path):
     share = tmp_path / "share"
+    share.mkdir()
     entry = make_entry(tmp_path / "local" / KEY)
     remote_from_url(f"file://{share}").upload(KEY, entry)
     assert (share / KEY[:2] / KEY / MANIFEST).is_file()
@@ -371,6 +373,7 @@ def test_a_tampered_signed_entry_is_refused(remote, tmp_path):
 
 def test_the_store_warns_once_per_untrusted_entry_and_treats_it_as_a_miss(tmp_path, capsys):
     shared = tmp_path / "shared"
+    shared.mkdir()
     RemoteStore(str(shared)).upload(KEY, make_entry(tmp_path / "local" / KEY))
     store = Store(tmp_path / "cache", remote=RemoteStore(str(shared), read_only=True, secret=SECRET))
     assert store.get(KEY) is None and store.get(KEY) is None
@@ -398,6 +401,7 @@ def test_a_failing_remote_warns_once_per_run_and_owes_the_uploads(tmp_path, caps
     assert capsys.readouterr().err == ""
 
     blocked.unlink()  # the share is back: a later run uploads what is owed
+    blocked.mkdir()
     later = Store(tmp_path / "cache", remote=RemoteStore(str(blocked)), state_dir=tmp_path / ".etforge")
     assert later.has_pending() and later.upload_pending() == 3 and not later.has_pending()
     for key in keys:

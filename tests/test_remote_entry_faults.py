@@ -3,7 +3,8 @@
 A reader never follows a link out of a shared-directory remote, never opens a FIFO or
 device, never reads an oversized manifest whole and never trusts a malformed one: such
 an entry is a miss, named in one warning per run and set aside when the remote is
-writable, and the run finishes.
+writable, and the run finishes. A run also says once when a shared directory does not
+exist (not used, never created).
 
 Importable for randomized fault tests: ``HOSTILE_REMOTE_DAMAGES``, name -> damage(remote_root,
 key), each leaving entry ``key`` of the shared directory ``remote_root`` unusable in one hostile
@@ -368,6 +369,20 @@ def test_a_malformed_local_manifest_is_a_miss_and_is_discarded(tmp_path, damage)
     assert not store.entry_dir(KEY).exists()
 
 
+def test_a_missing_shared_directory_is_one_warning_and_is_never_created(tmp_path, capsys):
+    share = tmp_path / "not-mounted"
+    store = Store(tmp_path / "cache", remote=RemoteStore(str(share)), state_dir=tmp_path / ".etforge")
+    store.check_remote()
+    store.put(KEY, build_blobs(tmp_path / "built"), {"status": "ok"})
+    assert store.get(hashlib.sha256(b"never built").hexdigest()) is None
+    assert not share.exists()
+    assert warning_lines(capsys.readouterr().err) == [
+        f"{WARNING}remote cache {share}: no such directory (is the share mounted?); etforge does not create it; "
+        "carrying on with the local cache for this run (misses are built here, what it cannot upload is "
+        "uploaded by a later run)"]
+    assert (tmp_path / ".etforge" / "pending-uploads" / KEY).exists()  # owed to the share once it is back
+
+
 # -- whole runs ---------------------------------------------------------------------------------
 
 def remote_from(built, root: Path, secret: str | None = None) -> Path:
@@ -446,3 +461,30 @@ def test_a_null_blob_in_a_remote_manifest_is_set_aside_and_the_run_finishes(buil
         "(set aside on the remote)"], run.stderr
     assert state(reader, f"export:{CELL}")["status"] == "ok"  # put back from its own working tree
     assert read_entry(_entry(root, key))  # and shared again: a whole entry replaced the damaged one
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
+def test_a_shared_directory_that_does_not_exist_is_one_warning_and_is_never_created(built_linreg, tmp_path,
+                                                                                     read_only):
+    share = tmp_path / "not-mounted"
+    project = copy_project(built_linreg, tmp_path / "proj")
+    shutil.rmtree(project.out)  # every task restores from the local cache and would share its entry
+    env = {"ETFORGE_CACHE_REMOTE": str(share), "ETFORGE_CACHE_KEY": "k",
+           **({"ETFORGE_CACHE_READ_ONLY": "1"} if read_only else {})}
+    run = project.start_doit("-n", "2", "-P", "process", extra_env=env).finish(timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    owed = "" if read_only else ", what it cannot upload is uploaded by a later run"
+    assert warning_lines(run.stderr) == [
+        f"{WARNING}remote cache {share}: no such directory (is the share mounted?); etforge does not create it; "
+        f"carrying on with the local cache for this run (misses are built here{owed})"], run.stderr
+    assert not share.exists()
+    pending = project.root / "artifacts" / ".etforge" / "pending-uploads"
+    if read_only:
+        assert not pending.exists()
+        return
+    assert len(list(pending.iterdir())) == 6
+    share.mkdir()  # mounted again: the next run (nothing to build) uploads what was owed
+    run = project.start_doit(extra_env=env).finish(timeout=300)
+    assert run.returncode == 0 and run.started == set(), run.stdout + run.stderr
+    assert "uploaded 6 entries an earlier run could not" in run.stderr and warning_lines(run.stderr) == []
+    assert all(read_entry(entry) for entry in share.glob("??/*")) and len(list(share.glob("??/*"))) == 6

@@ -29,6 +29,7 @@ def s3_env(moto_endpoint, tmp_path_factory):
 @pytest.fixture(params=["shared-dir", pytest.param("s3", marks=pytest.mark.slow)])
 def remote_env(request, tmp_path):
     if request.param == "shared-dir":
+        (tmp_path / "shared-cache").mkdir()  # the share exists: etforge never creates it
         return {"ETFORGE_CACHE_REMOTE": str(tmp_path / "shared-cache")}
     return {**request.getfixturevalue("s3_env"), "ETFORGE_CACHE_REMOTE": f"s3://{BUCKET}/{uuid.uuid4().hex}"}
 
@@ -58,6 +59,7 @@ def test_ci_shards_upload_and_a_fresh_checkout_downloads_everything(remote_env, 
 
 def test_a_corrupt_remote_blob_is_discarded_and_rebuilt(tmp_path):
     shared = tmp_path / "shared-cache"
+    shared.mkdir()
     env = {"ETFORGE_CACHE_REMOTE": str(shared)}
     first = make_project(tmp_path / "a")
     assert first.doit("export:linreg/xnnpack/fp32", extra_env=env).returncode == 0
@@ -134,6 +136,7 @@ def test_a_cold_store_with_an_unreachable_read_only_remote_builds_locally(tmp_pa
 
 
 def test_a_signed_remote_ignores_unsigned_entries_and_trusts_its_own(built_linreg, tmp_path):
+    (tmp_path / "shared-cache").mkdir()
     shared = {"ETFORGE_CACHE_REMOTE": str(tmp_path / "shared-cache")}
     signed = {**shared, "ETFORGE_CACHE_KEY": "correct horse battery staple"}
     task = f"export:{CELL}"
@@ -178,6 +181,7 @@ backends:""")
 def test_a_forged_program_does_not_inherit_the_passing_verdict(built_linreg, tmp_path):
     """Someone with write access puts another program under a cell's export key, with a
     self-consistent manifest; the cell's stored verdict judged other bytes, so it is not used."""
+    (tmp_path / "shared-cache").mkdir()
     shared = {"ETFORGE_CACHE_REMOTE": str(tmp_path / "shared-cache")}
     writer = copy_project(built_linreg, tmp_path / "ci")
     shutil.rmtree(writer.out)  # linreg's entries come from its local cache and are uploaded

@@ -218,6 +218,14 @@ class Store:
 
     # -- the remote: an accelerator that may fail ---------------------------
 
+    def check_remote(self) -> None:
+        """Say now, once per run, when the remote cannot be used at all (a shared directory
+        that does not exist): the run then goes on without it, owing its uploads."""
+        try:
+            self.remote.check()
+        except RemoteError as exc:
+            self._remote_failed(exc)
+
     def _remote_usable(self) -> bool:
         if self.remote is None or not self._remote_ok:
             return False
@@ -339,9 +347,11 @@ def materialize(blob: Path, target: Path) -> None:
 def open_store(plan) -> Store:
     """The plan's local store, backed by the shared remote when one is configured.
 
-    Uploads that failed in an earlier run (the remote was down) are retried here, once
-    per doit invocation, before any task runs; when the remote is still down, that is
-    the run's one warning and the tasks go on without it.
+    Called once per doit invocation, in the main process, before any task runs: so this
+    is where the run says, once, that a shared directory does not exist (the run then
+    goes on without the remote). Uploads that failed in an earlier run (the remote was
+    down) are retried here; when the remote is still down, that is the run's one warning
+    and the tasks go on without it.
     """
     layout = layout_of(plan)
     remote = None
@@ -352,7 +362,10 @@ def open_store(plan) -> Store:
         remote = remote_from_url(plan.cache_remote, read_only=plan.cache_read_only,
                                  secret=secret.encode("utf-8") if secret else None)
     store = Store(layout.cache_dir, remote=remote, state_dir=layout.etforge_dir)
-    if remote is not None and not remote.read_only and store.has_pending():
+    if remote is None:
+        return store
+    store.check_remote()
+    if not remote.read_only and store.has_pending():
         uploaded = store.upload_pending()
         if uploaded:
             print(f"etforge: remote cache {remote.name()}: uploaded {uploaded} entr{'y' if uploaded == 1 else 'ies'} "

@@ -14,7 +14,9 @@ blobs are missing; on a filesystem remote the whole entry is renamed into place.
 
 A shared directory is read and written through tasks/store/remote_dir.py: never
 through a link, never opening anything but a regular file, so nothing outside its
-root is read or written through an entry and no reader blocks on a FIFO.
+root is read or written through an entry and no reader blocks on a FIFO. A root
+that does not exist is a RemoteError: etforge never creates it (an unmounted share
+would otherwise fill the local disk).
 
 With a shared secret (``ETFORGE_CACHE_KEY``), a writer stores an HMAC-SHA256 of
 the manifest's bytes beside it (``manifest.json.hmac``) and a reader accepts only
@@ -34,6 +36,7 @@ import importlib.util
 import os
 import re
 import shutil
+import stat
 import uuid
 from pathlib import Path
 
@@ -123,6 +126,21 @@ class RemoteStore:
 
     # -- where entries are ----------------------------------------------------
 
+    def check(self) -> None:
+        """RemoteError when a shared directory's root is not an existing directory: etforge never
+        creates it (a share that is not mounted would fill the local disk instead)."""
+        if self._dir is None:
+            return
+        try:
+            st = os.stat(self._dir)
+        except FileNotFoundError:
+            raise RemoteError(f"remote cache {self._name()}: no such directory (is the share mounted?); "
+                              "etforge does not create it") from None
+        except OSError as exc:
+            raise self._error("cannot open", exc) from exc
+        if not stat.S_ISDIR(st.st_mode):
+            raise RemoteError(f"remote cache {self._name()}: not a directory")
+
     def _filesystem(self):
         """(fs, root path) for this URL; rebuilt in a forked worker (async clients don't survive fork)."""
         if self._fs is None or self._pid != os.getpid():
@@ -152,6 +170,7 @@ class RemoteStore:
             fs, _ = self._filesystem()
             yield _ObjectEntry(fs, self._entry(key))
             return
+        self.check()
         entry = DirEntry(self._dir, key)
         try:
             yield entry
@@ -298,7 +317,6 @@ class RemoteStore:
         """Assemble the entry in ``<root>/tmp/`` and rename it into place, every step relative to a
         directory opened without following links (a link planted in the share is removed, never used)."""
         staging = f"upload-{key}-{uuid.uuid4().hex[:12]}"
-        os.makedirs(self._dir, exist_ok=True)
         with dir_fds(self._dir, "tmp", key[:2]) as (_, tmp, shard):
             os.mkdir(staging, dir_fd=tmp)
             try:
@@ -327,6 +345,7 @@ class RemoteStore:
         try:
             _check_key(key)
             if self._dir is not None:
+                self.check()
                 discard_dir(self._dir, key)
                 return
             fs, _ = self._filesystem()
