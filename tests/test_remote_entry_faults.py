@@ -3,8 +3,9 @@
 A reader never follows a link out of a shared-directory remote, never opens a FIFO or
 device, never reads an oversized manifest whole and never trusts a malformed one: such
 an entry is a miss, named in one warning per run and set aside when the remote is
-writable, and the run finishes. A run also says once when a shared directory does not
-exist (not used, never created).
+writable, and the run finishes. A run also says once when its entries are not signed
+(no usable ETFORGE_CACHE_KEY) and when a shared directory does not exist (not used,
+never created).
 
 Importable for randomized fault tests: ``HOSTILE_REMOTE_DAMAGES``, name -> damage(remote_root,
 key), each leaving entry ``key`` of the shared directory ``remote_root`` unusable in one hostile
@@ -31,7 +32,7 @@ import pytest
 
 from conftest import LINREG_PIPELINE, copy_project, make_project, state
 from tasks.store.entries import ENTRY_MANIFEST as MANIFEST, SIGNATURE, read_entry
-from tasks.store.local import Store
+from tasks.store.local import Store, signing_key
 from tasks.store.remote import MANIFEST_LIMIT, RemoteStore
 
 OUTSIDE_BYTES = b"etforge test: bytes that live outside the remote cache\n"
@@ -369,6 +370,14 @@ def test_a_malformed_local_manifest_is_a_miss_and_is_discarded(tmp_path, damage)
     assert not store.entry_dir(KEY).exists()
 
 
+@pytest.mark.parametrize("value, why", [(None, "ETFORGE_CACHE_KEY is not set"),
+                                        ("", "ETFORGE_CACHE_KEY is set but empty"),
+                                        (" \n", "ETFORGE_CACHE_KEY is set but empty"), ("k", None)])
+def test_only_a_non_blank_key_signs(value, why):
+    environ = {} if value is None else {"ETFORGE_CACHE_KEY": value}
+    assert signing_key(environ) == ((None, why) if why else (b"k", None))
+
+
 def test_a_missing_shared_directory_is_one_warning_and_is_never_created(tmp_path, capsys):
     share = tmp_path / "not-mounted"
     store = Store(tmp_path / "cache", remote=RemoteStore(str(share)), state_dir=tmp_path / ".etforge")
@@ -422,6 +431,8 @@ def test_a_blob_linked_to_etc_hostname_never_reaches_the_working_tree(built_linr
     assert json.loads(export_json.read_bytes())["sha256"]  # the real one, rebuilt here
     assert state(reader, f"export:{CELL}")["cached"] is False and state(reader, "capture:linreg")["cached"] is True
     assert warning_lines(run.stderr) == [
+        f"{WARNING}remote cache {root}: ETFORGE_CACHE_KEY is not set: entries are neither signed nor checked "
+        "in this run",
         f"{WARNING}remote cache {root}: entry {key[:12]} is damaged: export.json is a symlink; "
         "treating it as a miss (set aside on the remote)"], run.stderr
     assert not blob.is_symlink() and read_entry(_entry(root, key))  # the rebuilt entry replaced it
@@ -461,6 +472,24 @@ def test_a_null_blob_in_a_remote_manifest_is_set_aside_and_the_run_finishes(buil
         "(set aside on the remote)"], run.stderr
     assert state(reader, f"export:{CELL}")["status"] == "ok"  # put back from its own working tree
     assert read_entry(_entry(root, key))  # and shared again: a whole entry replaced the damaged one
+
+
+@pytest.mark.parametrize("key, why", [("", "is set but empty"), (None, "is not set"), ("k", None)],
+                         ids=["empty", "unset", "set"])
+def test_a_run_without_a_usable_signing_key_says_so_once(built_linreg, tmp_path, monkeypatch, key, why):
+    monkeypatch.delenv("ETFORGE_CACHE_KEY", raising=False)
+    root = tmp_path / "shared"
+    root.mkdir()
+    project = copy_project(built_linreg, tmp_path / "proj")
+    shutil.rmtree(project.out)  # every task restores, in two workers, and offers its entry to the remote
+    env = {"ETFORGE_CACHE_REMOTE": str(root), **({} if key is None else {"ETFORGE_CACHE_KEY": key})}
+    run = project.start_doit("-n", "2", "-P", "process", extra_env=env).finish(timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    said = [f"{WARNING}remote cache {root}: ETFORGE_CACHE_KEY {why}: entries are neither signed nor checked "
+            "in this run"] if why else []
+    assert warning_lines(run.stderr) == said, run.stderr
+    entries = list(root.glob("??/*"))
+    assert len(entries) == 6 and sum((e / SIGNATURE).exists() for e in entries) == (0 if why else 6)
 
 
 @pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])

@@ -94,6 +94,11 @@ def warnings(run) -> list:
     return [line for line in (run.stdout + run.stderr).splitlines() if WARNING in line]
 
 
+def unsigned(url: str) -> str:
+    """The run's one line saying that, without ETFORGE_CACHE_KEY, nothing is signed or checked."""
+    return f"{WARNING} {url}: ETFORGE_CACHE_KEY is not set: entries are neither signed nor checked in this run"
+
+
 @pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
 def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(built_linreg, tmp_path, read_only,
                                                                                s3_env):
@@ -103,8 +108,8 @@ def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(bu
     project.write_pipeline(LINREG_PIPELINE + STRICTER)  # a validation the remote would be asked for
     run = project.doit("-n", "2", "-P", "process", extra_env=unreachable(tmp_path, url, read_only))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert len(warnings(run)) == 1, run.stdout + run.stderr
-    assert "carrying on with the local cache" in warnings(run)[0] and "RemoteError" not in run.stdout
+    assert len(warnings(run)) == 2 and warnings(run)[0] == unsigned(url), run.stdout + run.stderr
+    assert "carrying on with the local cache" in warnings(run)[1] and "RemoteError" not in run.stdout
     assert state(project, f"validate:{CELL}")["status"] == "ok"
     pending = project.root / "artifacts" / ".etforge" / "pending-uploads"
     if read_only:
@@ -117,7 +122,7 @@ def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(bu
     back = {**s3_env, "ETFORGE_CACHE_REMOTE": url}
     run = project.doit(extra_env=back)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.started == set() and not warnings(run)
+    assert run.started == set() and warnings(run) == [unsigned(url)]
     assert f"uploaded {len(owed)} entries an earlier run could not" in run.stderr
     assert list(pending.iterdir()) == []
     laptop = make_project(tmp_path / "laptop", LINREG_PIPELINE + STRICTER)
@@ -130,7 +135,7 @@ def test_a_cold_store_with_an_unreachable_read_only_remote_builds_locally(tmp_pa
     project = make_project(tmp_path / "proj", LINREG_PIPELINE)
     run = project.doit(f"export:{CELL}", extra_env=unreachable(tmp_path, f"s3://{BUCKET}/cold", read_only=True))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert len(warnings(run)) == 1, run.stdout + run.stderr
+    assert len(warnings(run)) == 2 and warnings(run)[0] == unsigned(f"s3://{BUCKET}/cold"), run.stdout + run.stderr
     assert run.started == {"capture:linreg", f"export:{CELL}"}
     assert state(project, f"export:{CELL}")["cached"] is False and state(project, f"export:{CELL}")["status"] == "ok"
 
