@@ -20,7 +20,7 @@ import pytest
 from conftest import free_port
 from tasks.store.local import Store
 from tasks.store.entries import ENTRY_MANIFEST as MANIFEST, SIGNATURE
-from tasks.store.remote import RemoteError, RemoteStore, UntrustedEntry, remote_from_url
+from tasks.store.remote import DamagedEntry, RemoteError, RemoteStore, UntrustedEntry, remote_from_url
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "etforge-cache"
@@ -51,6 +51,7 @@ def remote(request, tmp_path):
     """A factory of RemoteStores on one fresh remote location (shared dir or S3 prefix)."""
     if request.param == "dir":
         url = str(tmp_path / "shared")
+        (tmp_path / "shared").mkdir()  # the share exists: etforge never creates it
         options = {}
     else:
         endpoint = request.getfixturevalue("s3_endpoint")
@@ -172,7 +173,8 @@ def test_hostile_manifest_names_are_refused(remote, tmp_path):
         box = tmp_path / f"box-{uuid.uuid4().hex[:6]}"
         dest = box / "dest"
         dest.mkdir(parents=True)
-        assert store.fetch(KEY, dest) is False, hostile
+        with pytest.raises(DamagedEntry, match=rf"entry {KEY[:12]} is damaged: manifest.json names a blob outside"):
+            store.fetch(KEY, dest)
         assert tree(box) == {}, hostile  # nothing in dest, nothing beside it
     assert not Path("/tmp/evil-abs").exists()
 
@@ -189,9 +191,11 @@ def test_manifest_for_another_key_or_garbage_is_a_miss(remote, tmp_path):
         fs.pipe_file(remote_path(store, KEY, name), fs.cat_file(remote_path(store, other, name)))
     dest = tmp_path / "fetched"
     dest.mkdir()
-    assert store.fetch(KEY, dest) is False
+    with pytest.raises(DamagedEntry, match="manifest.json is for another key$"):
+        store.fetch(KEY, dest)
     fs.pipe_file(remote_path(store, KEY, MANIFEST), b"{not json")
-    assert store.fetch(KEY, dest) is False
+    with pytest.raises(DamagedEntry, match=r"manifest.json is not JSON \(JSONDecodeError\)$"):
+        store.fetch(KEY, dest)
     assert list(dest.iterdir()) == []
 
 
@@ -232,6 +236,7 @@ def test_stale_entry_is_replaced_on_upload(remote, tmp_path):
 
 def test_shared_directory_by_file_url(tmp_path):
     share = tmp_path / "share"
+    share.mkdir()
     entry = make_entry(tmp_path / "local" / KEY)
     remote_from_url(f"file://{share}").upload(KEY, entry)
     assert (share / KEY[:2] / KEY / MANIFEST).is_file()
@@ -368,6 +373,7 @@ def test_a_tampered_signed_entry_is_refused(remote, tmp_path):
 
 def test_the_store_warns_once_per_untrusted_entry_and_treats_it_as_a_miss(tmp_path, capsys):
     shared = tmp_path / "shared"
+    shared.mkdir()
     RemoteStore(str(shared)).upload(KEY, make_entry(tmp_path / "local" / KEY))
     store = Store(tmp_path / "cache", remote=RemoteStore(str(shared), read_only=True, secret=SECRET))
     assert store.get(KEY) is None and store.get(KEY) is None
@@ -395,6 +401,7 @@ def test_a_failing_remote_warns_once_per_run_and_owes_the_uploads(tmp_path, caps
     assert capsys.readouterr().err == ""
 
     blocked.unlink()  # the share is back: a later run uploads what is owed
+    blocked.mkdir()
     later = Store(tmp_path / "cache", remote=RemoteStore(str(blocked)), state_dir=tmp_path / ".etforge")
     assert later.has_pending() and later.upload_pending() == 3 and not later.has_pending()
     for key in keys:

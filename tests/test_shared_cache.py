@@ -29,6 +29,7 @@ def s3_env(moto_endpoint, tmp_path_factory):
 @pytest.fixture(params=["shared-dir", pytest.param("s3", marks=pytest.mark.slow)])
 def remote_env(request, tmp_path):
     if request.param == "shared-dir":
+        (tmp_path / "shared-cache").mkdir()  # the share exists: etforge never creates it
         return {"ETFORGE_CACHE_REMOTE": str(tmp_path / "shared-cache")}
     return {**request.getfixturevalue("s3_env"), "ETFORGE_CACHE_REMOTE": f"s3://{BUCKET}/{uuid.uuid4().hex}"}
 
@@ -58,6 +59,7 @@ def test_ci_shards_upload_and_a_fresh_checkout_downloads_everything(remote_env, 
 
 def test_a_corrupt_remote_blob_is_discarded_and_rebuilt(tmp_path):
     shared = tmp_path / "shared-cache"
+    shared.mkdir()
     env = {"ETFORGE_CACHE_REMOTE": str(shared)}
     first = make_project(tmp_path / "a")
     assert first.doit("export:linreg/xnnpack/fp32", extra_env=env).returncode == 0
@@ -92,6 +94,11 @@ def warnings(run) -> list:
     return [line for line in (run.stdout + run.stderr).splitlines() if WARNING in line]
 
 
+def unsigned(url: str) -> str:
+    """The run's one line saying that, without ETFORGE_CACHE_KEY, nothing is signed or checked."""
+    return f"{WARNING} {url}: ETFORGE_CACHE_KEY is not set: entries are neither signed nor checked in this run"
+
+
 @pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
 def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(built_linreg, tmp_path, read_only,
                                                                                s3_env):
@@ -101,8 +108,8 @@ def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(bu
     project.write_pipeline(LINREG_PIPELINE + STRICTER)  # a validation the remote would be asked for
     run = project.doit("-n", "2", "-P", "process", extra_env=unreachable(tmp_path, url, read_only))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert len(warnings(run)) == 1, run.stdout + run.stderr
-    assert "carrying on with the local cache" in warnings(run)[0] and "RemoteError" not in run.stdout
+    assert len(warnings(run)) == 2 and warnings(run)[0] == unsigned(url), run.stdout + run.stderr
+    assert "carrying on with the local cache" in warnings(run)[1] and "RemoteError" not in run.stdout
     assert state(project, f"validate:{CELL}")["status"] == "ok"
     pending = project.root / "artifacts" / ".etforge" / "pending-uploads"
     if read_only:
@@ -115,7 +122,7 @@ def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(bu
     back = {**s3_env, "ETFORGE_CACHE_REMOTE": url}
     run = project.doit(extra_env=back)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert run.started == set() and not warnings(run)
+    assert run.started == set() and warnings(run) == [unsigned(url)]
     assert f"uploaded {len(owed)} entries an earlier run could not" in run.stderr
     assert list(pending.iterdir()) == []
     laptop = make_project(tmp_path / "laptop", LINREG_PIPELINE + STRICTER)
@@ -128,12 +135,13 @@ def test_a_cold_store_with_an_unreachable_read_only_remote_builds_locally(tmp_pa
     project = make_project(tmp_path / "proj", LINREG_PIPELINE)
     run = project.doit(f"export:{CELL}", extra_env=unreachable(tmp_path, f"s3://{BUCKET}/cold", read_only=True))
     assert run.returncode == 0, run.stdout + run.stderr
-    assert len(warnings(run)) == 1, run.stdout + run.stderr
+    assert len(warnings(run)) == 2 and warnings(run)[0] == unsigned(f"s3://{BUCKET}/cold"), run.stdout + run.stderr
     assert run.started == {"capture:linreg", f"export:{CELL}"}
     assert state(project, f"export:{CELL}")["cached"] is False and state(project, f"export:{CELL}")["status"] == "ok"
 
 
 def test_a_signed_remote_ignores_unsigned_entries_and_trusts_its_own(built_linreg, tmp_path):
+    (tmp_path / "shared-cache").mkdir()
     shared = {"ETFORGE_CACHE_REMOTE": str(tmp_path / "shared-cache")}
     signed = {**shared, "ETFORGE_CACHE_KEY": "correct horse battery staple"}
     task = f"export:{CELL}"
@@ -178,6 +186,7 @@ backends:""")
 def test_a_forged_program_does_not_inherit_the_passing_verdict(built_linreg, tmp_path):
     """Someone with write access puts another program under a cell's export key, with a
     self-consistent manifest; the cell's stored verdict judged other bytes, so it is not used."""
+    (tmp_path / "shared-cache").mkdir()
     shared = {"ETFORGE_CACHE_REMOTE": str(tmp_path / "shared-cache")}
     writer = copy_project(built_linreg, tmp_path / "ci")
     shutil.rmtree(writer.out)  # linreg's entries come from its local cache and are uploaded

@@ -4,9 +4,11 @@ An entry is a directory of blobs plus ``manifest.json`` (tasks/store/entries.py)
 each blob, and the task's info). It is assembled in a temp directory and
 renamed into place, so an entry either exists whole or not at all. Every
 ``get`` verifies each blob; a mismatch discards the entry and reports a miss.
-A local miss is looked up in the remote store (tasks/remote.py), verified the
+A local miss is looked up in the remote store (tasks/store/remote.py), verified the
 same way, and kept locally; a built entry is uploaded unless the remote is
-read-only.
+read-only. A remote entry nobody can use (damaged: a link, a special file, a
+malformed manifest, a blob that does not match) is a miss, named in one warning
+per run and set aside when the remote is writable.
 
 The remote only ever speeds things up. The first time it fails in a run
 (unreachable, refusing, misconfigured), one warning says so, and every worker
@@ -30,11 +32,13 @@ from pathlib import Path
 
 from tasks.core.atomic import atomic_copy
 from tasks.core.digest import canonical_json, sha256_file
+from tasks.core.text import one_line
 from tasks.store.entries import ENTRY_MANIFEST, CorruptEntry, read_entry
 from tasks.store.layout import layout_of
-from tasks.store.remote import RemoteError, UntrustedEntry
+from tasks.store.remote import DamagedEntry, RemoteError, UntrustedEntry
 
 REMOTE_DOWN = "remote-down"  # holds the id of the run that found the remote failing
+REMOTE_WARNED = "remote-warned"  # the run's id, then one line per remote entry already warned about
 PENDING = "pending-uploads"  # one empty file per key whose upload is owed to the remote
 
 
@@ -46,7 +50,6 @@ class Store:
         # One store per doit invocation, made before process workers fork: they share this id.
         self.run_id = uuid.uuid4().hex
         self._remote_ok = True  # False once this process saw the remote fail (or was told so)
-        self._untrusted: set = set()  # keys already warned about (bad signature)
 
     def entry_dir(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -132,14 +135,17 @@ class Store:
                 self._remote_failed(exc)
                 return False
             except UntrustedEntry as exc:
-                if key not in self._untrusted:
-                    self._untrusted.add(key)
+                if self._first_in_run(REMOTE_WARNED, key):
                     warn(str(exc))
+                return False
+            except DamagedEntry as exc:
+                self._remote_damaged(key, str(exc))
                 return False
             try:
                 read_entry(staging)
-            except (CorruptEntry, ValueError, KeyError, OSError):
-                self.remote.discard(key)  # never serve it, and stop others from trying
+            except (CorruptEntry, ValueError, KeyError, OSError) as exc:
+                self._remote_damaged(key, f"remote cache {self.remote.name()}: entry {key[:12]} is damaged: "
+                                          f"{one_line(exc) or type(exc).__name__}")
                 return False
             self._install(staging, key)
             return True
@@ -212,6 +218,14 @@ class Store:
 
     # -- the remote: an accelerator that may fail ---------------------------
 
+    def check_remote(self) -> None:
+        """Say now, once per run, when the remote cannot be used at all (a shared directory
+        that does not exist): the run then goes on without it, owing its uploads."""
+        try:
+            self.remote.check()
+        except RemoteError as exc:
+            self._remote_failed(exc)
+
     def _remote_usable(self) -> bool:
         if self.remote is None or not self._remote_ok:
             return False
@@ -229,19 +243,32 @@ class Store:
             owed = "" if self.remote.read_only else ", what it cannot upload is uploaded by a later run"
             warn(f"{exc}; carrying on with the local cache for this run (misses are built here{owed})")
 
-    def _first_in_run(self, name: str) -> bool:
-        """Mark ``name`` for this run; True for the one caller (of any worker) that marked it."""
+    def _remote_damaged(self, key: str, message: str) -> None:
+        """A remote entry nobody can use: a miss, set aside when the remote is writable (so that
+        no one tries it again), and named in one warning per run, whichever worker finds it."""
+        self.remote.discard(key)  # a no-op when read-only
+        if self._first_in_run(REMOTE_WARNED, key):
+            done = "the remote is read-only: left in place" if self.remote.read_only else "set aside on the remote"
+            warn(f"{message}; treating it as a miss ({done})")
+
+    def _first_in_run(self, name: str, item: str = "") -> bool:
+        """Mark ``name`` (or ``item`` in it) for this run; True for the one caller, of any worker,
+        that marked it. The file holds the run's id, then one line per item."""
         path = self.state_dir / name
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a+", encoding="utf-8") as handle:
                 fcntl.flock(handle, fcntl.LOCK_EX)
                 handle.seek(0)
-                if handle.read() == self.run_id:
+                lines = handle.read().split("\n")
+                if lines[0] != self.run_id:
+                    handle.seek(0)
+                    handle.truncate()
+                    handle.write(self.run_id)
+                elif not item or item in lines[1:]:
                     return False
-                handle.seek(0)
-                handle.truncate()
-                handle.write(self.run_id)
+                if item:
+                    handle.write(f"\n{item}")
                 return True
         except OSError:
             return True
@@ -317,23 +344,41 @@ def materialize(blob: Path, target: Path) -> None:
     atomic_copy(blob, target)
 
 
+def signing_key(environ) -> tuple[bytes | None, str | None]:
+    """(the shared secret, None), or (None, why there is none) from ETFORGE_CACHE_KEY: a blank
+    value is no key (what ``${{ secrets.X }}`` gives a GitHub fork's pull request)."""
+    value = environ.get("ETFORGE_CACHE_KEY")
+    if value is None:
+        return None, "ETFORGE_CACHE_KEY is not set"
+    if not value.strip():
+        return None, "ETFORGE_CACHE_KEY is set but empty"
+    return value.encode("utf-8"), None
+
+
 def open_store(plan) -> Store:
     """The plan's local store, backed by the shared remote when one is configured.
 
-    Uploads that failed in an earlier run (the remote was down) are retried here, once
-    per doit invocation, before any task runs; when the remote is still down, that is
-    the run's one warning and the tasks go on without it.
+    Called once per doit invocation, in the main process, before any task runs: so this
+    is where the run says, once, that its remote entries are not signed (no usable
+    ETFORGE_CACHE_KEY) and that a shared directory does not exist (the run then goes on
+    without the remote). Uploads that failed in an earlier run (the remote was down) are
+    retried here; when the remote is still down, that is the run's one warning and the
+    tasks go on without it.
     """
     layout = layout_of(plan)
     remote = None
     if plan.cache_remote:
         from tasks.store.remote import remote_from_url
 
-        secret = os.environ.get("ETFORGE_CACHE_KEY") or None
-        remote = remote_from_url(plan.cache_remote, read_only=plan.cache_read_only,
-                                 secret=secret.encode("utf-8") if secret else None)
+        secret, unsigned = signing_key(os.environ)
+        remote = remote_from_url(plan.cache_remote, read_only=plan.cache_read_only, secret=secret)
     store = Store(layout.cache_dir, remote=remote, state_dir=layout.etforge_dir)
-    if remote is not None and not remote.read_only and store.has_pending():
+    if remote is None:
+        return store
+    if unsigned:  # say it: a fork's CI gets an empty secret and would otherwise trust anything
+        warn(f"remote cache {remote.name()}: {unsigned}: entries are neither signed nor checked in this run")
+    store.check_remote()
+    if not remote.read_only and store.has_pending():
         uploaded = store.upload_pending()
         if uploaded:
             print(f"etforge: remote cache {remote.name()}: uploaded {uploaded} entr{'y' if uploaded == 1 else 'ies'} "
