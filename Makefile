@@ -22,10 +22,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile -m "not slow" tests
 
 # Also the `slow` tests: S3 repeats of the shared-cache scenarios, two more kill points, OpenVINO
-# byte reproducibility across processes.
+# byte reproducibility across processes; and 12 randomized fault cases instead of 2.
 test-all: $(STAMP)
 	./.ci/install-chromium.sh
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile tests
+	ETFORGE_FAULT_CASES=12 $(BIN)/python -m pytest -q -n 3 --dist loadfile tests
 
 setup: $(STAMP)
 

@@ -7,8 +7,10 @@ import os
 import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,3 +219,84 @@ def make_bucket(endpoint: str, bucket: str) -> None:
         client.create_bucket(Bucket=bucket)
     except client.exceptions.BucketAlreadyOwnedByYou:
         pass
+
+
+# ---------------------------------------------------------------- faults (test_faults, test_random_faults)
+
+def start_doit(project, *args):
+    env = {**os.environ, "ETFORGE_PIPELINE": str(project.pipeline)}
+    return subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args],
+                            cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def wait_for_line(proc, needle: str, timeout: float = 300) -> str:
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if needle in line:
+            return "".join(seen)
+    raise AssertionError(f"never saw {needle!r}:\n{''.join(seen)}")
+
+
+def assert_nothing_half_done(project) -> None:
+    """Every state record that claims success matches its outputs, and every store entry verifies."""
+    from tasks.store.entries import read_entry
+
+    cache = project.root / "artifacts" / "cache"
+    for entry in cache.glob("??/*"):
+        read_entry(entry)  # raises on a missing manifest or a blob that does not match
+    for record_file in (project.out / ".state").glob("*.json"):
+        record = json.loads(record_file.read_text())
+        if record["status"] != "ok":
+            continue
+        for meta in record["outputs"].values():
+            path = in_project(project, meta["path"])
+            assert path.stat().st_size == meta["size"], path
+
+
+def in_project(project, recorded: str) -> Path:
+    """A path a record names, in ``project``: records keep absolute paths, and a copied project's
+    untouched records still name the original's files."""
+    parts = Path(recorded).parts
+    return project.root.joinpath(*parts[len(parts) - 1 - parts[::-1].index("artifacts"):])
+
+
+def flip_a_byte_inside_a_row(db: Path, task: str = "export:linreg/portable/fp32") -> None:
+    """One byte of a task's JSON row changed in the file itself: SQLite's own check still passes."""
+    data = bytearray(db.read_bytes())
+    at = data.index(b'{"', data.index(task.encode()))  # its task_data follows its id
+    data[at] = ord("}")
+    db.write_bytes(bytes(data))
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+
+
+def damage_database(db: Path, damage: str, task: str = "export:linreg/portable/fp32") -> None:
+    if damage == "truncate":  # what a kill or a full disk did to the JSON database, in place
+        with open(db, "r+b") as f:
+            f.truncate(db.stat().st_size // 2)
+    elif damage == "garbage":
+        db.write_text('{"export:linreg/portable/fp32": {"_values_:')
+    elif damage == "row":
+        flip_a_byte_inside_a_row(db, task)
+    elif damage == "directory":
+        db.unlink()
+        (db / "x").mkdir(parents=True)
+    elif damage == "schema":
+        db.unlink()
+        with sqlite3.connect(db) as conn:
+            conn.execute("CREATE TABLE doit (name TEXT, value INTEGER)")
+    else:
+        db.unlink()
+
+
+DATABASE_DAMAGE = {"truncate": "database disk image is malformed", "garbage": "file is not a database",
+                   "row": "the row of 'export:linreg/portable/fp32' is not a JSON object: JSONDecodeError",
+                   "directory": "not a file",
+                   "schema": "its doit table has columns [('name', 'text'), ('value', 'integer')], not "
+                             "[('task_id', 'text'), ('task_data', 'json')]"}
