@@ -31,8 +31,9 @@ SELECTION = entry.load_selection(get_var, get_initial_workdir())
 EXIT_STATUS = ExitStatus(SELECTION.plan, SELECTION.host, SELECTION.specs, SELECTION.cells_by_task)
 LIFECYCLE = RunLifecycle(SELECTION.layout, SELECTION.specs, judge=EXIT_STATUS.decide)
 doit_runner.install(LIFECYCLE)
-DOIT_CONFIG = entry.doit_config(SELECTION, make_reporter(SELECTION.plan, SELECTION.specs, SELECTION.cells_by_task,
-                                                         SELECTION.host))
+DOIT_CONFIG = entry.doit_config(
+    SELECTION, make_reporter(SELECTION.plan, SELECTION.specs, SELECTION.cells_by_task, SELECTION.host)
+)
 
 # One task creator per stage, in pipeline order: task_capture, task_quantize, task_export, ...
 for _stage in STAGES:

@@ -30,8 +30,17 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 # ExecuTorch ScalarType codes (MethodMeta.dtype()) -> numpy dtype names.
-SCALAR_TYPES = {0: "uint8", 1: "int8", 2: "int16", 3: "int32", 4: "int64", 5: "float16",
-                6: "float32", 7: "float64", 11: "bool"}
+SCALAR_TYPES = {
+    0: "uint8",
+    1: "int8",
+    2: "int16",
+    3: "int32",
+    4: "int64",
+    5: "float16",
+    6: "float32",
+    7: "float64",
+    11: "bool",
+}
 CNN_INPUT_SHAPE = (1, 3, 64, 64)
 
 
@@ -108,8 +117,8 @@ def main(argv=None) -> int:
     parser.add_argument("--save-pte", type=Path, help="keep the built small-CNN .pte here")
     args = parser.parse_args(argv)
 
-    import numpy as np
     import executorch.kernels.quantized  # noqa: F401  (as build_benchmark does)
+    import numpy as np
     from executorch.extension.pybindings import portable_lib
 
     from tasks.build.benchmark import build_benchmark, current_thread_count
@@ -137,12 +146,20 @@ def main(argv=None) -> int:
         if args.threads is not None and args.threads != current_thread_count():
             portable_lib._unsafe_reset_threadpool(args.threads)
         threads = current_thread_count()
-        options = {"warmup": args.warmup, "iterations": args.iterations, "threads": threads,
-                   "max_seconds": None, "method": args.method}
-        print(f"program: {pte} ({pte.stat().st_size / 1024:.1f} KB); inputs: "
-              + ", ".join(f"{list(x.shape)} {x.dtype}" for x in inputs)
-              + f"; threads: {threads}; {args.rounds} rounds x {args.iterations} iterations, "
-                f"{args.warmup} warm-up", flush=True)
+        options = {
+            "warmup": args.warmup,
+            "iterations": args.iterations,
+            "threads": threads,
+            "max_seconds": None,
+            "method": args.method,
+        }
+        print(
+            f"program: {pte} ({pte.stat().st_size / 1024:.1f} KB); inputs: "
+            + ", ".join(f"{list(x.shape)} {x.dtype}" for x in inputs)
+            + f"; threads: {threads}; {args.rounds} rounds x {args.iterations} iterations, "
+            f"{args.warmup} warm-up",
+            flush=True,
+        )
 
         bench_ms, plain_ms, round_ratios = [], [], []
         for r in range(args.rounds):
@@ -155,31 +172,39 @@ def main(argv=None) -> int:
                     result = build_benchmark(None, pte, reference, [], options, workdir)
                     record = json.loads(result.files["bench.json"].read_text())
                     if record["threads"]["used"] != threads:
-                        print(f"warning: benchmark used {record['threads']['used']} threads, plain loop "
-                              f"{threads}", file=sys.stderr)
+                        print(
+                            f"warning: benchmark used {record['threads']['used']} threads, plain loop {threads}",
+                            file=sys.stderr,
+                        )
                     samples = record["samples_ms"]
                     bench_ms += samples
                 else:
-                    samples = [t * 1e3 for t in plain_loop(pte, inputs, args.method, args.warmup,
-                                                           args.iterations)]
+                    samples = [t * 1e3 for t in plain_loop(pte, inputs, args.method, args.warmup, args.iterations)]
                     plain_ms += samples
                 round_p50[side] = statistics.median(samples)
             round_ratios.append(round_p50["benchmark"] / round_p50["plain"])
-            print(f"round {r + 1} ({order[0]} first): benchmark p50 {round_p50['benchmark']:.4f} ms, "
-                  f"plain p50 {round_p50['plain']:.4f} ms, ratio {round_ratios[-1]:.3f}", flush=True)
+            print(
+                f"round {r + 1} ({order[0]} first): benchmark p50 {round_p50['benchmark']:.4f} ms, "
+                f"plain p50 {round_p50['plain']:.4f} ms, ratio {round_ratios[-1]:.3f}",
+                flush=True,
+            )
 
     bench_p50, plain_p50 = statistics.median(bench_ms), statistics.median(plain_ms)
     ratio = bench_p50 / plain_p50
     agree = abs(ratio - 1.0) <= args.tolerance
     print(f"benchmark p50: {bench_p50:.4f} ms (tasks.build.benchmark.build_benchmark, {len(bench_ms)} samples)")
     print(f"plain p50: {plain_p50:.4f} ms (perf_counter loop, {len(plain_ms)} samples)")
-    print(f"median of the {len(round_ratios)} per-round ratios: {statistics.median(round_ratios):.3f} "
-          f"(pairs adjacent in time; less sensitive to drifting load)")
+    print(
+        f"median of the {len(round_ratios)} per-round ratios: {statistics.median(round_ratios):.3f} "
+        f"(pairs adjacent in time; less sensitive to drifting load)"
+    )
     load = os.getloadavg()
     if load[0] > (os.cpu_count() or 1):
         print(f"note: load average {load[0]:.2f} on {os.cpu_count()} cores: other work competed for the CPU")
-    print(f"ratio (benchmark / plain): {ratio:.3f}: "
-          + (f"agree within {args.tolerance:.0%}" if agree else f"DISAGREE by more than {args.tolerance:.0%}"))
+    print(
+        f"ratio (benchmark / plain): {ratio:.3f}: "
+        + (f"agree within {args.tolerance:.0%}" if agree else f"DISAGREE by more than {args.tolerance:.0%}")
+    )
     return 0 if agree else 1
 
 

@@ -62,9 +62,9 @@ def naive_cell(plan, cell, out_dir: Path) -> None:
     import torch
     from executorch.exir import to_edge_transform_and_lower
 
-    from tasks.build.samples import calibration_batches
     from tasks.build.lower import partitioners_for
     from tasks.build.model_loading import build_model, example_inputs
+    from tasks.build.samples import calibration_batches
     from tasks.core.dotted_path import load_callable
 
     model = build_model(cell.model, plan.root)
@@ -79,9 +79,8 @@ def naive_cell(plan, cell, out_dir: Path) -> None:
         inputs = tuple(x.to(getattr(torch, t.ref)) for x in inputs)
     program = torch.export.export(model, inputs, strict=False)
     if t is not None and t.method == "pt2e":
-        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
         import executorch.kernels.quantized  # noqa: F401
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
         factory = load_callable(t.ref)
         prepared = prepare_pt2e(program.module(check_guards=False), factory(dict(t.options)))
@@ -129,20 +128,29 @@ def main() -> int:
 
     plan = resolve(pipeline)
     models = list(plan.models)
-    print(f"matrix: {len(models)} models x {len(plan.backends)} backends x {len(plan.quantizations)} schemes "
-          f"= {len(plan.cells)} cells built ({len(plan.rejected)} rejected by the recipes)")
+    print(
+        f"matrix: {len(models)} models x {len(plan.backends)} backends x {len(plan.quantizations)} schemes "
+        f"= {len(plan.cells)} cells built ({len(plan.rejected)} rejected by the recipes)"
+    )
     shutil.rmtree(project / "artifacts", ignore_errors=True)
 
     naive_out = work / "naive"
     naive_out.mkdir(parents=True)
-    naive = sum(timed([sys.executable, __file__, "--naive-model", m, "--pipeline", str(pipeline),
-                       "--out", str(naive_out)]) for m in models)
+    naive = sum(
+        timed([sys.executable, __file__, "--naive-model", m, "--pipeline", str(pipeline), "--out", str(naive_out)])
+        for m in models
+    )
     env = {**os.environ, "ETFORGE_PIPELINE": str(pipeline)}
-    etforge = timed([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"),
-                     "-n", str(args.workers), "-P", "process", "export"], cwd=project, env=env)
+    etforge = timed(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-n", str(args.workers), "-P", "process", "export"],
+        cwd=project,
+        env=env,
+    )
     noop = timed([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "export"], cwd=project, env=env)
     built = len(list((project / "artifacts" / "bench").rglob("*.pte")))
-    print(f"naive loop (fresh torch.export per cell, sequential): {naive:7.1f} s  ({len(list(naive_out.glob('*.pte')))} .pte)")
+    print(
+        f"naive loop (fresh torch.export per cell, sequential): {naive:7.1f} s  ({len(list(naive_out.glob('*.pte')))} .pte)"
+    )
     print(f"etforge (doit export -n {args.workers} -P process):           {etforge:7.1f} s  ({built} .pte)")
     print(f"etforge / naive: {etforge / naive:.2f}")
     print(f"etforge second run (only failed cells, if any, run again): {noop:.2f} s")

@@ -42,15 +42,33 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CONFIG = {"model_type": "llama", "vocab_size": 8192, "hidden_size": 256, "intermediate_size": 768,
-          "num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
-          "max_position_embeddings": 256, "tie_word_embeddings": False,
-          "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 8192,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
 MAX_LEN = 128
 SEED = 0
 # optimum-executorch 1.1.0 and what it needs beyond the venv (research/issue13 NOTES.md section 1).
-OE_PINS = ("optimum-executorch==1.1.0", "optimum==2.0.0", "transformers==5.0.0rc1", "huggingface_hub==1.33.0",
-           "tokenizers==0.22.2", "accelerate==1.15.0", "httpx==0.28.1", "httpcore==1.0.9")
+OE_PINS = (
+    "optimum-executorch==1.1.0",
+    "optimum==2.0.0",
+    "transformers==5.0.0rc1",
+    "huggingface_hub==1.33.0",
+    "tokenizers==0.22.2",
+    "accelerate==1.15.0",
+    "httpx==0.28.1",
+    "httpcore==1.0.9",
+)
 DEFAULT_SITE = Path.home() / ".cache" / "etforge" / "site_optimum_executorch_1.1.0"
 RESEARCH_SITE = Path("/work/wt/research/issue13/site_oe")  # the same set, already installed on the dev box
 # scheme -> (optimum main_export kwargs, etforge quantization_options)
@@ -77,6 +95,7 @@ quantization_options:
 
 # ---------------------------------------------------------------- measuring a child
 
+
 def run_measured(cmd: list, env: dict | None = None, cwd: Path | None = None, log: Path | None = None) -> dict:
     """Run ``cmd``; {"rc", "wall_s", "peak_rss_mb", "tail"} (peak: the child's ru_maxrss via wait4)."""
     out = open(log, "w") if log else subprocess.DEVNULL
@@ -93,6 +112,7 @@ def run_measured(cmd: list, env: dict | None = None, cwd: Path | None = None, lo
 
 # ---------------------------------------------------------------- the model
 
+
 def save_checkpoint(directory: Path) -> str:
     """Build the model from CONFIG (seeded) and save it; the checkpoint digest etforge pins."""
     import hashlib
@@ -107,19 +127,32 @@ def save_checkpoint(directory: Path) -> str:
     torch.manual_seed(SEED)
     config = tf.AutoConfig.for_model(**CONFIG)
     model = tf.AutoModelForCausalLM.from_config(config)
-    print(f"model: llama hidden {CONFIG['hidden_size']}, {CONFIG['num_hidden_layers']} layers, vocab "
-          f"{CONFIG['vocab_size']}: {sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
+    print(
+        f"model: llama hidden {CONFIG['hidden_size']}, {CONFIG['num_hidden_layers']} layers, vocab "
+        f"{CONFIG['vocab_size']}: {sum(p.numel() for p in model.parameters()):,} parameters",
+        flush=True,
+    )
     model.save_pretrained(directory)
-    return checkpoint_digest({p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                              for p in sorted(directory.rglob("*")) if p.is_file()})
+    return checkpoint_digest(
+        {
+            p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*"))
+            if p.is_file()
+        }
+    )
 
 
 # ---------------------------------------------------------------- etforge
 
+
 def etforge_run(project: Path, sha: str, schemes: list, targets: list, log: Path) -> dict:
     (project / "pipeline.yaml").write_text(PIPELINE.format(sha=sha, max_len=MAX_LEN, schemes=", ".join(schemes)))
-    result = run_measured([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *targets],
-                          env={"ETFORGE_PIPELINE": str(project / "pipeline.yaml")}, cwd=project, log=log)
+    result = run_measured(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *targets],
+        env={"ETFORGE_PIPELINE": str(project / "pipeline.yaml")},
+        cwd=project,
+        log=log,
+    )
     result["started"] = Path(log).read_text(errors="replace").count(" start ")
     return result
 
@@ -130,6 +163,7 @@ def etforge_size(project: Path, scheme: str) -> int | None:
 
 
 # ---------------------------------------------------------------- upstream
+
 
 def ensure_site(site: Path) -> tuple[Path | None, str]:
     """The optimum-executorch --target directory (created from PyPI when missing), or (None, why not)."""
@@ -160,8 +194,16 @@ def upstream_child(model_dir: str, out: str, scheme: str, mode: str) -> None:
     if mode == "optimum":
         from optimum.exporters.executorch import main_export
 
-        main_export(model_dir, task="text-generation", recipe="xnnpack", output_dir=out, use_custom_sdpa=True,
-                    use_custom_kv_cache=True, max_seq_len=MAX_LEN, **kwargs)
+        main_export(
+            model_dir,
+            task="text-generation",
+            recipe="xnnpack",
+            output_dir=out,
+            use_custom_sdpa=True,
+            use_custom_kv_cache=True,
+            max_seq_len=MAX_LEN,
+            **kwargs,
+        )
         pte = next(Path(out).glob("*.pte"))
     else:
         pte = _fallback_export(model_dir, Path(out), kwargs)
@@ -180,22 +222,41 @@ def _fallback_export(model_dir: str, out: Path, kwargs: dict) -> Path:
     if kwargs:
         from executorch.extension.llm.export.quantize import quantize_model_
 
-        quantize_model_(model, qlinear_config=kwargs["qlinear"], qlinear_group_size=32,
-                        qembedding_config=kwargs["qembedding"], qembedding_group_size=0, skip_incompatible_shapes=True)
+        quantize_model_(
+            model,
+            qlinear_config=kwargs["qlinear"],
+            qlinear_group_size=32,
+            qembedding_config=kwargs["qembedding"],
+            qembedding_group_size=0,
+            skip_incompatible_shapes=True,
+        )
     model.generation_config.use_cache = True
     model.generation_config.cache_implementation = "static"
     wrapper = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=MAX_LEN)
     seq = torch.export.Dim("seq", max=MAX_LEN - 1)
     with torch.no_grad():
-        program = wrapper.export(input_ids=torch.zeros((1, 3), dtype=torch.long), cache_position=torch.arange(3),
-                                 dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}}, strict=True)
+        program = wrapper.export(
+            input_ids=torch.zeros((1, 3), dtype=torch.long),
+            cache_position=torch.arange(3),
+            dynamic_shapes={"input_ids": {1: seq}, "cache_position": {0: seq}},
+            strict=True,
+        )
     import executorch.kernels.quantized  # noqa: F401
 
-    edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()],
-                                       compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-                                       constant_methods={"get_max_seq_len": MAX_LEN, "get_max_context_len": MAX_LEN,
-                                                         "get_vocab_size": CONFIG["vocab_size"], "use_kv_cache": True})
-    et = edge.to_executorch(ExecutorchBackendConfig(extract_delegate_segments=True, do_quant_fusion_and_const_prop=True))
+    edge = to_edge_transform_and_lower(
+        program,
+        partitioner=[XnnpackPartitioner()],
+        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+        constant_methods={
+            "get_max_seq_len": MAX_LEN,
+            "get_max_context_len": MAX_LEN,
+            "get_vocab_size": CONFIG["vocab_size"],
+            "use_kv_cache": True,
+        },
+    )
+    et = edge.to_executorch(
+        ExecutorchBackendConfig(extract_delegate_segments=True, do_quant_fusion_and_const_prop=True)
+    )
     pte = out / "model.pte"
     pte.write_bytes(et.buffer)
     return pte
@@ -205,14 +266,16 @@ def upstream_run(model_dir: Path, out: Path, scheme: str, mode: str, site: Path 
     env = {"HF_HUB_OFFLINE": "1"}
     if mode == "optimum":
         env["PYTHONPATH"] = str(site)
-    result = run_measured([sys.executable, __file__, "--child", str(model_dir), str(out), scheme, mode],
-                          env=env, cwd=out.parent, log=log)
-    lines = [l for l in result["tail"].splitlines() if l.startswith("RESULT ")]
+    result = run_measured(
+        [sys.executable, __file__, "--child", str(model_dir), str(out), scheme, mode], env=env, cwd=out.parent, log=log
+    )
+    lines = [line for line in result["tail"].splitlines() if line.startswith("RESULT ")]
     result["size"] = Path(json.loads(lines[-1][7:])["pte"]).stat().st_size if lines and result["rc"] == 0 else None
     return result
 
 
 # ---------------------------------------------------------------- main
+
 
 def _row(name: str, r: dict) -> str:
     size = f"{r['size']:,} B" if r.get("size") else "-"
@@ -237,7 +300,9 @@ def main(argv=None) -> int:
         model_dir = project / "ckpt"
         # in a child: this process stays free of torch, so that no child's ru_maxrss starts from
         # this process's pages at fork time
-        made = subprocess.run([sys.executable, __file__, "--checkpoint", str(model_dir)], capture_output=True, text=True)
+        made = subprocess.run(
+            [sys.executable, __file__, "--checkpoint", str(model_dir)], capture_output=True, text=True
+        )
         if made.returncode != 0:
             print(made.stdout + made.stderr, file=sys.stderr)
             return 1
@@ -247,30 +312,45 @@ def main(argv=None) -> int:
         mode, site = "fallback", None
         if not args.fallback:
             site, how = ensure_site(args.site)
-            print(f"upstream: optimum-executorch main_export ({how})" if site else f"upstream: optimum-executorch "
-                  f"cannot be installed ({how}); falling back to the one-shot transformers script", flush=True)
+            print(
+                f"upstream: optimum-executorch main_export ({how})"
+                if site
+                else f"upstream: optimum-executorch "
+                f"cannot be installed ({how}); falling back to the one-shot transformers script",
+                flush=True,
+            )
             mode = "optimum" if site else "fallback"
 
         results = {}
         cell = "export:llama/xnnpack/{}"
         results["etforge 8da4w+e8w (capture, quantize, export)"] = r = etforge_run(
-            project, sha, ["8da4w"], [cell.format("8da4w")], logs / "etforge_8da4w.txt")
+            project, sha, ["8da4w"], [cell.format("8da4w")], logs / "etforge_8da4w.txt"
+        )
         r["size"] = etforge_size(project, "8da4w")
         for scheme in ("8da4w", "fp32"):
             label = f"upstream {mode} {scheme}{'+e8w' if scheme == '8da4w' else ''}"
-            r = upstream_run(model_dir, work / f"upstream_{scheme}", scheme, mode, site, logs / f"upstream_{scheme}.txt")
+            r = upstream_run(
+                model_dir, work / f"upstream_{scheme}", scheme, mode, site, logs / f"upstream_{scheme}.txt"
+            )
             if r["rc"] != 0 and mode == "optimum":
-                print(f"optimum-executorch failed ({r['tail'].strip().splitlines()[-1:]}); falling back to the "
-                      "one-shot transformers script", flush=True)
+                print(
+                    f"optimum-executorch failed ({r['tail'].strip().splitlines()[-1:]}); falling back to the "
+                    "one-shot transformers script",
+                    flush=True,
+                )
                 mode = "fallback"
                 label = f"upstream fallback {scheme}"
-                r = upstream_run(model_dir, work / f"upstream_{scheme}", scheme, mode, site, logs / f"upstream_{scheme}.txt")
+                r = upstream_run(
+                    model_dir, work / f"upstream_{scheme}", scheme, mode, site, logs / f"upstream_{scheme}.txt"
+                )
             results[label] = r
         results["etforge + fp32, second scheme (reuses capture)"] = r = etforge_run(
-            project, sha, ["8da4w", "fp32"], [cell.format("fp32")], logs / "etforge_fp32.txt")
+            project, sha, ["8da4w", "fp32"], [cell.format("fp32")], logs / "etforge_fp32.txt"
+        )
         r["size"] = etforge_size(project, "fp32")
         results["etforge no-op (both cells up to date)"] = r = etforge_run(
-            project, sha, ["8da4w", "fp32"], [cell.format("8da4w"), cell.format("fp32")], logs / "etforge_noop.txt")
+            project, sha, ["8da4w", "fp32"], [cell.format("8da4w"), cell.format("fp32")], logs / "etforge_noop.txt"
+        )
 
         print(f"\n{'':<44} {'wall':>10} {'peak RSS':>10} {'.pte':>14}")
         for name, r in results.items():
@@ -278,12 +358,15 @@ def main(argv=None) -> int:
         names = list(results)
         e8, u8, uf, e2, noop = (results[n] for n in names)
         if all(x["rc"] == 0 for x in results.values()):
-            print(f"\nratios etforge / upstream: 8da4w+e8w wall {e8['wall_s'] / u8['wall_s']:.2f}, "
-                  f"peak RSS {e8['peak_rss_mb'] / u8['peak_rss_mb']:.2f}, size {e8['size'] / u8['size']:.3f}; "
-                  f"fp32 (second scheme) wall {e2['wall_s'] / uf['wall_s']:.2f}, size {e2['size'] / uf['size']:.3f}; "
-                  f"no-op {noop['wall_s']:.1f} s ({noop['started']} tasks started)")
-        (work / "results.json").write_text(json.dumps({k: {x: y for x, y in v.items() if x != "tail"}
-                                                       for k, v in results.items()}, indent=2))
+            print(
+                f"\nratios etforge / upstream: 8da4w+e8w wall {e8['wall_s'] / u8['wall_s']:.2f}, "
+                f"peak RSS {e8['peak_rss_mb'] / u8['peak_rss_mb']:.2f}, size {e8['size'] / u8['size']:.3f}; "
+                f"fp32 (second scheme) wall {e2['wall_s'] / uf['wall_s']:.2f}, size {e2['size'] / uf['size']:.3f}; "
+                f"no-op {noop['wall_s']:.1f} s ({noop['started']} tasks started)"
+            )
+        (work / "results.json").write_text(
+            json.dumps({k: {x: y for x, y in v.items() if x != "tail"} for k, v in results.items()}, indent=2)
+        )
         print(f"logs: {logs}" if args.keep or args.work else "")
         return 0 if all(x["rc"] == 0 for x in results.values()) else 1
     finally:

@@ -37,8 +37,14 @@ def build(pretrained: bool = True):
 # (one flat ``_blocks`` list); timm groups the same 16 blocks into 7 stages.
 _TOP = {"_conv_stem": "conv_stem", "_bn0": "bn1", "_conv_head": "conv_head", "_bn1": "bn2", "_fc": "classifier"}
 _DEPTHWISE_SEPARABLE = {"_depthwise_conv": "conv_dw", "_bn1": "bn1", "_project_conv": "conv_pw", "_bn2": "bn2"}
-_INVERTED_RESIDUAL = {"_expand_conv": "conv_pw", "_bn0": "bn1", "_depthwise_conv": "conv_dw", "_bn1": "bn2",
-                      "_project_conv": "conv_pwl", "_bn2": "bn3"}
+_INVERTED_RESIDUAL = {
+    "_expand_conv": "conv_pw",
+    "_bn0": "bn1",
+    "_depthwise_conv": "conv_dw",
+    "_bn1": "bn2",
+    "_project_conv": "conv_pwl",
+    "_bn2": "bn3",
+}
 
 
 def timm_state_dict(state: dict, stage_sizes: list) -> dict:

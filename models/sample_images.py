@@ -22,8 +22,10 @@ SAMPLES = {
     "coffee.png": ("a cup of coffee", "CC0, photographer Rachel Michetti"),
     "rocket.jpg": ("Falcon 9 launch (DSCOVR)", "public domain, released by SpaceX"),
     "camera.png": ("a photographer with a tripod camera (grayscale)", "CC0, photographer Lav Varshney"),
-    "clock_motion.png": ("a motion-blurred wall clock (grayscale)",
-                         "public domain, released by the photographer Stefan van der Walt"),
+    "clock_motion.png": (
+        "a motion-blurred wall clock (grayscale)",
+        "public domain, released by the photographer Stefan van der Walt",
+    ),
     "brick.png": ("a brick wall texture (grayscale)", "CC0, from CC0Textures (Bricks25)"),
 }
 

@@ -16,8 +16,8 @@ class TokenImage(nn.Module):
         self.head = nn.Linear(2 * dim, classes)
 
     def forward(self, ids: torch.Tensor, image: torch.Tensor):
-        tokens = self.embed(ids).mean(dim=1)                      # [B, dim]
-        pixels = torch.relu(self.conv(image)).mean(dim=(2, 3))    # [B, dim]
+        tokens = self.embed(ids).mean(dim=1)  # [B, dim]
+        pixels = torch.relu(self.conv(image)).mean(dim=(2, 3))  # [B, dim]
         joint = torch.cat([tokens, pixels], dim=1)
         return {"logits": self.head(joint), "features": (tokens, pixels)}
 

@@ -80,11 +80,17 @@ class Project:
     def doit(self, *args: str, extra_env: dict | None = None) -> DoitRun:
         return self.start_doit(*args, extra_env=extra_env).finish()
 
-    def start_doit(self, *args: str, extra_env: dict | None = None) -> "StartedDoit":
+    def start_doit(self, *args: str, extra_env: dict | None = None) -> StartedDoit:
         """Start doit without waiting for it (see doit_concurrently)."""
         env = {**os.environ, "ETFORGE_PIPELINE": str(self.pipeline), **(extra_env or {})}
-        proc = subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args],
-                                cwd=self.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args],
+            cwd=self.root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         return StartedDoit(proc)
 
 
@@ -106,9 +112,24 @@ def cpp_probe_lines(source: str, include_dir: Path, tmp_path: Path) -> list:
     """Compile ``source`` (strict C++17) against the headers in ``include_dir``, run it, return its lines."""
     probe, exe = tmp_path / "probe.cpp", tmp_path / "probe"
     probe.write_text(source)
-    compiled = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-pedantic", "-Werror",
-                               "-I", str(include_dir), str(probe), "-o", str(exe)],
-                              capture_output=True, text=True, timeout=120)
+    compiled = subprocess.run(
+        [
+            "c++",
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-pedantic",
+            "-Werror",
+            "-I",
+            str(include_dir),
+            str(probe),
+            "-o",
+            str(exe),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert compiled.returncode == 0, compiled.stderr
     return subprocess.run([str(exe)], capture_output=True, text=True, timeout=30).stdout.splitlines()
 
@@ -117,17 +138,22 @@ def cmake_probe_lines(script: str, manifest: Path, tmp_path: Path) -> list:
     """Run a ``cmake -P`` script with ``-DMANIFEST=<manifest>``; its message() lines (stderr)."""
     path = tmp_path / "probe.cmake"
     path.write_text(script)
-    run = subprocess.run(["cmake", f"-DMANIFEST={manifest}", "-P", str(path)],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        ["cmake", f"-DMANIFEST={manifest}", "-P", str(path)], capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr
     return run.stderr.splitlines()
 
+
 # A tiny untied Llama (2 layers, hidden 64, vocab 512) for transformers text-generation tests:
 # random tied-embedding configs emit one constant token, so greedy agreement would prove nothing.
-TINY_LLAMA_CONFIG = ("{model_type: llama, vocab_size: 512, hidden_size: 64, intermediate_size: 128, "
-                     "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, "
-                     "max_position_embeddings: 64, tie_word_embeddings: false, bos_token_id: 1, "
-                     "eos_token_id: 2, pad_token_id: 0}")
+TINY_LLAMA_CONFIG = (
+    "{model_type: llama, vocab_size: 512, hidden_size: 64, intermediate_size: 128, "
+    "num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, "
+    "max_position_embeddings: 64, tie_word_embeddings: false, bos_token_id: 1, "
+    "eos_token_id: 2, pad_token_id: 0}"
+)
+
 
 def doit_concurrently(*runs: tuple) -> list:
     """Run doit on independent projects at once: ``(project, args, extra_env)`` each, extra_env
@@ -205,16 +231,26 @@ def moto_endpoint():
 
 def aws_test_env(home: Path, endpoint: str) -> dict:
     """Environment for a doit subprocess talking to ``endpoint``: dummy credentials, no host AWS config."""
-    return {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_CONFIG_FILE": str(home / "config"), "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
-            "AWS_ENDPOINT_URL": endpoint}
+    return {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": str(home / "config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
+        "AWS_ENDPOINT_URL": endpoint,
+    }
 
 
 def make_bucket(endpoint: str, bucket: str) -> None:
     import boto3
 
-    client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                          aws_secret_access_key="testing", region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
     try:
         client.create_bucket(Bucket=bucket)
     except client.exceptions.BucketAlreadyOwnedByYou:
@@ -223,11 +259,18 @@ def make_bucket(endpoint: str, bucket: str) -> None:
 
 # ---------------------------------------------------------------- faults (test_faults, test_random_faults)
 
+
 def start_doit(project, *args):
     env = {**os.environ, "ETFORGE_PIPELINE": str(project.pipeline)}
-    return subprocess.Popen([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args],
-                            cwd=project.root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args],
+        cwd=project.root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_line(proc, needle: str, timeout: float = 300) -> str:
@@ -263,7 +306,7 @@ def in_project(project, recorded: str) -> Path:
     """A path a record names, in ``project``: records keep absolute paths, and a copied project's
     untouched records still name the original's files."""
     parts = Path(recorded).parts
-    return project.root.joinpath(*parts[len(parts) - 1 - parts[::-1].index("artifacts"):])
+    return project.root.joinpath(*parts[len(parts) - 1 - parts[::-1].index("artifacts") :])
 
 
 def flip_a_byte_inside_a_row(db: Path, task: str = "export:linreg/portable/fp32") -> None:
@@ -295,8 +338,11 @@ def damage_database(db: Path, damage: str, task: str = "export:linreg/portable/f
         db.unlink()
 
 
-DATABASE_DAMAGE = {"truncate": "database disk image is malformed", "garbage": "file is not a database",
-                   "row": "the row of 'export:linreg/portable/fp32' is not a JSON object: JSONDecodeError",
-                   "directory": "not a file",
-                   "schema": "its doit table has columns [('name', 'text'), ('value', 'integer')], not "
-                             "[('task_id', 'text'), ('task_data', 'json')]"}
+DATABASE_DAMAGE = {
+    "truncate": "database disk image is malformed",
+    "garbage": "file is not a database",
+    "row": "the row of 'export:linreg/portable/fp32' is not a JSON object: JSONDecodeError",
+    "directory": "not a file",
+    "schema": "its doit table has columns [('name', 'text'), ('value', 'integer')], not "
+    "[('task_id', 'text'), ('task_data', 'json')]",
+}

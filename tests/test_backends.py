@@ -55,10 +55,12 @@ def missing(needs: dict) -> list[tuple[str, str]]:
         spec = importlib.util.find_spec(top)
         found = spec is not None
         if found and rest:
-            found = any(Path(loc).joinpath(*rest).is_dir()
-                        or Path(loc).joinpath(*rest).with_suffix(".py").is_file()
-                        or any(Path(loc).joinpath(*rest[:-1]).glob(rest[-1] + ".*.so"))
-                        for loc in spec.submodule_search_locations or ())
+            found = any(
+                Path(loc).joinpath(*rest).is_dir()
+                or Path(loc).joinpath(*rest).with_suffix(".py").is_file()
+                or any(Path(loc).joinpath(*rest[:-1]).glob(rest[-1] + ".*.so"))
+                for loc in spec.submodule_search_locations or ()
+            )
         if not found:
             out.append(("module", module))
     platforms = needs.get("platforms") or []
@@ -97,8 +99,10 @@ def test_every_backend_recipe_is_covered_and_well_formed():
 def test_importing_the_factories_imports_no_backend():
     import subprocess
 
-    code = ("import sys, tasks.build.partitioners, tasks.build.quantizers; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch', 'coremltools')))")
+    code = (
+        "import sys, tasks.build.partitioners, tasks.build.quantizers; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch', 'coremltools')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -146,9 +150,16 @@ class SmallCNN:
 
         torch.manual_seed(0)
         model = torch.nn.Sequential(
-            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-            torch.nn.Conv2d(8, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
-            torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10))
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 16, 3, padding=1),
+            torch.nn.BatchNorm2d(16),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(16, 10),
+        )
         for m in model.modules():  # meaningful BN statistics (random init collapses outputs)
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.momentum = None
@@ -205,9 +216,9 @@ def test_fp32_lowers(name, cnn):
 
 @pytest.mark.parametrize("name", INT8_ONLY)
 def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
+    import executorch.kernels.quantized  # noqa: F401  (q/dq ops left outside the delegate)
     import torch
 
-    import executorch.kernels.quantized  # noqa: F401  (q/dq ops left outside the delegate)
     from tasks.build.quantize import pt2e_quantize
     from tasks.build.quantizers import ethos_u_int8
 
@@ -294,7 +305,8 @@ def test_the_coverage_gate_fails_a_program_that_runs_mostly_on_portable_kernels(
     assert state["status"] == "failed"
     assert state["reason"] == (
         "backend 'xnnpack' took 1 of 5 compute ops (20%, gate: at least 50%); the rest runs on portable "
-        "kernels (aten.atan x1, aten.cumsum x1, aten.flip x1, aten.remainder x1)")
+        "kernels (aten.atan x1, aten.cumsum x1, aten.flip x1, aten.remainder x1)"
+    )
     # The evidence stays: the program and its export.json with the coverage.
     info = json.loads((project.out / "mostly_portable" / "mostly_portable_xnnpack_fp32.export.json").read_text())
     assert info["delegation_coverage"] == 0.2 and info["delegated_by_backend"] == {"XnnpackBackend": 1}
@@ -324,7 +336,9 @@ def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(co
     cell = next(c for c in after.cells if c.model.name == "mostly_portable")
     old = next(c for c in before.cells if c.model.name == "mostly_portable")
     assert (old.backend.min_coverage, cell.backend.min_coverage) == (0.5, 0.2)
-    assert spec_of(after, "export", cell).key != spec_of(before, "export", old).key  # a changed minimum judges the program again
+    assert (
+        spec_of(after, "export", cell).key != spec_of(before, "export", old).key
+    )  # a changed minimum judges the program again
     info = _export_state(project, "mostly_portable/xnnpack/fp32")["info"]
     assert delegation_gate(cell, info) is None
     assert "took 1 of 5 compute ops (20%" in delegation_gate(old, info)

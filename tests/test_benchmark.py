@@ -17,8 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.build.benchmark import (BENCH, build_benchmark, current_thread_count, prepare_inputs, resolve_options,
-                                   summarize)
+from tasks.build.benchmark import (
+    BENCH,
+    build_benchmark,
+    current_thread_count,
+    prepare_inputs,
+    resolve_options,
+)
+from tasks.build.timing_stats import summarize
 from tasks.publish.baseline import BASELINE_FORMAT, compare_with_baseline, load_baseline, write_baseline
 
 REPO = Path(__file__).resolve().parent.parent
@@ -42,8 +48,11 @@ def program(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     pte = script.build_small_cnn_pte(out, SHAPE)
     reference = out / "reference.npz"
-    np.savez(reference, input_0=np.random.default_rng(0).standard_normal(SHAPE).astype("float32"),
-             output_0=np.zeros((1, 10), "float32"))
+    np.savez(
+        reference,
+        input_0=np.random.default_rng(0).standard_normal(SHAPE).astype("float32"),
+        output_0=np.zeros((1, 10), "float32"),
+    )
     return pte, reference
 
 
@@ -55,8 +64,7 @@ def test_bench_json_and_info(program, tmp_path):
     assert bench == tmp_path / BENCH and bench.is_file()
     record = json.loads(bench.read_text())
     assert record["format"] == "etforge-bench/1"
-    assert record["cell"] == {"name": "cnn/xnnpack/fp32", "model": "cnn", "backend": "xnnpack",
-                              "quantization": "fp32"}
+    assert record["cell"] == {"name": "cnn/xnnpack/fp32", "model": "cnn", "backend": "xnnpack", "quantization": "fp32"}
     assert record["program"]["file"] == pte.name and record["program"]["size_bytes"] == pte.stat().st_size
     assert record["inputs"] == [{"shape": list(SHAPE), "dtype": "float32"}]
     assert record["iterations"] == record["iterations_requested"] == 15 and len(record["samples_ms"]) == 15
@@ -79,8 +87,16 @@ def test_bench_json_and_info(program, tmp_path):
     info = result.info
     assert info["latency_p50_ms"] == lat["p50"] and info["latency_p90_ms"] == lat["p90"]
     assert info["latency_min_ms"] <= info["latency_p50_ms"] <= info["latency_p90_ms"]
-    for key in ("latency_trimmed_mean_ms", "latency_max_ms", "latency_stdev_ms", "load_ms",
-                "peak_rss_mb", "load_rss_delta_mb", "host", "host_id"):
+    for key in (
+        "latency_trimmed_mean_ms",
+        "latency_max_ms",
+        "latency_stdev_ms",
+        "load_ms",
+        "peak_rss_mb",
+        "load_rss_delta_mb",
+        "host",
+        "host_id",
+    ):
         assert key in info, key
     assert info["iterations"] == 15 and info["stopped_early"] is False and info["threads"] >= 1
     json.dumps(info)  # the runner stores it as JSON
@@ -89,8 +105,9 @@ def test_bench_json_and_info(program, tmp_path):
 def test_threads_option_recorded_and_restored(program, tmp_path):
     pte, reference = program
     before = current_thread_count()
-    result = build_benchmark("cnn/xnnpack/fp32", pte, reference, [], {"warmup": 1, "iterations": 5,
-                                                                        "threads": 1}, tmp_path)
+    result = build_benchmark(
+        "cnn/xnnpack/fp32", pte, reference, [], {"warmup": 1, "iterations": 5, "threads": 1}, tmp_path
+    )
     record = json.loads(result.files[BENCH].read_text())
     assert record["threads"] == {"requested": 1, "used": 1, "runtime_default": before}
     assert result.info["threads"] == 1 and record["cell"] == {"name": "cnn/xnnpack/fp32"}
@@ -99,8 +116,9 @@ def test_threads_option_recorded_and_restored(program, tmp_path):
 
 def test_time_budget_stops_early_and_says_so(program, tmp_path):
     pte, reference = program
-    result = build_benchmark(None, pte, reference, [], {"warmup": 0, "iterations": 10**7,
-                                                          "max_seconds": 0.05}, tmp_path)
+    result = build_benchmark(
+        None, pte, reference, [], {"warmup": 0, "iterations": 10**7, "max_seconds": 0.05}, tmp_path
+    )
     assert result.status == "ok" and result.info["stopped_early"] is True
     assert 1 <= result.info["iterations"] < 10**7 and result.info["iterations_requested"] == 10**7
     assert "time budget" in result.info["note"]
@@ -121,10 +139,22 @@ def test_inputs_cast_like_validation(program):
 
 
 def test_options_are_checked():
-    assert resolve_options(None) == {"warmup": 5, "iterations": 50, "threads": None,
-                                     "max_seconds": 10.0, "method": "forward"}
-    for bad in ({"iterations": 0}, {"warmup": -1}, {"threads": 0}, {"max_seconds": 0},
-                {"iterations": "100"}, {"iterationz": 5}, {"threads": True}):
+    assert resolve_options(None) == {
+        "warmup": 5,
+        "iterations": 50,
+        "threads": None,
+        "max_seconds": 10.0,
+        "method": "forward",
+    }
+    for bad in (
+        {"iterations": 0},
+        {"warmup": -1},
+        {"threads": 0},
+        {"max_seconds": 0},
+        {"iterations": "100"},
+        {"iterationz": 5},
+        {"threads": True},
+    ):
         with pytest.raises(ValueError, match="benchmark option"):
             resolve_options(bad)
 
@@ -139,12 +169,18 @@ def test_summary_statistics():
 
 
 def test_baseline_flags_real_regressions_only():
-    baseline = {"a/xnnpack/fp32": {"latency_p50_ms": 1.0}, "b/xnnpack/fp32": {"latency_p50_ms": 2.0},
-                "c/xnnpack/fp32": {"latency_p50_ms": 3.0}, "gone/xnnpack/fp32": {"latency_p50_ms": 1.0}}
-    current = {"a/xnnpack/fp32": {"latency_p50_ms": 2.0},  # 2x slower
-               "b/xnnpack/fp32": {"latency_p50_ms": 2.1},  # 5% slower
-               "c/xnnpack/fp32": {"latency_ms": {"p50": 1.5}},  # faster, a whole bench.json
-               "new/xnnpack/fp32": {"latency_p50_ms": 9.0}}
+    baseline = {
+        "a/xnnpack/fp32": {"latency_p50_ms": 1.0},
+        "b/xnnpack/fp32": {"latency_p50_ms": 2.0},
+        "c/xnnpack/fp32": {"latency_p50_ms": 3.0},
+        "gone/xnnpack/fp32": {"latency_p50_ms": 1.0},
+    }
+    current = {
+        "a/xnnpack/fp32": {"latency_p50_ms": 2.0},  # 2x slower
+        "b/xnnpack/fp32": {"latency_p50_ms": 2.1},  # 5% slower
+        "c/xnnpack/fp32": {"latency_ms": {"p50": 1.5}},  # faster, a whole bench.json
+        "new/xnnpack/fp32": {"latency_p50_ms": 9.0},
+    }
     flagged = compare_with_baseline(current, baseline, 10)
     assert [row["cell"] for row in flagged] == ["a/xnnpack/fp32"]
     assert flagged[0]["change_pct"] == 100.0 and flagged[0]["regression"] is True
@@ -156,8 +192,7 @@ def test_baseline_flags_real_regressions_only():
 
 
 def test_baseline_file_round_trip(tmp_path):
-    results = {"a/xnnpack/fp32": {"latency_p50_ms": 1.25, "host_id": "abc"},
-               "a/portable/fp32": {"status": "skipped"}}
+    results = {"a/xnnpack/fp32": {"latency_p50_ms": 1.25, "host_id": "abc"}, "a/portable/fp32": {"status": "skipped"}}
     path = tmp_path / "baseline.json"
     write_baseline(path, results, pipeline="etforge-demo", version="0.1.0")
     doc = json.loads(path.read_text())
@@ -166,8 +201,12 @@ def test_baseline_file_round_trip(tmp_path):
     bare = tmp_path / "bare.json"
     bare.write_text(json.dumps(results))
     assert load_baseline(bare) == results
-    for text, message in (("[]", "JSON object"), ('{"format": "other/9", "cells": {}}', "format"),
-                          ('{"x": {"latency_p50_ms": -1}}', "positive"), ("{", "not JSON")):
+    for text, message in (
+        ("[]", "JSON object"),
+        ('{"format": "other/9", "cells": {}}', "format"),
+        ('{"x": {"latency_p50_ms": -1}}', "positive"),
+        ("{", "not JSON"),
+    ):
         bare.write_text(text)
         with pytest.raises(ValueError, match=message):
             load_baseline(bare)
@@ -177,9 +216,13 @@ def test_agreement_script_prints_both_figures_and_ratio(program):
     # Given the fixture's program (the no-argument path builds the same one, as the fixture did),
     # with inputs made from the program's own metadata.
     pte, _ = program
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(pte), "--rounds", "2", "--iterations", "20",
-                           "--warmup", "3"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(pte), "--rounds", "2", "--iterations", "20", "--warmup", "3"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # Exit 1 only means the two figures differed by >10% this time (noise); never a crash.
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     assert re.search(r"^benchmark p50: \d+\.\d+ ms", proc.stdout, re.M), proc.stdout

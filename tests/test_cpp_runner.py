@@ -20,13 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import REPO, copy_project, make_project
-from tasks.publish.manifests import cpp_header
-from tasks.publish import literals
-from tasks.store.specs import spec_of
+
 from tasks.config.resolve import resolve
+from tasks.publish import literals
+from tasks.publish.manifests import cpp_header
 from tasks.store.records import read_state
+from tasks.store.specs import spec_of
 
 MODELS = {"linreg": (1, 4), "cnn": (1, 3, 8, 8)}
 BACKENDS = ("xnnpack", "portable")
@@ -35,11 +35,14 @@ TAMPERED = "linreg_tampered"
 RTOL, ATOL = 1e-5, 1e-6
 RUN_ARGS = ("--warmup", "3", "--iterations", "20", "--values", "-1")
 
-pytestmark = pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("c++") is None,
-                                reason="cmake and a C++ compiler are needed to build cpp/runner")
+pytestmark = pytest.mark.skipif(
+    shutil.which("cmake") is None or shutil.which("c++") is None,
+    reason="cmake and a C++ compiler are needed to build cpp/runner",
+)
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def parse(stdout: str) -> list:
     """The runner's records: (kind, {key: value}) per stdout line."""
@@ -55,8 +58,9 @@ def of_kind(records: list, kind: str) -> list:
 
 
 def run_runner(binary: Path, models_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(binary), "--models-dir", str(models_dir), *args],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(binary), "--models-dir", str(models_dir), *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def cmake(*args: str) -> subprocess.CompletedProcess:
@@ -64,6 +68,7 @@ def cmake(*args: str) -> subprocess.CompletedProcess:
 
 
 # ---------------------------------------------------------------- fixtures
+
 
 @pytest.fixture(scope="module")
 def built(built_small, tmp_path_factory):
@@ -96,9 +101,16 @@ def runner(context, tmp_path_factory) -> Path:
     build = work / "build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     start = time.monotonic()
-    configure = cmake("-S", str(REPO / "cpp" / "runner"), "-B", str(build), *generator,
-                      "-DCMAKE_BUILD_TYPE=Release", f"-DETFORGE_MODELS_HEADER={header}",
-                      f"-DETFORGE_PYTHON={sys.executable}")
+    configure = cmake(
+        "-S",
+        str(REPO / "cpp" / "runner"),
+        "-B",
+        str(build),
+        *generator,
+        "-DCMAKE_BUILD_TYPE=Release",
+        f"-DETFORGE_MODELS_HEADER={header}",
+        f"-DETFORGE_PYTHON={sys.executable}",
+    )
     assert configure.returncode == 0, configure.stdout + configure.stderr
     compiled = cmake("--build", str(build), "--parallel", "2")
     assert compiled.returncode == 0, compiled.stdout + compiled.stderr
@@ -139,6 +151,7 @@ def python_outputs(runtime, pte: Path, x: np.ndarray) -> list:
 
 # ---------------------------------------------------------------- the header
 
+
 def test_header_lists_built_cells_in_fallback_order_from_the_state_records(built):
     plan = built.plan
     text = cpp_header.render_header(plan)
@@ -156,8 +169,9 @@ def test_header_lists_built_cells_in_fallback_order_from_the_state_records(built
             assert v["file"] == f"{cell.model.name}/{cell.stem}.pte"
             assert (built.out / v["file"]).stat().st_size == v["size"]
             assert v["delegates"] == (["XnnpackBackend"] if v["backend"] == "xnnpack" else [])
-            assert v["inputs"] == [{"name": i.name, "shape": list(i.shape), "dtype": "float32"}
-                                   for i in cell.model.inputs]
+            assert v["inputs"] == [
+                {"name": i.name, "shape": list(i.shape), "dtype": "float32"} for i in cell.model.inputs
+            ]
             assert v["num_outputs"] == 1 and v["listed"] is True
     # A configurable order; unlisted variants follow (or are left out).
     swapped = cpp_header.header_context(plan, order=["portable/fp32", "xnnpack"])
@@ -165,11 +179,15 @@ def test_header_lists_built_cells_in_fallback_order_from_the_state_records(built
     only = cpp_header.header_context(plan, order=["xnnpack"], append_unlisted=False)
     assert [v["id"] for m in only["models"] for v in m["variants"]] == ["linreg/xnnpack/fp32", "cnn/xnnpack/fp32"]
     tail = cpp_header.header_context(plan, order=["xnnpack"])
-    assert [(v["backend"], v["listed"]) for v in tail["models"][1]["variants"]] == [("xnnpack", True),
-                                                                                     ("portable", False)]
+    assert [(v["backend"], v["listed"]) for v in tail["models"][1]["variants"]] == [
+        ("xnnpack", True),
+        ("portable", False),
+    ]
     flat = cpp_header.header_context(plan, [c for c in plan.cells if c.model.name == "cnn"], layout="flat")
-    assert [v["file"] for m in flat["models"] for v in m["variants"]] == ["cnn_xnnpack_fp32.pte",
-                                                                          "cnn_portable_fp32.pte"]
+    assert [v["file"] for m in flat["models"] for v in m["variants"]] == [
+        "cnn_xnnpack_fp32.pte",
+        "cnn_portable_fp32.pte",
+    ]
     with pytest.raises(cpp_header.HeaderError, match="unknown quantization 'int4'"):
         cpp_header.header_context(plan, order=["xnnpack/int4"])
 
@@ -185,7 +203,10 @@ def test_header_leaves_out_unbuilt_cells_and_escapes_strings(built, tmp_path):
     finally:
         state.write_bytes(saved)
     assert [v["id"] for m in ctx["models"] for v in m["variants"]] == [
-        "linreg/xnnpack/fp32", "linreg/portable/fp32", "cnn/portable/fp32"]
+        "linreg/xnnpack/fp32",
+        "linreg/portable/fp32",
+        "cnn/portable/fp32",
+    ]
     assert ctx["excluded"] == [{"cell": "cnn/xnnpack/fp32", "reason": "not built: run `doit export:cnn/xnnpack/fp32`"}]
     assert literals.c_string('a"b\\c?\n\u00e9') == '"a\\"b\\\\c\\?\\012\\303\\251"'
     assert literals.c_comment("x\ny\\") == "x y"
@@ -193,9 +214,11 @@ def test_header_leaves_out_unbuilt_cells_and_escapes_strings(built, tmp_path):
 
 # ---------------------------------------------------------------- the runner
 
+
 @pytest.mark.parametrize("model", list(MODELS))
-def test_runner_runs_each_runnable_variant_and_matches_the_python_runtime(model, built, runner, inputs,
-                                                                          python_runtime, context):
+def test_runner_runs_each_runnable_variant_and_matches_the_python_runtime(
+    model, built, runner, inputs, python_runtime, context
+):
     x, path = inputs[model]
     proc = run_runner(runner, built.out, "--input", str(path), *RUN_ARGS, model)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -269,10 +292,15 @@ def test_bad_input_file_unknown_model_and_missing_models_dir(built, runner, inpu
     reasons = [v.get("reason", "") for v in of_kind(parse(wrong.stdout), "variant") if v["status"] == "failed"]
     assert len(reasons) == 2 and all("holds 768 bytes, the input takes 16" in r for r in reasons)
     unknown = run_runner(runner, built.out, "nosuchmodel")
-    assert unknown.returncode == 2 and "unknown model 'nosuchmodel'; the header has: linreg, cnn, linreg_tampered" in unknown.stderr
+    assert (
+        unknown.returncode == 2
+        and "unknown model 'nosuchmodel'; the header has: linreg, cnn, linreg_tampered" in unknown.stderr
+    )
     missing = run_runner(runner, built.root / "nowhere", "--iterations", "1", "cnn")
     assert missing.returncode == 1
-    assert all(v["status"] == "failed" and "cannot open" in v["reason"] for v in of_kind(parse(missing.stdout), "variant"))
+    assert all(
+        v["status"] == "failed" and "cannot open" in v["reason"] for v in of_kind(parse(missing.stdout), "variant")
+    )
 
 
 # ---------------------------------------------------------------- order rules, without exporting
@@ -299,22 +327,52 @@ def fake_export(plan, cell, status="ok"):
     import json
 
     spec = spec_of(plan, "export", cell)
-    info = {"size_bytes": 100 + len(cell.name), "sha256": hashlib.sha256(cell.name.encode()).hexdigest(),
-            "delegates": list(cell.backend.delegates), "input_dtypes": ["float32"]}
+    info = {
+        "size_bytes": 100 + len(cell.name),
+        "sha256": hashlib.sha256(cell.name.encode()).hexdigest(),
+        "delegates": list(cell.backend.delegates),
+        "input_dtypes": ["float32"],
+    }
     spec.state_file.parent.mkdir(parents=True, exist_ok=True)
-    spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": status,
-                                           "info": info if status == "ok" else {}, "outputs": {}}))
+    spec.state_file.write_text(
+        json.dumps(
+            {
+                "task": spec.name,
+                "key": spec.key,
+                "status": status,
+                "info": info if status == "ok" else {},
+                "outputs": {},
+            }
+        )
+    )
     if status != "ok":
         return
     check = spec_of(plan, "validate", cell)
     if cell.backend.host_runnable:
-        record = {"status": "ok", "info": {"sqnr_db": None, "max_abs_error": 0.0, "cosine": 1.0,
-                                           "inputs": "random (seeded)", "samples": 1, "passed": True,
-                                           "program_sha256": info["sha256"]}}
+        record = {
+            "status": "ok",
+            "info": {
+                "sqnr_db": None,
+                "max_abs_error": 0.0,
+                "cosine": 1.0,
+                "inputs": "random (seeded)",
+                "samples": 1,
+                "passed": True,
+                "program_sha256": info["sha256"],
+            },
+        }
     else:
-        record = {"status": "not-runnable", "outputs": {"program.bpte": {"sha256": "b" * 64}},
-                  "info": {"inputs": "random (seeded)", "test_cases": 1, "rtol": 0.0, "atol": 1e-4,
-                           "program_sha256": info["sha256"]}}
+        record = {
+            "status": "not-runnable",
+            "outputs": {"program.bpte": {"sha256": "b" * 64}},
+            "info": {
+                "inputs": "random (seeded)",
+                "test_cases": 1,
+                "rtol": 0.0,
+                "atol": 1e-4,
+                "program_sha256": info["sha256"],
+            },
+        }
     check.state_file.write_text(json.dumps({"task": check.name, "key": check.key, **record}))
 
 
@@ -331,7 +389,9 @@ def test_chains_are_ordered_by_their_own_name_and_odd_strings_compile(tmp_path):
     assert model["variants"][1]["num_outputs"] == -1  # no capture record: unknown
     assert ctx["excluded"] == [{"cell": "linreg/portable/fp32", "reason": "failed: export:linreg/portable/fp32 failed"}]
     assert [(v["verdict"], v["bundle_sha256"], v["atol"]) for v in model["variants"]] == [
-        ("provisional", "", None), ("on-device", "b" * 64, 1e-4)]
+        ("provisional", "", None),
+        ("on-device", "b" * 64, 1e-4),
+    ]
     named = cpp_header.header_context(plan, order=["vk_xnn", "fast"], append_unlisted=False)
     assert [v["backend"] for v in named["models"][0]["variants"]] == ["vk_xnn", "fast"]
 
@@ -343,15 +403,33 @@ def test_chains_are_ordered_by_their_own_name_and_odd_strings_compile(tmp_path):
     header = tmp_path / "etforge_models.h"
     header.write_text(cpp_header.render_context(odd))
     probe = tmp_path / "probe.cpp"
-    probe.write_text('#include "etforge_models.h"\n#include <cstdio>\n'
-                     "int main() { std::printf(\"%s|%s|%zu|%d|%s|%g|%s|%g\\n\", etforge::models::kPipeline,\n"
-                     "  etforge::models::kModels[0].variants[0].inputs[0].name,\n"
-                     "  etforge::models::kModels[0].num_variants, etforge::models::kModels[0].variants[1].num_outputs,\n"
-                     "  etforge::models::kModels[0].variants[0].verdict, etforge::models::kModels[0].variants[0].sqnr_db,\n"
-                     "  etforge::models::kModels[0].variants[1].verdict, etforge::models::kModels[0].variants[1].atol); }\n")
+    probe.write_text(
+        '#include "etforge_models.h"\n#include <cstdio>\n'
+        'int main() { std::printf("%s|%s|%zu|%d|%s|%g|%s|%g\\n", etforge::models::kPipeline,\n'
+        "  etforge::models::kModels[0].variants[0].inputs[0].name,\n"
+        "  etforge::models::kModels[0].num_variants, etforge::models::kModels[0].variants[1].num_outputs,\n"
+        "  etforge::models::kModels[0].variants[0].verdict, etforge::models::kModels[0].variants[0].sqnr_db,\n"
+        "  etforge::models::kModels[0].variants[1].verdict, etforge::models::kModels[0].variants[1].atol); }\n"
+    )
     exe = tmp_path / "probe"
-    compiled = subprocess.run(["c++", "-std=c++17", "-Wall", "-Wextra", "-pedantic", "-Werror", "-I", str(tmp_path),
-                               str(probe), "-o", str(exe)], capture_output=True, text=True, timeout=120)
+    compiled = subprocess.run(
+        [
+            "c++",
+            "-std=c++17",
+            "-Wall",
+            "-Wextra",
+            "-pedantic",
+            "-Werror",
+            "-I",
+            str(tmp_path),
+            str(probe),
+            "-o",
+            str(exe),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert compiled.returncode == 0, compiled.stderr
     printed = subprocess.run([str(exe)], capture_output=True, timeout=30).stdout.decode("utf-8")
     assert printed == 'a "quoted" \\ name ??/ */ \u00e9\n|in\\|2|-1|provisional|inf|on-device|0.0001\n'

@@ -13,17 +13,33 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import (
+    DATABASE_DAMAGE,
+    LINREG_PIPELINE,
+    REPO,
+    Project,
+    assert_nothing_half_done,
+    copy_project,
+    damage_database,
+    make_project,
+    start_doit,
+    state,
+    wait_for_line,
+)
 
 from tasks.store.entries import read_entry
-from conftest import (DATABASE_DAMAGE, LINREG_PIPELINE, REPO, Project, assert_nothing_half_done, copy_project,
-                      damage_database, make_project, start_doit, state, wait_for_line)
 
 
 # Mid-lowering and mid-verdict run by default; between tasks and mid-capture in `make test-all`.
-@pytest.mark.parametrize("kill_at", [pytest.param("start   capture:cnn", marks=pytest.mark.slow),
-                                     "start   export:cnn/xnnpack/fp32",
-                                     pytest.param("ok      export:linreg/xnnpack/fp32", marks=pytest.mark.slow),
-                                     "start   validate:cnn/portable/fp32"])
+@pytest.mark.parametrize(
+    "kill_at",
+    [
+        pytest.param("start   capture:cnn", marks=pytest.mark.slow),
+        "start   export:cnn/xnnpack/fp32",
+        pytest.param("ok      export:linreg/xnnpack/fp32", marks=pytest.mark.slow),
+        "start   validate:cnn/portable/fp32",
+    ],
+)
 def test_a_killed_run_leaves_nothing_a_later_run_accepts_and_the_next_run_finishes(tmp_path, kill_at):
     project = make_project(tmp_path / "proj")
     proc = start_doit(project)
@@ -58,7 +74,8 @@ def test_unwritable_artifacts_directory_fails_with_one_line_naming_the_path(tmp_
     run = project.doit()
     assert run.returncode == 3
     assert run.stderr.strip().splitlines() == [
-        f"etforge: error: cannot write to {project.root / 'artifacts'}: File exists"]
+        f"etforge: error: cannot write to {project.root / 'artifacts'}: File exists"
+    ]
     assert "Traceback" not in run.stdout + run.stderr
 
 
@@ -68,8 +85,9 @@ def test_shards_split_the_matrix_without_overlap(tmp_path):
     for k in (1, 2, 3):
         listed = project.doit("list", "--all", f"shard={k}/3").stdout
         shards.append({line.split()[0] for line in listed.splitlines() if line.startswith("export:")})
-    everything = {line.split()[0] for line in project.doit("list", "--all").stdout.splitlines()
-                  if line.startswith("export:")}
+    everything = {
+        line.split()[0] for line in project.doit("list", "--all").stdout.splitlines() if line.startswith("export:")
+    }
     assert set().union(*shards) == everything
     assert sum(len(s) for s in shards) == len(everything)
     bad = project.doit("list", "shard=4/3")
@@ -90,26 +108,36 @@ backends:
 quantization: [fp32]
 """
 FACTORIES = {
-    "boom": ("import pathlib, time\n\n\ndef build():\n"
-             "    gate, deadline = pathlib.Path(__file__).with_name('gate'), time.monotonic() + 300\n"
-             "    while not gate.exists() and time.monotonic() < deadline:  # until the test opens it\n"
-             "        time.sleep(0.05)\n"
-             "    raise RuntimeError('boom: this factory always fails')\n"),
-    "suicide": ("import os, signal\n\n\ndef build():\n"
-                "    os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does\n"),
+    "boom": (
+        "import pathlib, time\n\n\ndef build():\n"
+        "    gate, deadline = pathlib.Path(__file__).with_name('gate'), time.monotonic() + 300\n"
+        "    while not gate.exists() and time.monotonic() < deadline:  # until the test opens it\n"
+        "        time.sleep(0.05)\n"
+        "    raise RuntimeError('boom: this factory always fails')\n"
+    ),
+    "suicide": (
+        "import os, signal\n\n\ndef build():\n    os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does\n"
+    ),
     "big": "import torch\n\n\ndef build():\n    return torch.nn.Linear(4, 16384)  # 256 KB of weights\n",
     "exits": "import sys\n\n\ndef build():\n    sys.exit(0)  # a factory that thinks it is a script\n",
     "hard_exits": "import os\n\n\ndef build():\n    os._exit(0)\n",
     # a model module that parses the command line at import: doit's arguments are not its own
-    "argparse_at_import": ("import argparse\n\nARGS = argparse.ArgumentParser().parse_args()\n\n\n"
-                           "def build():\n    raise AssertionError('never reached')\n"),
+    "argparse_at_import": (
+        "import argparse\n\nARGS = argparse.ArgumentParser().parse_args()\n\n\n"
+        "def build():\n    raise AssertionError('never reached')\n"
+    ),
 }
 
 
 def tiny_project(path, *factories: str, linreg: bool = True):
     models = ("linreg", *factories) if linreg else factories
-    project = make_project(path, TINY_PIPELINE % "\n".join(
-        f"  {name}:\n    python: models.{name}:build\n    inputs: [{{name: x, shape: [1, 4]}}]" for name in models))
+    project = make_project(
+        path,
+        TINY_PIPELINE
+        % "\n".join(
+            f"  {name}:\n    python: models.{name}:build\n    inputs: [{{name: x, shape: [1, 4]}}]" for name in models
+        ),
+    )
     for name in factories:
         (project.root / "models" / f"{name}.py").write_text(FACTORIES[name])
     return project
@@ -139,14 +167,16 @@ def test_any_reporter_takes_the_lock_and_a_failed_cell_fails_the_run(tmp_path, a
     first = start_doit(project, *args)
     wait_for_lock(project, first.pid)  # its capture:boom now waits for the gate
     second = start_doit(project, "-r", "json", "validate")
-    wait_for_line(second, f"etforge: another doit run (pid {first.pid}) is using {project.root / 'artifacts'}; "
-                          "waiting for it to finish")
+    wait_for_line(
+        second,
+        f"etforge: another doit run (pid {first.pid}) is using {project.root / 'artifacts'}; waiting for it to finish",
+    )
     (project.root / "models" / "gate").touch()
     out_first, _ = first.communicate(timeout=600)
     out_second, _ = second.communicate(timeout=600)
     assert first.returncode == 1, out_first
     assert second.returncode == 1, out_second  # the failed cell runs again, and fails again
-    report = json.loads(out_first[out_first.index("{"):out_first.rindex("}") + 1])  # stdout stays JSON
+    report = json.loads(out_first[out_first.index("{") : out_first.rindex("}") + 1])  # stdout stays JSON
     # A failed task returns success to doit (so that its dependents run and say they are
     # blocked): the exit status comes from the state records.
     assert {t["name"]: t["result"] for t in report["tasks"]}["capture:boom"] == "success"
@@ -163,8 +193,10 @@ def test_a_worker_killed_mid_task_fails_its_cell_and_the_run_goes_on(tmp_path):
     assert time.monotonic() - began < 120  # no hang: doit used to wait forever on the dead worker
     assert run.returncode == 1, run.stdout + run.stderr
     log = project.out / "logs" / "capture__suicide.log"
-    assert ("etforge: capture:suicide: worker process " in run.stderr
-            and f"was killed by SIGKILL (the OOM killer, or kill -9) while running it (log: {log})" in run.stderr)
+    assert (
+        "etforge: capture:suicide: worker process " in run.stderr
+        and f"was killed by SIGKILL (the OOM killer, or kill -9) while running it (log: {log})" in run.stderr
+    )
     assert "Traceback" not in run.stdout + run.stderr
     record = json.loads((project.out / ".state" / "capture__suicide.json").read_text())
     assert record["status"] == "failed" and "SIGKILL" in record["reason"] and record["log"] == str(log)
@@ -210,17 +242,21 @@ def test_killing_only_the_main_process_kills_its_workers_and_frees_the_lock(tmp_
         time.sleep(0.05)
     proc.stdout.close()
     assert lock_holder(project) == f"held by pid {proc.pid}"
-    leftovers = [project.root / "artifacts" / "cache" / "tmp" / "build-x1y2z3" / "model.pt2",  # what a kill
-                 project.root / "artifacts" / "release" / ".release-x1y2z3" / "SHA256SUMS",  # leaves behind
-                 project.out / ".state" / ".export__linreg__portable__fp32.json.x1y2z3_9.tmp"]
+    leftovers = [
+        project.root / "artifacts" / "cache" / "tmp" / "build-x1y2z3" / "model.pt2",  # what a kill
+        project.root / "artifacts" / "release" / ".release-x1y2z3" / "SHA256SUMS",  # leaves behind
+        project.out / ".state" / ".export__linreg__portable__fp32.json.x1y2z3_9.tmp",
+    ]
     for path in leftovers:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("half")
     began = time.monotonic()
     run = project.doit()
     assert run.returncode == 0, run.stdout + run.stderr
-    assert (f"etforge: took over the run lock of {project.root / 'artifacts'} from pid {proc.pid}, which ended without "
-            "releasing it (killed); cleaning up after it") in run.stderr
+    assert (
+        f"etforge: took over the run lock of {project.root / 'artifacts'} from pid {proc.pid}, which ended without "
+        "releasing it (killed); cleaning up after it"
+    ) in run.stderr
     assert "waiting" not in run.stderr
     assert "1 provisional" in run.stdout
     assert time.monotonic() - began < 300
@@ -255,7 +291,8 @@ def test_a_damaged_doit_database_costs_one_warning_and_no_rebuild(built_tiny, tm
         why = DATABASE_DAMAGE[damage]
         assert run.stderr.splitlines() == [
             f"etforge: warning: doit's database {db} was unreadable ({why}); moved it to "
-            ".doit.sqlite3.corrupt and starting afresh (etforge's state records keep every task up to date)"]
+            ".doit.sqlite3.corrupt and starting afresh (etforge's state records keep every task up to date)"
+        ]
     again = project.doit()
     assert again.returncode == 0 and again.stderr == "" and again.started == set()
 
@@ -263,8 +300,14 @@ def test_a_damaged_doit_database_costs_one_warning_and_no_rebuild(built_tiny, tm
 def doit_with_file_limit(project: Project, kilobytes: int, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ETFORGE_PIPELINE": str(project.pipeline)}
     command = " ".join([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args])
-    return subprocess.run(["bash", "-c", f"ulimit -f {kilobytes}; exec {command}"], cwd=project.root, env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        ["bash", "-c", f"ulimit -f {kilobytes}; exec {command}"],
+        cwd=project.root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.parametrize("link", ["artifacts", "artifacts/t"])
@@ -279,7 +322,8 @@ def test_a_symlink_out_of_the_project_is_refused_unless_the_pipeline_opts_in(tmp
     assert run.stderr.splitlines() == [
         f"etforge: error: {project.root / link} is a symlink to {outside}, outside the project directory "
         f"{project.root}: etforge does not write through it (set `artifacts: {{allow_outside: true}}` in "
-        f"{project.pipeline} to follow it)"]
+        f"{project.pipeline} to follow it)"
+    ]
     assert list(outside.iterdir()) == []  # nothing written through it
 
     project.write_pipeline(project.pipeline.read_text() + "artifacts: {allow_outside: true}\n")
@@ -298,8 +342,10 @@ def test_a_symlink_inside_the_project_is_followed(tmp_path):
     assert (project.root / "build" / ".etforge" / "digests.json").is_file()
 
 
-@pytest.mark.parametrize("link", ["artifacts", "artifacts/t", "artifacts/t/linreg", "artifacts/cache/00",
-                                  "artifacts/.etforge/pending-uploads"])
+@pytest.mark.parametrize(
+    "link",
+    ["artifacts", "artifacts/t", "artifacts/t/linreg", "artifacts/cache/00", "artifacts/.etforge/pending-uploads"],
+)
 def test_a_dangling_artifacts_symlink_gets_its_own_message(tmp_path, link):
     project = make_project(tmp_path / "proj")
     (project.root / link).parent.mkdir(parents=True, exist_ok=True)
@@ -308,7 +354,8 @@ def test_a_dangling_artifacts_symlink_gets_its_own_message(tmp_path, link):
     assert run.returncode == 3
     assert run.stderr.splitlines() == [  # it used to say "File exists"
         f"etforge: error: {project.root / link} is a symlink to {tmp_path / 'gone'}, which does not exist: "
-        "create that directory or remove the link"]
+        "create that directory or remove the link"
+    ]
 
 
 def test_a_build_under_a_file_size_limit_fails_cleanly_and_the_next_run_finishes(tmp_path):
@@ -327,6 +374,7 @@ def test_a_build_under_a_file_size_limit_fails_cleanly_and_the_next_run_finishes
     run = project.doit()  # room again
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 provisional" in run.stdout
+
 
 # --- a damaged store heals in the run that finds it --------------------------------------
 
@@ -368,8 +416,10 @@ def test_the_final_writes_under_a_file_size_limit_fail_with_one_line_and_keep_th
     before = db.read_bytes()
     limited = doit_with_file_limit(project, 4, "-a", "-s", "report")  # re-run report alone, then write the DB
     assert limited.returncode == 1, limited.stdout + limited.stderr
-    assert (f"etforge: error: cannot write {db}: disk I/O error; the previous database is intact and the "
-            "next run finishes the job") in limited.stderr.splitlines()
+    assert (
+        f"etforge: error: cannot write {db}: disk I/O error; the previous database is intact and the "
+        "next run finishes the job"
+    ) in limited.stderr.splitlines()
     assert "Traceback" not in limited.stdout + limited.stderr
     assert db.read_bytes() == before
     run = project.doit()
@@ -392,14 +442,20 @@ def test_a_kill_during_the_final_writes_leaves_a_state_the_next_run_accepts(buil
     json.loads((project.out / "summary.json").read_text())
     assert_nothing_half_done(project)
 
-@pytest.mark.parametrize("task, blob, keep_mtime, workers", [
-    (f"export:{CELL}", "program.pte", False, ()),
-    # Validation and benchmark both read the bad entry at once: one of them rebuilds it.
-    (f"export:{CELL}", "program.pte", True, ("-n", "2", "-P", "process")),
-    ("capture:linreg", "reference.npz", True, ()),  # in the store only: capture runs again
-], ids=["program", "program-same-mtime-2-workers", "reference-same-mtime"])
-def test_a_flipped_byte_in_a_cached_blob_is_rebuilt_in_the_same_run(built_linreg, tmp_path, task, blob,
-                                                                     keep_mtime, workers):
+
+@pytest.mark.parametrize(
+    "task, blob, keep_mtime, workers",
+    [
+        (f"export:{CELL}", "program.pte", False, ()),
+        # Validation and benchmark both read the bad entry at once: one of them rebuilds it.
+        (f"export:{CELL}", "program.pte", True, ("-n", "2", "-P", "process")),
+        ("capture:linreg", "reference.npz", True, ()),  # in the store only: capture runs again
+    ],
+    ids=["program", "program-same-mtime-2-workers", "reference-same-mtime"],
+)
+def test_a_flipped_byte_in_a_cached_blob_is_rebuilt_in_the_same_run(
+    built_linreg, tmp_path, task, blob, keep_mtime, workers
+):
     project = copy_project(built_linreg, tmp_path / "proj")
     key = state(project, task)["key"]
     entry = project.root / "artifacts" / "cache" / key[:2] / key
@@ -425,6 +481,7 @@ def test_a_flipped_byte_in_a_cached_blob_is_rebuilt_in_the_same_run(built_linreg
 
 # ---------------------------------------------------------------- red team, round two
 
+
 def test_a_module_replaced_with_its_old_size_and_mtime_is_not_served_stale(built_small, tmp_path):
     project = copy_project(built_small, tmp_path / "proj")
     assert project.doit().started == set()  # the copy's digests are memoised under its own paths
@@ -444,13 +501,17 @@ def test_a_module_replaced_with_its_old_size_and_mtime_is_not_served_stale(built
     assert project.doit().started == set()
 
 
-@pytest.mark.parametrize("factory, args, reason", [
-    ("exits", (), "SystemExit: the code called sys.exit(0)"),
-    ("exits", ("-n", "2", "-P", "process"), "SystemExit: the code called sys.exit(0)"),
-    ("exits", ("-r", "json"), "SystemExit: the code called sys.exit(0)"),
-    ("argparse_at_import", (), "SystemExit: the code called sys.exit(2)"),
-    ("hard_exits", (), "exited with code 0 (the task's code called os._exit) while running it"),
-], ids=["sys-exit", "sys-exit-2-workers", "sys-exit-json", "argparse", "os-exit"])
+@pytest.mark.parametrize(
+    "factory, args, reason",
+    [
+        ("exits", (), "SystemExit: the code called sys.exit(0)"),
+        ("exits", ("-n", "2", "-P", "process"), "SystemExit: the code called sys.exit(0)"),
+        ("exits", ("-r", "json"), "SystemExit: the code called sys.exit(0)"),
+        ("argparse_at_import", (), "SystemExit: the code called sys.exit(2)"),
+        ("hard_exits", (), "exited with code 0 (the task's code called os._exit) while running it"),
+    ],
+    ids=["sys-exit", "sys-exit-2-workers", "sys-exit-json", "argparse", "os-exit"],
+)
 def test_a_model_that_exits_fails_its_own_cells_and_the_others_build(tmp_path, factory, args, reason):
     project = tiny_project(tmp_path / "proj", factory)
     run = project.doit(*args)
@@ -486,5 +547,6 @@ def test_threads_are_refused_with_one_line_before_anything_runs(tmp_path):
     assert run.returncode == 3
     assert run.stderr.splitlines() == [
         "etforge: error: -P thread is not supported (torch.export is not thread-safe and each task's log is a "
-        "process-wide redirect); use -P process"]
+        "process-wide redirect); use -P process"
+    ]
     assert not (project.out / ".state").exists()

@@ -39,8 +39,10 @@ def built(tmp_path_factory):
 
 
 def test_dynamic_model_is_validated_at_min_interior_and_max(built):
-    reports = {(r["cell"]["backend"], r["cell"]["quantization"]): r
-               for r in map(lambda p: json.loads(p.read_text()), built.root.rglob("numerics.json"))}
+    reports = {
+        (r["cell"]["backend"], r["cell"]["quantization"]): r
+        for r in map(lambda p: json.loads(p.read_text()), built.root.rglob("numerics.json"))
+    }
     assert set(reports) == {("xnnpack", "fp32"), ("xnnpack", "int8"), ("xnnpack", "8da8w"), ("portable", "fp32")}
     for report in reports.values():
         assert report["passed"], report["misses"]
@@ -56,20 +58,27 @@ def test_backends_without_dynamic_shapes_are_rejected_at_plan_time(tmp_path, mon
 
     project = make_project(tmp_path / "proj", PIPELINE)
     plan = resolve(project.pipeline)
-    assert sorted(c.name for c in plan.cells) == ["seq/portable/fp32", "seq/xnnpack/8da8w", "seq/xnnpack/fp32",
-                                                  "seq/xnnpack/int8"]
+    assert sorted(c.name for c in plan.cells) == [
+        "seq/portable/fp32",
+        "seq/xnnpack/8da8w",
+        "seq/xnnpack/fp32",
+        "seq/xnnpack/int8",
+    ]
     reasons = {r.name: r.reason for r in plan.rejected}
     assert "openvino cannot lower dynamic shapes" in reasons["seq/openvino/fp32"]
     (ids, x) = plan.models["seq"].inputs
     assert ids.shape == (1, 64) and ids.dims == ((1, 1, 64, "seq"),) and x.dims == ((1, 1, 64, "seq"),)
 
 
-@pytest.mark.parametrize("dim,message", [
-    ("{min: 8, max: 8}", "a dynamic dim needs min < max, got min 8, max 8"),
-    ("{min: 1, max: 32, name: seq}", "dim 'seq' is [1, 64] on an earlier input, [1, 32] here"),
-    ("{min: 0, max: 8}", "shape[1].min: expected a number >= 1, got 0"),
-    ("{max: 8}", "expected a positive integer, or a dynamic dim"),
-])
+@pytest.mark.parametrize(
+    "dim,message",
+    [
+        ("{min: 8, max: 8}", "a dynamic dim needs min < max, got min 8, max 8"),
+        ("{min: 1, max: 32, name: seq}", "dim 'seq' is [1, 64] on an earlier input, [1, 32] here"),
+        ("{min: 0, max: 8}", "shape[1].min: expected a number >= 1, got 0"),
+        ("{max: 8}", "expected a positive integer, or a dynamic dim"),
+    ],
+)
 def test_a_bad_dynamic_dim_is_one_line_with_file_line_key(dim, message, tmp_path, monkeypatch):
     from tasks.config.resolve import resolve
     from tasks.core.errors import PipelineError
@@ -93,7 +102,9 @@ def test_measured_sizes_step_off_powers_of_two():
 
 
 def test_a_dim_torch_export_cannot_take_fails_the_capture_with_its_suggested_fix(tmp_path):
-    project = make_project(tmp_path / "proj", """\
+    project = make_project(
+        tmp_path / "proj",
+        """\
 name: t
 version: 0.0.1
 models:
@@ -103,9 +114,11 @@ models:
 backends:
   portable: {}
 quantization: [fp32]
-""")
+""",
+    )
     (project.root / "models" / "strided.py").write_text(
-        "import torch\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3, stride=2, padding=1), torch.nn.GELU())\n")
+        "import torch\n\ndef build():\n    return torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3, stride=2, padding=1), torch.nn.GELU())\n"
+    )
     run = project.doit("capture")
     assert run.returncode != 0
     state = json.loads(next((project.out / ".state").glob("capture__audio*.json")).read_text())
@@ -127,8 +140,10 @@ def test_manifests_carry_the_dim_ranges(built):
 
 def test_benchmark_reports_latency_at_each_measured_size(built):
     benches = [json.loads(p.read_text()) for p in built.root.rglob("bench.json")]
-    assert {(b["cell"]["backend"], b["cell"]["quantization"]) for b in benches} >= {("xnnpack", "fp32"),
-                                                                                     ("xnnpack", "int8")}
+    assert {(b["cell"]["backend"], b["cell"]["quantization"]) for b in benches} >= {
+        ("xnnpack", "fp32"),
+        ("xnnpack", "int8"),
+    }
     for bench in benches:
         sizes = [p["input_shapes"][0][1] for p in bench["per_size"]]
         assert sizes == [1, 33, 64]

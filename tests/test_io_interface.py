@@ -77,10 +77,15 @@ def test_one_generator_honours_dtype_range_and_seed():
     from tasks.build.samples import load_samples, random_inputs
     from tasks.config.model import InputSpec, ModelSpec
 
-    inputs = (InputSpec("ids", (4, 500), "int64", (0, 32000)), InputSpec("mask", (4, 500), "bool"),
-              InputSpec("small", (4, 500), "int32"), InputSpec("x", (4, 500), "float32", (-2.0, 3.0)),
-              InputSpec("n", (4, 500), "float16"), InputSpec("u", (4, 500), "uint8", (250, 256)))
-    (ids, mask, small, x, n, u), = random_inputs(inputs, seed=3)
+    inputs = (
+        InputSpec("ids", (4, 500), "int64", (0, 32000)),
+        InputSpec("mask", (4, 500), "bool"),
+        InputSpec("small", (4, 500), "int32"),
+        InputSpec("x", (4, 500), "float32", (-2.0, 3.0)),
+        InputSpec("n", (4, 500), "float16"),
+        InputSpec("u", (4, 500), "uint8", (250, 256)),
+    )
+    ((ids, mask, small, x, n, u),) = random_inputs(inputs, seed=3)
     assert str(ids.dtype) == "torch.int64" and 0 <= int(ids.min()) and int(ids.max()) < 32000
     assert int(ids.max()) > 30000  # the whole range is used, not a corner of it
     assert str(mask.dtype) == "torch.bool" and 0 < int(mask.sum()) < mask.numel()
@@ -88,13 +93,14 @@ def test_one_generator_honours_dtype_range_and_seed():
     assert -2.0 <= float(x.min()) and float(x.max()) < 3.0 and float(x.max()) > 2.5
     assert str(n.dtype) == "torch.float16" and float(n.min()) < -1  # standard normal
     assert set(u.unique().tolist()) == set(range(250, 256))
-    again, = random_inputs(inputs, seed=3)
+    (again,) = random_inputs(inputs, seed=3)
     assert all(bool((a == b).all()) for a, b in zip(again, (ids, mask, small, x, n, u)))
-    other, = random_inputs(inputs, seed=4)
+    (other,) = random_inputs(inputs, seed=4)
     assert not bool((other[0] == ids).all())
     # calibration and validation without data draw from the same generator
-    spec = ModelSpec(name="m", source={}, kwargs={}, weights=None, inputs=inputs, calibration=None,
-                     validation=None, task="other")
+    spec = ModelSpec(
+        name="m", source={}, kwargs={}, weights=None, inputs=inputs, calibration=None, validation=None, task="other"
+    )
     batches, source = load_samples(spec, None, None, seed=3, samples=2)
     assert source == "random (seeded)" and len(batches) == 2
     np.testing.assert_array_equal(batches[0][0], ids.numpy())
@@ -107,7 +113,7 @@ RANGE_CASES = [
     ("{name: m, shape: [1, 2], dtype: int32, range: [5, 5]}", "expected lo < hi (integers: hi is exclusive)"),
     ("{name: m, shape: [1, 2], range: [1.0, -1.0]}", "expected lo < hi"),
     ("{name: m, shape: [1, 2], range: [1]}", "expected at least 2 items, got [1]"),
-    ("{name: m, shape: [1, 2], range: [a, 1]}", "range[0]: expected a number, got \"a\""),
+    ("{name: m, shape: [1, 2], range: [a, 1]}", 'range[0]: expected a number, got "a"'),
 ]
 
 
@@ -116,8 +122,10 @@ def test_a_bad_range_is_one_line_with_file_line_key(item, message, tmp_path, mon
     from tasks.config.resolve import resolve
     from tasks.core.errors import PipelineError
 
-    text = ("name: t\nmodels:\n  m:\n    python: models.linreg:build\n    inputs:\n"
-            f"      - {item}\nbackends:\n  xnnpack: {{}}\nquantization: [fp32]\n")
+    text = (
+        "name: t\nmodels:\n  m:\n    python: models.linreg:build\n    inputs:\n"
+        f"      - {item}\nbackends:\n  xnnpack: {{}}\nquantization: [fp32]\n"
+    )
     project = make_project(tmp_path / "proj", text)
     monkeypatch.chdir(project.root)
     with pytest.raises(PipelineError) as info:
@@ -149,8 +157,10 @@ def test_manifests_and_header_name_outputs_by_their_path(built):
     entries = {(e["modelName"], e["backend"], e["quantization"]): e for e in index["models"]}
     tokens = entries[("tokens", "xnnpack", "int8")]
     assert [(o["name"], o["path"]) for o in tokens["outputs"]] == list(zip(NAMES, PATHS))
-    assert tokens["inputs"] == [{"name": "ids", "shape": [1, 12], "dtype": "int64", "range": [0, 100]},
-                                {"name": "image", "shape": [1, 3, 8, 8], "dtype": "float32", "range": [0, 1]}]
+    assert tokens["inputs"] == [
+        {"name": "ids", "shape": [1, 12], "dtype": "int64", "range": [0, 100]},
+        {"name": "image", "shape": [1, 3, 8, 8], "dtype": "float32", "range": [0, 1]},
+    ]
     header = (built.out / "manifests" / "etforge_models.h").read_text()
     assert '{"features_0", ' in header and '{"logits", ' in header
     dart = next((built.out / "manifests").glob("*.dart")).read_text()
@@ -168,7 +178,9 @@ def test_output_identifiers_follow_pytree_paths():
 
 
 def test_a_non_tensor_output_fails_the_capture_with_the_reason(tmp_path):
-    project = make_project(tmp_path / "proj", """\
+    project = make_project(
+        tmp_path / "proj",
+        """\
 name: t
 version: 0.0.1
 models:
@@ -178,10 +190,12 @@ models:
 backends:
   portable: {}
 quantization: [fp32]
-""")
+""",
+    )
     (project.root / "models" / "counts.py").write_text(
         "import torch\n\nclass M(torch.nn.Module):\n"
-        "    def forward(self, x):\n        return {'y': x * 2, 'n': 3}\n\ndef build():\n    return M()\n")
+        "    def forward(self, x):\n        return {'y': x * 2, 'n': 3}\n\ndef build():\n    return M()\n"
+    )
     run = project.doit("capture")
     assert run.returncode != 0
     assert "['n'] is int" in run.stdout + run.stderr, run.stdout[-2000:]

@@ -14,7 +14,6 @@ import json
 import shutil
 
 import pytest
-
 from conftest import cmake_probe_lines, cpp_probe_lines, make_project
 from test_manifest import dart_constants, parse_dart, syntax_errors
 
@@ -122,6 +121,7 @@ endforeach()
 
 def io_lines(index: dict) -> list:
     """The probes' lines (without the extras), from index.json's entries."""
+
     def number(x):
         return f"{x:g}"
 
@@ -132,10 +132,14 @@ def io_lines(index: dict) -> list:
         for method in entry["methods"]:
             for kind, tensors in (("in", method["inputs"]), ("out", method["outputs"])):
                 for k, t in enumerate(tensors):
-                    dims = ",".join(f"{d['axis']}:{d['min']}:{d['max']}:{d['name'] or ''}" for d in t.get("dynamic", []))
+                    dims = ",".join(
+                        f"{d['axis']}:{d['min']}:{d['max']}:{d['name'] or ''}" for d in t.get("dynamic", [])
+                    )
                     rng = ",".join(map(number, t["range"])) if "range" in t else "-"
-                    lines.append(f"{vid} {method['name']} {kind}{k} {t['name']} {t['dtype']} "
-                                 f"shape={','.join(map(str, t['shape']))} dims={dims} range={rng}")
+                    lines.append(
+                        f"{vid} {method['name']} {kind}{k} {t['name']} {t['dtype']} "
+                        f"shape={','.join(map(str, t['shape']))} dims={dims} range={rng}"
+                    )
     return lines
 
 
@@ -161,8 +165,9 @@ def test_index_json_lists_ranges_and_methods(built):
 def test_dart_carries_the_methods_and_dynamic_dims_of_index_json(built):
     tree = parse_dart((built.manifests / "models.g.dart").read_text())
     assert syntax_errors(tree) == []
-    variants = {f"{v['model']}/{v['backend']}/{v['quantization']}": v
-                for v in dart_constants(tree, "ModelVariant").values()}
+    variants = {
+        f"{v['model']}/{v['backend']}/{v['quantization']}": v for v in dart_constants(tree, "ModelVariant").values()
+    }
 
     def as_dart(t: dict, output: bool) -> dict:
         out = {"name": t["name"], "shape": t["shape"], "dtype": t["dtype"]}
@@ -174,14 +179,24 @@ def test_dart_carries_the_methods_and_dynamic_dims_of_index_json(built):
 
     for entry in built.index["models"]:
         v = variants[f"{entry['modelName']}/{entry['backend']}/{entry['quantization']}"]
-        assert v["methods"] == [{"name": m["name"], "inputs": [as_dart(t, False) for t in m["inputs"]],
-                                 "outputs": [as_dart(t, True) for t in m["outputs"]]} for m in entry["methods"]]
+        assert v["methods"] == [
+            {
+                "name": m["name"],
+                "inputs": [as_dart(t, False) for t in m["inputs"]],
+                "outputs": [as_dart(t, True) for t in m["outputs"]],
+            }
+            for m in entry["methods"]
+        ]
         assert (v["inputs"], v["outputs"]) == (v["methods"][0]["inputs"], v["methods"][0]["outputs"])
     ids = variants[SEQ]["inputs"][0]
     assert ids["dynamicDims"] == [{"axis": 1, "min": 1, "max": 64, "name": "seq"}] and ids["range"] == [0, 50]
     assert [m["name"] for m in variants[SEQ2SEQ]["methods"]] == ["encode", "decode"]
-    assert variants[SEQ2SEQ]["methods"][1]["inputs"][0] == {"name": "ids", "shape": [1, 4], "dtype": "int64",
-                                                            "range": [0, 20]}
+    assert variants[SEQ2SEQ]["methods"][1]["inputs"][0] == {
+        "name": "ids",
+        "shape": [1, 4],
+        "dtype": "int64",
+        "range": [0, 20],
+    }
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="a C++ compiler is needed")

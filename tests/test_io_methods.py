@@ -41,7 +41,10 @@ def test_each_method_is_lowered_into_one_program_and_validated(built):
 
     reports = [json.loads(p.read_text()) for p in built.root.rglob("numerics.json")]
     assert sorted((r["cell"]["backend"], r["cell"]["quantization"]) for r in reports) == [
-        ("portable", "fp32"), ("xnnpack", "8da8w"), ("xnnpack", "fp32")]
+        ("portable", "fp32"),
+        ("xnnpack", "8da8w"),
+        ("xnnpack", "fp32"),
+    ]
     for report in reports:
         assert report["passed"] and report["methods"] == ["encode", "decode"]
         assert [(o["method"], o["shape"]) for o in report["outputs"]] == [("encode", [1, 16]), ("decode", [1, 4, 20])]
@@ -68,8 +71,11 @@ def test_plan_rejects_what_several_methods_cannot_do_yet_and_bad_declarations(tm
 
     project = make_project(tmp_path / "proj", PIPELINE)
     plan = resolve(project.pipeline)
-    assert sorted(c.name for c in plan.cells) == ["seq2seq/portable/fp32", "seq2seq/xnnpack/8da8w",
-                                                  "seq2seq/xnnpack/fp32"]
+    assert sorted(c.name for c in plan.cells) == [
+        "seq2seq/portable/fp32",
+        "seq2seq/xnnpack/8da8w",
+        "seq2seq/xnnpack/fp32",
+    ]
     assert all("several methods are not calibrated yet" in r.reason for r in plan.rejected if "int8" in r.name)
     spec = plan.models["seq2seq"]
     assert spec.method_names == ("encode", "decode") and [i.name for i in spec.inputs] == ["x"]
@@ -78,7 +84,10 @@ def test_plan_rejects_what_several_methods_cannot_do_yet_and_bad_declarations(tm
     with pytest.raises(PipelineError, match=r"^pipeline\.yaml:4: models\.seq2seq: declare either 'inputs'.*not both"):
         resolve(project.pipeline)
     project.write_pipeline(PIPELINE.replace("encode: {inputs:", "encode: {input:"))
-    with pytest.raises(PipelineError, match=r"^pipeline\.yaml:7: models\.seq2seq\.methods\.encode\.input: unknown key 'input'; did you mean 'inputs'"):
+    with pytest.raises(
+        PipelineError,
+        match=r"^pipeline\.yaml:7: models\.seq2seq\.methods\.encode\.input: unknown key 'input'; did you mean 'inputs'",
+    ):
         resolve(project.pipeline)
 
 

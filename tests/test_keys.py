@@ -14,15 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, Project, make_project
 
 sys.path.insert(0, str(REPO))
 from tasks.config.code_deps import project_files  # noqa: E402
-from tasks.core.errors import PipelineError  # noqa: E402
 from tasks.config.digest_cache import DigestCache  # noqa: E402
-from tasks.config.resolve import resolve  # noqa: E402
 from tasks.config.recipes import load_recipe  # noqa: E402
+from tasks.config.resolve import resolve  # noqa: E402
+from tasks.core.errors import PipelineError  # noqa: E402
 from tasks.store.specs import spec_of  # noqa: E402
 
 BENCH = "benchmark: {warmup: 1, iterations: 3, max_seconds: 2}\n"
@@ -65,41 +64,42 @@ class Scale(nn.Module):
         return x * SCALE
 '''
 
-DIRECT = '''from torch import nn
+DIRECT = """from torch import nn
 
 from models.layers import Scale
 
 
 def build():
     return nn.Sequential(Scale(), nn.ReLU())
-'''
+"""
 
-MIDDLE = '''def make():
+MIDDLE = """def make():
     from . import layers  # imported inside a function: still a dependency
 
     return layers.Scale()
-'''
+"""
 
-INDIRECT = '''import torch.nn as nn
+INDIRECT = """import torch.nn as nn
 
 import models.middle as middle
 
 
 def build():
     return nn.Sequential(middle.make(), nn.Tanh())
-'''
+"""
 
-PLAIN = '''from torch import nn
+PLAIN = """from torch import nn
 
 
 def build():
     return nn.Sequential(nn.ReLU())
-'''
+"""
 
 # One project for both concerns, so that each change is also seen to leave the
 # other concern's cells alone: linreg on xnnpack and openvino (tools), three
 # models on xnnpack of which two import models/layers.py (model code).
-PIPELINE = """\
+PIPELINE = (
+    """\
 name: t
 version: 0.0.1
 models:
@@ -126,7 +126,9 @@ matrix:
     - {model: direct, backend: xnnpack}
     - {model: indirect, backend: xnnpack}
     - {model: plain, backend: xnnpack}
-""" + BENCH
+"""
+    + BENCH
+)
 
 
 def model_cells(*models: str) -> set:
@@ -134,8 +136,13 @@ def model_cells(*models: str) -> set:
 
 
 def write_models(project: Project) -> None:
-    for name, text in (("layers", LAYERS), ("direct", DIRECT), ("middle", MIDDLE), ("indirect", INDIRECT),
-                       ("plain", PLAIN)):
+    for name, text in (
+        ("layers", LAYERS),
+        ("direct", DIRECT),
+        ("middle", MIDDLE),
+        ("indirect", INDIRECT),
+        ("plain", PLAIN),
+    ):
         (project.root / "models" / f"{name}.py").write_text(text)
 
 
@@ -258,9 +265,14 @@ def test_scheme_tools_join_only_the_quantize_keys_of_their_entry(tmp_path, monke
     monkeypatch.syspath_prepend(str(fake_distribution(tmp_path / "site", "coremltools", "9.0.post999")))
     upgraded = all_keys(project.pipeline)
     assert changed(first, upgraded) == {
-        "quantize:linreg/int8/coreml_int8", "export:linreg/coreml/int8", "validate:linreg/coreml/int8",
+        "quantize:linreg/int8/coreml_int8",
+        "export:linreg/coreml/int8",
+        "validate:linreg/coreml/int8",
         "benchmark:linreg/coreml/int8",
-        "export:linreg/coreml/fp32", "validate:linreg/coreml/fp32", "benchmark:linreg/coreml/fp32"}
+        "export:linreg/coreml/fp32",
+        "validate:linreg/coreml/fp32",
+        "benchmark:linreg/coreml/fp32",
+    }
 
 
 def write_recipe(root: Path, kind_dir: str, name: str, text: str) -> None:
@@ -268,19 +280,36 @@ def write_recipe(root: Path, kind_dir: str, name: str, text: str) -> None:
     (root / kind_dir / f"{name}.yaml").write_text(text)
 
 
-@pytest.mark.parametrize("kind_dir,kind,text,line,key,message", [
-    ("quantization", "quantization",
-     "backends:\n  xnnpack: {dtype: float16}\ntools:\n  quantize:\n    xnnpak: {python: [numpy]}\n",
-     8, "tools.quantize.xnnpak", "not an entry of 'backends'"),
-    ("backends", "backend",
-     "partitioner: null\ntools:\n  quantize: {}\n", 6, "tools.quantize", "not 'quantize'"),
-    ("backends", "backend",
-     "partitioner: null\ntools:\n  lowering: {python: numpy}\n", 6, "tools.lowering.python",
-     "expected a list of Python distribution names"),
-    ("backends", "backend",
-     "partitioner: null\ntools:\n  lowering: {sdks: [{version_files: [x]}]}\n", 6,
-     "tools.lowering.sdks[0]", "missing required key 'env'"),
-])
+@pytest.mark.parametrize(
+    "kind_dir,kind,text,line,key,message",
+    [
+        (
+            "quantization",
+            "quantization",
+            "backends:\n  xnnpack: {dtype: float16}\ntools:\n  quantize:\n    xnnpak: {python: [numpy]}\n",
+            8,
+            "tools.quantize.xnnpak",
+            "not an entry of 'backends'",
+        ),
+        ("backends", "backend", "partitioner: null\ntools:\n  quantize: {}\n", 6, "tools.quantize", "not 'quantize'"),
+        (
+            "backends",
+            "backend",
+            "partitioner: null\ntools:\n  lowering: {python: numpy}\n",
+            6,
+            "tools.lowering.python",
+            "expected a list of Python distribution names",
+        ),
+        (
+            "backends",
+            "backend",
+            "partitioner: null\ntools:\n  lowering: {sdks: [{version_files: [x]}]}\n",
+            6,
+            "tools.lowering.sdks[0]",
+            "missing required key 'env'",
+        ),
+    ],
+)
 def test_bad_tools_block_is_a_file_line_error(tmp_path, kind_dir, kind, text, line, key, message):
     write_recipe(tmp_path / "recipes", kind_dir, "r", f"name: r\nkind: {kind}\ndescription: x\n" + text)
     with pytest.raises(PipelineError) as err:
@@ -295,6 +324,7 @@ def test_every_shipped_recipe_loads_with_its_tools():
 
 
 # --------------------------------------------------------------------------- model code in keys
+
 
 def run_program(pte: Path, x):
     from executorch.runtime import Runtime
@@ -315,10 +345,10 @@ def test_edited_helper_module_rebuilds_exactly_the_models_that_import_it(built, 
     assert run.started - PIPELINE_TASKS == model_cells("direct", "indirect")
 
     x = torch.linspace(-1, 1, 8).reshape(1, 8)
-    torch.testing.assert_close(run_program(project.out / "direct" / "direct_xnnpack_fp32.pte", x),
-                               torch.relu(x * -3.0))
-    torch.testing.assert_close(run_program(project.out / "indirect" / "indirect_xnnpack_fp32.pte", x),
-                               torch.tanh(x * -3.0))
+    torch.testing.assert_close(run_program(project.out / "direct" / "direct_xnnpack_fp32.pte", x), torch.relu(x * -3.0))
+    torch.testing.assert_close(
+        run_program(project.out / "indirect" / "indirect_xnnpack_fp32.pte", x), torch.tanh(x * -3.0)
+    )
     for model in ("direct", "indirect"):
         numerics = json.loads((project.out / model / f"{model}_xnnpack_fp32.numerics.json").read_text())
         assert numerics["passed"] is True
@@ -336,7 +366,7 @@ def test_import_walk_finds_project_modules_only(tmp_path):
     files = {
         "models/__init__.py": "",
         "models/net.py": "import os\nimport torch\nfrom .parts import head as h\nfrom models.util import *\n"
-                         "def build():\n    import models.lazy.deep as d\n    from ..outside import x\n",
+        "def build():\n    import models.lazy.deep as d\n    from ..outside import x\n",
         "models/parts/__init__.py": "from . import shared\n",
         "models/parts/head.py": "import models.parts\n",
         "models/parts/shared.py": "CONST = 1\n",
@@ -348,11 +378,17 @@ def test_import_walk_finds_project_modules_only(tmp_path):
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    reached = {p.relative_to(root.resolve()).as_posix()
-               for p in project_files([root / "models" / "net.py"], root)}
-    assert reached == {"models/net.py", "models/__init__.py", "models/parts/__init__.py",
-                       "models/parts/head.py", "models/parts/shared.py", "models/util.py",
-                       "models/sibling.py", "models/lazy/deep.py"}
+    reached = {p.relative_to(root.resolve()).as_posix() for p in project_files([root / "models" / "net.py"], root)}
+    assert reached == {
+        "models/net.py",
+        "models/__init__.py",
+        "models/parts/__init__.py",
+        "models/parts/head.py",
+        "models/parts/shared.py",
+        "models/util.py",
+        "models/sibling.py",
+        "models/lazy/deep.py",
+    }
 
 
 def test_model_key_names_each_imported_module(tmp_path):
@@ -360,7 +396,9 @@ def test_model_key_names_each_imported_module(tmp_path):
     write_models(project)
     plan = resolve(project.pipeline, DigestCache(tmp_path / "digests.json"))
     modules = {name: set(m.source["modules"]) for name, m in plan.models.items()}
-    assert modules == {"linreg": {"models/__init__.py"},
-                       "direct": {"models/__init__.py", "models/layers.py"},
-                       "indirect": {"models/__init__.py", "models/layers.py", "models/middle.py"},
-                       "plain": {"models/__init__.py"}}
+    assert modules == {
+        "linreg": {"models/__init__.py"},
+        "direct": {"models/__init__.py", "models/layers.py"},
+        "indirect": {"models/__init__.py", "models/layers.py", "models/middle.py"},
+        "plain": {"models/__init__.py"},
+    }

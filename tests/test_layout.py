@@ -41,8 +41,10 @@ def _imports(path: Path) -> set:
 def _graph() -> dict:
     files = sorted(PACKAGE.rglob("*.py"))
     modules = {_module_name(path) for path in files}
-    return {_module_name(path): {name for name in _imports(path) if name in modules} - {_module_name(path)}
-            for path in files}
+    return {
+        _module_name(path): {name for name in _imports(path) if name in modules} - {_module_name(path)}
+        for path in files
+    }
 
 
 def test_every_module_lives_in_a_layer():
@@ -69,7 +71,7 @@ def test_no_import_circles():
 
     def visit(module):
         if module in path:
-            circles.append(path[path.index(module):] + [module])
+            circles.append(path[path.index(module) :] + [module])
             return
         if module in done:
             return
@@ -85,8 +87,11 @@ def test_no_import_circles():
 
 
 def test_modules_stay_small():
-    big = [f"{path.relative_to(ROOT)}: {n} lines" for path in PACKAGE.rglob("*.py")
-           if (n := len(path.read_text().splitlines())) > MAX_LINES]
+    big = [
+        f"{path.relative_to(ROOT)}: {n} lines"
+        for path in PACKAGE.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    ]
     assert not big, "\n".join(big)
 
 

@@ -12,7 +12,6 @@ import math
 import shutil
 
 import pytest
-
 from conftest import TINY_LLAMA_CONFIG, cmake_probe_lines, cpp_probe_lines, make_project
 
 CONFIG = TINY_LLAMA_CONFIG
@@ -69,13 +68,17 @@ def test_bench_json_of_an_llm_cell_has_load_prefill_decode_and_rss(built):
 
 
 def test_report_shows_the_llm_figures(built):
-    html = (built.out / "report.html").read_text() if (built.out / "report.html").exists() else \
-        next(built.out.rglob("report.html")).read_text()
+    html = (
+        (built.out / "report.html").read_text()
+        if (built.out / "report.html").exists()
+        else next(built.out.rglob("report.html")).read_text()
+    )
     assert 'id="llm-bench"' in html and f'data-cell="{CELL}"' in html
     assert "tok/s" in html and "time to first token" in html
 
 
 # ---------------------------------------------------------------- manifests (point 6)
+
 
 def _ints(value) -> list:
     return [int(v) for v in (value if isinstance(value, list) else [value])]
@@ -103,8 +106,14 @@ def test_index_json_lists_the_llm_methods_metadata_and_kv_cache(built):
     assert llm["methods"] == ["forward", *sorted(metadata)] and llm["metadata"] == metadata
     assert metadata["get_max_context_len"] == 32 and metadata["get_n_layers"] == 2
     # 2 (K, V) x 2 layers x batch 1 x 32 positions x 2 kv heads x head dim 16 x 4 bytes
-    assert llm["kv_cache"] == {"bytes": 2 * 2 * 1 * 32 * 2 * 16 * 4, "dtype": "float32", "layout": "BSHD",
-                               "layers": 2, "tensor_shape": [1, 32, 2, 16], "shape": [2, 2, 1, 32, 2, 16]}
+    assert llm["kv_cache"] == {
+        "bytes": 2 * 2 * 1 * 32 * 2 * 16 * 4,
+        "dtype": "float32",
+        "layout": "BSHD",
+        "layers": 2,
+        "tensor_shape": [1, 32, 2, 16],
+        "shape": [2, 2, 1, 32, 2, 16],
+    }
     # the program really has these methods
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
     from executorch.runtime import Runtime
@@ -120,15 +129,22 @@ def test_dart_carries_the_llm_spec_of_index_json(built):
 
     tree = parse_dart((built.manifests / "models.g.dart").read_text())
     assert syntax_errors(tree) == []
-    specs = [n for n in _walk(tree.root_node) if n.type == "named_argument"
-             and n.children[0].children[0].text.decode() == "llm"]
+    specs = [
+        n
+        for n in _walk(tree.root_node)
+        if n.type == "named_argument" and n.children[0].children[0].text.decode() == "llm"
+    ]
     assert len(specs) == 1  # one LLM variant
     dart = _named_arguments(specs[0])
     llm = built.index["models"][0]["llm"]
     assert dart["methods"] == llm["methods"]
     assert dart["metadata"] == [{"name": k, "values": _ints(v)} for k, v in llm["metadata"].items()]
     assert (dart["kvCacheBytes"], dart["kvCacheDtype"], dart["kvCacheLayout"], dart["kvCacheShape"]) == (
-        llm["kv_cache"]["bytes"], llm["kv_cache"]["dtype"], llm["kv_cache"]["layout"], llm["kv_cache"]["shape"])
+        llm["kv_cache"]["bytes"],
+        llm["kv_cache"]["dtype"],
+        llm["kv_cache"]["layout"],
+        llm["kv_cache"]["shape"],
+    )
 
 
 PROBE_CPP = r"""#include "etforge_models.h"

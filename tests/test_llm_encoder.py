@@ -13,15 +13,16 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import make_project, state
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-CONFIG = ("{model_type: bert, vocab_size: 512, hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, "
-          "intermediate_size: 128, max_position_embeddings: 64}")
+CONFIG = (
+    "{model_type: bert, vocab_size: 512, hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, "
+    "intermediate_size: 128, max_position_embeddings: 64}"
+)
 PIPELINE = f"""\
 name: t
 version: 0.0.1
@@ -72,9 +73,14 @@ def test_encoder_validates_per_output(built, cell):
 
 
 def test_int8_static_calibrates_the_encoder_on_valid_masks(built):
-    record = state(built, "quantize:" + next(
-        p.name.removeprefix("quantize__").removesuffix(".json").replace("__", "/")
-        for p in (built.out / ".state").glob("quantize__tiny_bert__int8__*.json")))
+    record = state(
+        built,
+        "quantize:"
+        + next(
+            p.name.removeprefix("quantize__").removesuffix(".json").replace("__", "/")
+            for p in (built.out / ".state").glob("quantize__tiny_bert__int8__*.json")
+        ),
+    )
     assert record["status"] == "ok", record
     assert record["info"]["calibration_samples"] == 16
     export = json.loads((built.out / "tiny_bert" / "tiny_bert_xnnpack_int8.export.json").read_text())
@@ -96,8 +102,10 @@ def test_attention_mask_samples_are_prefixes_of_ones():
     from tasks.build.samples import random_inputs
     from tasks.config.model import InputSpec
 
-    inputs = (InputSpec("input_ids", (4, 16), "int64", (3, 512)),
-              InputSpec("attention_mask", (4, 16), "int64", sample="attention_mask"))
+    inputs = (
+        InputSpec("input_ids", (4, 16), "int64", (3, 512)),
+        InputSpec("attention_mask", (4, 16), "int64", sample="attention_mask"),
+    )
     batches = random_inputs(inputs, seed=0, count=8)
     lengths = set()
     for ids, mask in batches:

@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_LLAMA_CONFIG, make_project, state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,15 +45,28 @@ quantization_options:
 matrix:
   exclude: [{{model: ckpt_llm, backend: xnnpack}}, {{model: ckpt_llm, quantization: 8da4w}}]
 """
-RUNNER_METHODS = {"get_max_seq_len", "get_max_context_len", "get_vocab_size", "get_bos_id", "get_eos_ids",
-                  "use_kv_cache", "use_sdpa_with_kv_cache", "enable_dynamic_shape"}
+RUNNER_METHODS = {
+    "get_max_seq_len",
+    "get_max_context_len",
+    "get_vocab_size",
+    "get_bos_id",
+    "get_eos_ids",
+    "use_kv_cache",
+    "use_sdpa_with_kv_cache",
+    "enable_dynamic_shape",
+}
 
 
 def _checkpoint_sha(directory: Path) -> str:
     from tasks.config.hf_source import checkpoint_digest
 
-    return checkpoint_digest({p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                              for p in sorted(directory.rglob("*")) if p.is_file()})
+    return checkpoint_digest(
+        {
+            p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(directory.rglob("*"))
+            if p.is_file()
+        }
+    )
 
 
 def _save_checkpoint(directory: Path) -> None:
@@ -65,9 +77,19 @@ def _save_checkpoint(directory: Path) -> None:
 
     tf = import_transformers()
     torch.manual_seed(7)
-    config = tf.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                            bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    config = tf.LlamaConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     tf.AutoModelForCausalLM.from_config(config).save_pretrained(directory)
 
 
@@ -151,7 +173,8 @@ def test_threshold_gates_the_llm_cell_and_only_revalidates(built, tmp_path):
 
     project = copy_project(built, tmp_path / "copy")
     text = project.pipeline.read_text().replace(
-        "matrix:", "thresholds:\n  fp32: {sqnr_db: 1000}\n  8da4w: {top1_agreement: 1.0}\nmatrix:")
+        "matrix:", "thresholds:\n  fp32: {sqnr_db: 1000}\n  8da4w: {top1_agreement: 1.0}\nmatrix:"
+    )
     project.write_pipeline(text)
     cells = ("tiny_llm/portable/fp32", "tiny_llm/xnnpack/8da4w")
     run = project.doit(*(f"validate:{c}" for c in cells))
@@ -162,9 +185,8 @@ def test_threshold_gates_the_llm_cell_and_only_revalidates(built, tmp_path):
 
 
 def test_changed_checkpoint_weight_rebuilds_only_that_model(built, tmp_path):
-    from safetensors.torch import load_file, save_file
-
     from conftest import copy_project
+    from safetensors.torch import load_file, save_file
 
     project = copy_project(built, tmp_path / "copy2")
     weights = project.root / "ckpt" / "model.safetensors"
@@ -178,8 +200,12 @@ def test_changed_checkpoint_weight_rebuilds_only_that_model(built, tmp_path):
     run = project.doit()
     assert run.returncode == 0, run.stdout + run.stderr
     rebuilt = {t for t in run.started if t.split(":")[0] in ("capture", "export", "validate", "benchmark")}
-    assert rebuilt == {"capture:ckpt_llm", "export:ckpt_llm/portable/fp32", "validate:ckpt_llm/portable/fp32",
-                       "benchmark:ckpt_llm/portable/fp32"}
+    assert rebuilt == {
+        "capture:ckpt_llm",
+        "export:ckpt_llm/portable/fp32",
+        "validate:ckpt_llm/portable/fp32",
+        "benchmark:ckpt_llm/portable/fp32",
+    }
     assert state(project, "validate:ckpt_llm/portable/fp32")["status"] == "ok"
 
 
@@ -187,8 +213,12 @@ def test_llm_verdict_fails_on_nan():
     from tasks.build.llm_numerics import llm_verdict
 
     nan = float("nan")
-    metrics = {"sqnr_db": nan, "top1_agreement": nan, "greedy_agreement": 1.0,
-               "nonfinite": {"values": 4, "nan": 0, "inf": 0}}
+    metrics = {
+        "sqnr_db": nan,
+        "top1_agreement": nan,
+        "greedy_agreement": 1.0,
+        "nonfinite": {"values": 4, "nan": 0, "inf": 0},
+    }
     misses = llm_verdict(metrics, {"sqnr_db": 60, "top1_agreement": 1.0, "greedy_agreement": 1.0})
     assert len(misses) == 2 and "worst SQNR nan" in misses[0]
     metrics["nonfinite"] = {"values": 4, "nan": 1, "inf": 0}

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY_LLAMA_CONFIG, make_project, state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -81,22 +80,34 @@ def test_coreml_llm_cell_lowers_without_custom_ops_and_ends_on_device(built):
 def _plan(tmp_path, dynamic: str, backends: str, schemes: str):
     from tasks.config.resolve import resolve
 
-    text = (f"name: t\nmodels:\n{MODEL.replace('DYNAMIC', dynamic)}backends: {backends}\n"
-            f"quantization: {schemes}\n")
+    text = f"name: t\nmodels:\n{MODEL.replace('DYNAMIC', dynamic)}backends: {backends}\nquantization: {schemes}\n"
     return resolve(make_project(tmp_path / "p", text).pipeline)
 
 
 def test_llm_combinations_that_cannot_work_are_rejected_at_plan_time(tmp_path):
-    plan = _plan(tmp_path, "false", "{xnnpack: {}, portable: {}, coreml: {}}",
-                 "[fp32, fp16, bf16, 8da4w, 8da8w, coreml_int4w, coreml_int8w]")
+    plan = _plan(
+        tmp_path,
+        "false",
+        "{xnnpack: {}, portable: {}, coreml: {}}",
+        "[fp32, fp16, bf16, 8da4w, 8da8w, coreml_int4w, coreml_int8w]",
+    )
     built = {c.name.removeprefix("tiny_llm/") for c in plan.cells}
-    assert built == {"xnnpack/fp32", "xnnpack/fp16", "xnnpack/8da4w", "xnnpack/8da8w",
-                     "portable/fp32", "coreml/fp32", "coreml/coreml_int4w"}
+    assert built == {
+        "xnnpack/fp32",
+        "xnnpack/fp16",
+        "xnnpack/8da4w",
+        "xnnpack/8da8w",
+        "portable/fp32",
+        "coreml/fp32",
+        "coreml/coreml_int4w",
+    }
     reasons = {r.name.removeprefix("tiny_llm/"): r.reason for r in plan.rejected}
     assert "KeyError: torch.int8" in reasons["coreml/8da4w"] and "coreml_int4w" in reasons["coreml/8da4w"]
     assert "Missing out variants" in reasons["portable/8da4w"]
     assert "Missing out variants" in reasons["portable/8da8w"]
-    assert "weight-only" in reasons["xnnpack/coreml_int4w"] or "drops the weight scales" in reasons["xnnpack/coreml_int4w"]
+    assert (
+        "weight-only" in reasons["xnnpack/coreml_int4w"] or "drops the weight scales" in reasons["xnnpack/coreml_int4w"]
+    )
     assert "fp32 weights" in reasons["coreml/fp16"]
     assert "does not delegate bf16" in reasons["xnnpack/bf16"]
     assert all(reasons[c] for c in reasons)
@@ -116,9 +127,13 @@ def test_same_scheme_gate_fails_a_doctored_or_nan_metric():
     from tasks.build.llm_numerics import LLM_THRESHOLDS, compare_same_scheme, llm_verdict
 
     thresholds = LLM_THRESHOLDS["8da4w"]
-    healthy = {"sqnr_db": 15.0, "top1_agreement": 1.0, "greedy_agreement": 0.5,
-               "nonfinite": {"values": 8, "nan": 0, "inf": 0},
-               "same_scheme": {"sqnr_db": 40.0, "top1_agreement": 1.0}}
+    healthy = {
+        "sqnr_db": 15.0,
+        "top1_agreement": 1.0,
+        "greedy_agreement": 0.5,
+        "nonfinite": {"values": 8, "nan": 0, "inf": 0},
+        "same_scheme": {"sqnr_db": 40.0, "top1_agreement": 1.0},
+    }
     assert llm_verdict(healthy, thresholds) == []
     doctored = {**healthy, "same_scheme": {"sqnr_db": 12.0, "top1_agreement": 0.5}}
     misses = llm_verdict(doctored, thresholds)

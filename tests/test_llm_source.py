@@ -70,31 +70,40 @@ def test_llm_source_resolves_without_importing_transformers(tmp_path):
 
     assert model.source["packages"] == {"transformers": version("transformers")}
     assert [(i.name, i.shape, i.dtype) for i in model.inputs] == [
-        ("input_ids", (1, 8), "int64"), ("cache_position", (8,), "int64")]
+        ("input_ids", (1, 8), "int64"),
+        ("cache_position", (8,), "int64"),
+    ]
     assert [c.name for c in plan.cells] == ["tiny_llm/xnnpack/fp32", "tiny_llm/portable/fp32"]
 
 
 def test_inline_config_typo_is_a_file_line_key_error(tmp_path):
     message = _error(tmp_path, LLM.replace("        hidden_size: 64", "        hiden_size: 64"))
-    assert message == ("pipeline.yaml:9: models.tiny_llm.transformers.config.hiden_size: unknown llama "
-                       "config key 'hiden_size'; did you mean 'hidden_size'?")
+    assert message == (
+        "pipeline.yaml:9: models.tiny_llm.transformers.config.hiden_size: unknown llama "
+        "config key 'hiden_size'; did you mean 'hidden_size'?"
+    )
 
 
 def test_config_file_typo_names_the_file_and_key(tmp_path):
     config = {"model_type": "bert", "vocab_size": 512, "hiden_size": 64}
     (tmp_path / "bert.json").write_text(json.dumps(config))
-    text = ("name: t\nmodels:\n  enc:\n    transformers: {task: feature-extraction, config_file: bert.json}\n"
-            "    inputs: [{name: input_ids, shape: [1, 16], dtype: int64}]\n"
-            "backends:\n  xnnpack: {}\nquantization: [fp32]\n")
+    text = (
+        "name: t\nmodels:\n  enc:\n    transformers: {task: feature-extraction, config_file: bert.json}\n"
+        "    inputs: [{name: input_ids, shape: [1, 16], dtype: int64}]\n"
+        "backends:\n  xnnpack: {}\nquantization: [fp32]\n"
+    )
     message = _error(tmp_path, text)
-    assert message.startswith("pipeline.yaml:4: models.enc.transformers.config_file: bert.json: unknown bert "
-                              "config key 'hiden_size'")
+    assert message.startswith(
+        "pipeline.yaml:4: models.enc.transformers.config_file: bert.json: unknown bert config key 'hiden_size'"
+    )
 
 
 def test_unknown_model_type_is_an_error(tmp_path):
     message = _error(tmp_path, LLM.replace("model_type: llama", "model_type: lama"))
-    assert message == ("pipeline.yaml:7: models.tiny_llm.transformers.config.model_type: unknown model_type "
-                       "'lama'; did you mean 'llama'?")
+    assert message == (
+        "pipeline.yaml:7: models.tiny_llm.transformers.config.model_type: unknown model_type "
+        "'lama'; did you mean 'llama'?"
+    )
 
 
 def test_llm_inputs_are_implied_and_context_checked(tmp_path):
@@ -105,14 +114,17 @@ def test_llm_inputs_are_implied_and_context_checked(tmp_path):
 
 
 def test_encoder_needs_inputs(tmp_path):
-    text = ("name: t\nmodels:\n  enc:\n    transformers: {task: text-classification, "
-            "config: {model_type: bert, num_labels: 3}}\nbackends:\n  xnnpack: {}\nquantization: [fp32]\n")
+    text = (
+        "name: t\nmodels:\n  enc:\n    transformers: {task: text-classification, "
+        "config: {model_type: bert, num_labels: 3}}\nbackends:\n  xnnpack: {}\nquantization: [fp32]\n"
+    )
     assert _error(tmp_path, text).startswith("pipeline.yaml:3: models.enc: missing required key 'inputs'")
 
 
 def test_llm_cells_outside_the_llm_path_are_rejected_at_plan_time(tmp_path):
-    plan = _resolve(tmp_path, LLM.replace("  portable: {}\n", "  portable: {}\n  coreml: {}\n")
-                    .replace("[fp32]", "[fp32, int8]"))
+    plan = _resolve(
+        tmp_path, LLM.replace("  portable: {}\n", "  portable: {}\n  coreml: {}\n").replace("[fp32]", "[fp32, int8]")
+    )
     reasons = {r.name: r.reason for r in plan.rejected}
     assert "static shapes" in reasons["tiny_llm/coreml/fp32"]  # a dynamic LLM; static ones build (test_llm_schemes)
     assert "not 'int8'" in reasons["tiny_llm/xnnpack/int8"]
@@ -124,12 +136,15 @@ def test_checkpoint_digest_mismatch_is_an_error(tmp_path):
     (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"x")
     text = LLM.replace("      llm:", "      checkpoint: {path: ckpt, sha256: '" + "0" * 64 + "'}\n      llm:")
     message = _error(tmp_path, text)
-    assert message.startswith("pipeline.yaml:16: models.tiny_llm.transformers.checkpoint.sha256: "
-                              "checkpoint directory sha256 is ")
+    assert message.startswith(
+        "pipeline.yaml:16: models.tiny_llm.transformers.checkpoint.sha256: checkpoint directory sha256 is "
+    )
 
 
 def test_a_scheme_llm_cells_do_not_take_is_rejected_at_plan_time(tmp_path):
-    text = LLM.replace("backends:", "  linreg:\n    python: models.linreg:build\n    inputs: [{shape: [1, 4]}]\nbackends:")
+    text = LLM.replace(
+        "backends:", "  linreg:\n    python: models.linreg:build\n    inputs: [{shape: [1, 4]}]\nbackends:"
+    )
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "linreg.py").write_text("def build():\n    pass\n")
     plan = _resolve(tmp_path, text.replace("[fp32]", "[fp32, int8, 8da4w]"))

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, SMALL_PIPELINE, Project, copy_project, make_project
+
 from tasks.config.manifest_options import check_options
+from tasks.config.model import Plan
+from tasks.config.resolve import resolve
 from tasks.engine.actions import matrix_up_to_date, run_matrix_stage
 from tasks.publish.manifests import context as manifest
 from tasks.publish.manifests import naming, render
@@ -31,8 +33,6 @@ from tasks.store.layout import layout_of
 from tasks.store.local import Store
 from tasks.store.specs import spec_of
 from tasks.store.stages import STAGE
-from tasks.config.model import Plan
-from tasks.config.resolve import resolve
 
 MODELS = ("linreg", "cnn")
 BACKENDS = ("xnnpack", "portable")
@@ -40,6 +40,7 @@ ALL_CELLS = [f"{m}/{b}/fp32" for m in MODELS for b in BACKENDS]
 
 
 # ---------------------------------------------------------------- helpers
+
 
 def dart_parser():
     from tree_sitter import Language, Parser
@@ -99,8 +100,11 @@ def _literal(node):
 def _named_arguments(node) -> dict:
     """``Name(label: literal, ...)`` -> {label: value}, nested constructor calls as dicts."""
     args = next(n for n in _walk(node) if n.type == "arguments")
-    return {a.children[0].children[0].text.decode(): _literal(a.children[-1])
-            for a in args.children if a.type == "named_argument"}
+    return {
+        a.children[0].children[0].text.decode(): _literal(a.children[-1])
+        for a in args.children
+        if a.type == "named_argument"
+    }
 
 
 def _walk(node):
@@ -126,8 +130,11 @@ def dart_constants(tree, constructor: str) -> dict:
             if "".join(c.text.decode() for c in arg.children[1:]) == "double.infinity":
                 fields[label] = float("inf")
             elif label == "fallbackOrder":
-                fields[label] = {p.children[0].text.decode()[1:-1]: _literal(p.children[-1])
-                                 for p in value.children if p.type == "pair"}
+                fields[label] = {
+                    p.children[0].text.decode()[1:-1]: _literal(p.children[-1])
+                    for p in value.children
+                    if p.type == "pair"
+                }
             else:
                 fields[label] = _literal(value)
         out[idents[0].text.decode()] = fields
@@ -135,8 +142,11 @@ def dart_constants(tree, constructor: str) -> dict:
 
 
 def dart_functions(tree) -> set:
-    return {next(c for c in n.children if c.type == "identifier").text.decode()
-            for n in _walk(tree.root_node) if n.type == "function_signature"}
+    return {
+        next(c for c in n.children if c.type == "identifier").text.decode()
+        for n in _walk(tree.root_node)
+        if n.type == "function_signature"
+    }
 
 
 def states(project: Project, kind: str) -> dict:
@@ -166,21 +176,48 @@ def fake_export(plan, cell, status="ok", reason="", **info):
     """State records for ``cell``'s export under its current key, as run_cached writes them,
     and, for an ok export, a passing validation of it (a cell ships only with a verdict)."""
     spec = spec_of(plan, "export", cell)
-    payload = {"size_bytes": 1000 + len(cell.name), "sha256": hashlib.sha256(cell.name.encode()).hexdigest(),
-               "delegates": list(cell.backend.delegates), "executorch_version": "1.5.1",
-               "input_dtypes": ["float32"] * len(cell.model.inputs), **info}
-    record = {"task": spec.name, "key": spec.key, "status": status, "reason": reason,
-              "info": payload if status == "ok" else {}, "outputs": {},
-              "log": str(spec.log_file) if status == "failed" else None}
+    payload = {
+        "size_bytes": 1000 + len(cell.name),
+        "sha256": hashlib.sha256(cell.name.encode()).hexdigest(),
+        "delegates": list(cell.backend.delegates),
+        "executorch_version": "1.5.1",
+        "input_dtypes": ["float32"] * len(cell.model.inputs),
+        **info,
+    }
+    record = {
+        "task": spec.name,
+        "key": spec.key,
+        "status": status,
+        "reason": reason,
+        "info": payload if status == "ok" else {},
+        "outputs": {},
+        "log": str(spec.log_file) if status == "failed" else None,
+    }
     spec.state_file.parent.mkdir(parents=True, exist_ok=True)
     spec.state_file.write_text(json.dumps(record))
     if status == "ok":
         write_program_meta(plan, cell, payload["input_dtypes"])
         check = spec_of(plan, "validate", cell)
-        check.state_file.write_text(json.dumps({
-            "task": check.name, "key": check.key, "status": "ok", "reason": "", "outputs": {},
-            "info": {"sqnr_db": 80.0, "cosine": 1.0, "max_abs_error": 1e-6, "inputs": "random (seeded)",
-                     "samples": 1, "passed": True, "program_sha256": payload["sha256"]}}))
+        check.state_file.write_text(
+            json.dumps(
+                {
+                    "task": check.name,
+                    "key": check.key,
+                    "status": "ok",
+                    "reason": "",
+                    "outputs": {},
+                    "info": {
+                        "sqnr_db": 80.0,
+                        "cosine": 1.0,
+                        "max_abs_error": 1e-6,
+                        "inputs": "random (seeded)",
+                        "samples": 1,
+                        "passed": True,
+                        "program_sha256": payload["sha256"],
+                    },
+                }
+            )
+        )
 
 
 def write_program_meta(plan, cell, input_dtypes) -> None:
@@ -189,8 +226,13 @@ def write_program_meta(plan, cell, input_dtypes) -> None:
     from tasks.config.io_spec import describe_io
     from tasks.store.program_meta import encode
 
-    meta = {"model": cell.model.name, "backend": cell.backend.name, "scheme": cell.quant.name,
-            **describe_io(cell.model, [], input_dtypes), "data_file": None}
+    meta = {
+        "model": cell.model.name,
+        "backend": cell.backend.name,
+        "scheme": cell.quant.name,
+        **describe_io(cell.model, [], input_dtypes),
+        "data_file": None,
+    }
     text = encode(meta).encode("ascii")
     pte = layout_of(plan).pte_path(cell)
     pte.parent.mkdir(parents=True, exist_ok=True)
@@ -198,6 +240,7 @@ def write_program_meta(plan, cell, input_dtypes) -> None:
 
 
 # ---------------------------------------------------------------- fixtures
+
 
 @pytest.fixture(scope="module")
 def built(built_small, tmp_path_factory) -> Project:
@@ -216,6 +259,7 @@ def copy(built, tmp_path) -> Project:
 
 
 # ---------------------------------------------------------------- the task
+
 
 def test_manifest_runs_after_the_exports_and_writes_every_file(built):
     out = built.first_run.stdout
@@ -255,17 +299,25 @@ def test_a_changed_plan_rewrites_the_manifests_without_exporting(copy):
 
 
 def test_no_op_manifest_run_does_not_import_torch_or_executorch(copy):
-    code = ("import sys\n"
-            "from doit.doit_cmd import DoitMain\n"
-            f"rc = DoitMain().run(['-f', {str(REPO / 'dodo.py')!r}, 'manifest'])\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch'))\n"
-            "print('HEAVY', heavy, 'RC', rc)\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=copy.root, capture_output=True, text=True,
-                          env={**__import__("os").environ, "ETFORGE_PIPELINE": str(copy.pipeline)})
+    code = (
+        "import sys\n"
+        "from doit.doit_cmd import DoitMain\n"
+        f"rc = DoitMain().run(['-f', {str(REPO / 'dodo.py')!r}, 'manifest'])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch'))\n"
+        "print('HEAVY', heavy, 'RC', rc)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=copy.root,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "ETFORGE_PIPELINE": str(copy.pipeline)},
+    )
     assert "HEAVY [] RC 0" in proc.stdout, proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------- Dart
+
 
 def test_dart_manifest_parses_and_matches_the_exports(built):
     tree = parse_dart((built.out / "manifests" / "models.g.dart").read_text())
@@ -278,8 +330,11 @@ def test_dart_manifest_parses_and_matches_the_exports(built):
         v, info = variants[ident], exports[cell]["info"]
         model, backend, quant = cell.split("/")
         assert (v["model"], v["backend"], v["quantization"]) == (model, backend, quant)
-        assert v["sha256"] == info["sha256"] == hashlib.sha256(
-            (built.out / model / f"{model}_{backend}_{quant}.pte").read_bytes()).hexdigest()
+        assert (
+            v["sha256"]
+            == info["sha256"]
+            == hashlib.sha256((built.out / model / f"{model}_{backend}_{quant}.pte").read_bytes()).hexdigest()
+        )
         assert v["sizeBytes"] == info["size_bytes"]
         assert v["asset"] == f"assets/models/{model}_{backend}_{quant}.pte"
         assert v["delegates"] == info["delegates"] == (["XnnpackBackend"] if backend == "xnnpack" else [])
@@ -314,6 +369,7 @@ def test_dart_parser_catches_broken_dart(built):
 
 # ---------------------------------------------------------------- pubspec and index.json
 
+
 def test_pubspec_snippet_lists_the_dart_assets(built):
     snippet = yaml.safe_load((built.out / "manifests" / "pubspec_assets.yaml").read_text())
     tree = parse_dart((built.out / "manifests" / "models.g.dart").read_text())
@@ -335,8 +391,20 @@ def test_index_json_has_the_model_store_shape(built):
     assert [m["name"] for m in index["models"]] == [c.replace("/", "_") + ".pte" for c in ALL_CELLS]
     for entry, cell in zip(index["models"], ALL_CELLS):
         info = exports[cell]["info"]
-        assert {"name", "modelName", "category", "backend", "hash", "size", "sizeMB", "inputSize", "remoteUrl",
-                "labelsFile", "labelsRemoteUrl", "backendDescription"} <= set(entry)
+        assert {
+            "name",
+            "modelName",
+            "category",
+            "backend",
+            "hash",
+            "size",
+            "sizeMB",
+            "inputSize",
+            "remoteUrl",
+            "labelsFile",
+            "labelsRemoteUrl",
+            "backendDescription",
+        } <= set(entry)
         assert (entry["modelName"], entry["backend"]) == tuple(cell.split("/")[:2])
         assert entry["hash"] == info["sha256"] and entry["size"] == info["size_bytes"]
         assert entry["sizeMB"] == round(info["size_bytes"] / 2**20, 2)
@@ -399,8 +467,11 @@ def test_cmake_project_includes_builds_and_installs_the_models(built, tmp_path):
     configure = _cmake("-S", str(src), "-B", str(build), f"-DETFORGE_MANIFEST={models_cmake}")
     assert configure.returncode == 0, configure.stdout + configure.stderr
     printed = [line.removeprefix("-- ") for line in configure.stdout.splitlines() if line.startswith("-- ETFORGE")]
-    rows = {line.split("|")[0].removeprefix("ETFORGE "): line.split("|")[1:]
-            for line in printed if line.startswith("ETFORGE ")}
+    rows = {
+        line.split("|")[0].removeprefix("ETFORGE "): line.split("|")[1:]
+        for line in printed
+        if line.startswith("ETFORGE ")
+    }
     printed = dict(line.split(" ", 1) for line in printed if not line.startswith("ETFORGE "))
     exports = states(built, "export")
     assert set(rows) == {naming.cmake_identifier(c.replace("/", "_")) for c in ALL_CELLS}
@@ -410,8 +481,9 @@ def test_cmake_project_includes_builds_and_installs_the_models(built, tmp_path):
         assert Path(pte).resolve() == (built.out / model / f"{model}_{backend}_{quant}.pte").resolve()
         assert sha == exports[cell]["info"]["sha256"] and int(size) == exports[cell]["info"]["size_bytes"]
         xnn = backend == "xnnpack"
-        assert (delegates, targets, package) == (("XnnpackBackend", "xnnpack_backend", "executorch::backend_xnnpack")
-                                                 if xnn else ("", "", ""))
+        assert (delegates, targets, package) == (
+            ("XnnpackBackend", "xnnpack_backend", "executorch::backend_xnnpack") if xnn else ("", "", "")
+        )
     assert printed["ETFORGE_FALLBACK"] == "CNN_XNNPACK_FP32;CNN_PORTABLE_FP32"
     assert printed["ETFORGE_LIBS"] == "xnnpack_backend|"
 
@@ -424,8 +496,12 @@ def test_cmake_project_includes_builds_and_installs_the_models(built, tmp_path):
     for cell in ALL_CELLS:
         blob = (model_dir / (cell.replace("/", "_") + ".pte")).read_bytes()
         assert hashlib.sha256(blob).hexdigest() == exports[cell]["info"]["sha256"]
-    ran = subprocess.run([str(prefix / "bin" / "consumer"), str(model_dir / "linreg_xnnpack_fp32.pte")],
-                         capture_output=True, text=True, timeout=60)
+    ran = subprocess.run(
+        [str(prefix / "bin" / "consumer"), str(model_dir / "linreg_xnnpack_fp32.pte")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     info = exports["linreg/xnnpack/fp32"]["info"]
     assert ran.stdout.split("\n")[:2] == [f"linreg_xnnpack_fp32.pte {info['sha256']}", f"size {info['size_bytes']}"]
 
@@ -434,13 +510,20 @@ def test_cmake_project_includes_builds_and_installs_the_models(built, tmp_path):
     shutil.copytree(built.out, tampered, ignore=shutil.ignore_patterns("manifests", ".state", "logs"))
     with open(tampered / "cnn" / "cnn_portable_fp32.pte", "ab") as f:
         f.write(b"\0")
-    bad = _cmake("-S", str(src), "-B", str(tmp_path / "build2"), f"-DETFORGE_MANIFEST={models_cmake}",
-                 f"-DETFORGE_MODELS_DIR={tampered}")
+    bad = _cmake(
+        "-S",
+        str(src),
+        "-B",
+        str(tmp_path / "build2"),
+        f"-DETFORGE_MANIFEST={models_cmake}",
+        f"-DETFORGE_MODELS_DIR={tampered}",
+    )
     assert bad.returncode != 0
     assert "CNN_PORTABLE_FP32" in bad.stderr and "expects" in bad.stderr
 
 
 # ---------------------------------------------------------------- what is left out, options, names
+
 
 def test_failed_skipped_unbuilt_and_rejected_cells_are_listed_not_shipped(copy):
     # fp16 exists for xnnpack only: portable/fp16 is rejected by the scheme, xnnpack/fp16 is not built.
@@ -450,55 +533,89 @@ def test_failed_skipped_unbuilt_and_rejected_cells_are_listed_not_shipped(copy):
     fake_export(plan, cells["cnn/xnnpack/fp16"], status="failed", reason="RuntimeError: /tmp/build-x1/boom")
     fake_export(plan, cells["linreg/xnnpack/fp16"], status="skipped", reason="cannot lower here: no SDK")
     spec = spec_of(plan, "validate", cells["cnn/portable/fp32"])
-    spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": "failed",
-                                           "reason": "sqnr 3 dB below 60", "info": {}, "log": str(spec.log_file)}))
+    spec.state_file.write_text(
+        json.dumps(
+            {
+                "task": spec.name,
+                "key": spec.key,
+                "status": "failed",
+                "reason": "sqnr 3 dB below 60",
+                "info": {},
+                "log": str(spec.log_file),
+            }
+        )
+    )
     context = manifest.build_context(plan)
     shipped = [v["id"] for v in context["variants"]]
     assert shipped == ["linreg/xnnpack/fp32", "linreg/portable/fp32", "cnn/xnnpack/fp32"]
     excluded = {e["cell"]: e for e in context["excluded"]}
     assert excluded["cnn/xnnpack/fp16"] == {
-        "cell": "cnn/xnnpack/fp16", "status": "failed",
-        "reason": "export:cnn/xnnpack/fp16 failed, log: logs/export__cnn__xnnpack__fp16.log"}
+        "cell": "cnn/xnnpack/fp16",
+        "status": "failed",
+        "reason": "export:cnn/xnnpack/fp16 failed, log: logs/export__cnn__xnnpack__fp16.log",
+    }
     assert excluded["linreg/xnnpack/fp16"]["status"] == "skipped"
     assert excluded["cnn/portable/fp32"] == {
-        "cell": "cnn/portable/fp32", "status": "failed",
-        "reason": "validate:cnn/portable/fp32 failed, log: logs/validate__cnn__portable__fp32.log"}
+        "cell": "cnn/portable/fp32",
+        "status": "failed",
+        "reason": "validate:cnn/portable/fp32 failed, log: logs/validate__cnn__portable__fp32.log",
+    }
     assert excluded["linreg/portable/fp16"]["status"] == "rejected"
     assert "not available for portable" in excluded["linreg/portable/fp16"]["reason"]
-    assert set(excluded) == {"cnn/xnnpack/fp16", "linreg/xnnpack/fp16", "cnn/portable/fp32",
-                             "linreg/portable/fp16", "cnn/portable/fp16"}
+    assert set(excluded) == {
+        "cnn/xnnpack/fp16",
+        "linreg/xnnpack/fp16",
+        "cnn/portable/fp32",
+        "linreg/portable/fp16",
+        "cnn/portable/fp16",
+    }
     files = render.render(context)
     for name in (render.DART, render.PUBSPEC, render.CMAKE):
         comments = [line for line in files[name].splitlines() if line.lstrip().startswith(("//", "#"))]
         for cell, e in excluded.items():
             assert any(cell in line and e["status"] in line for line in comments), (name, cell)
-        assert "cnn_portable_fp32.pte" not in "\n".join(l for l in files[name].splitlines() if l not in comments)
+        assert "cnn_portable_fp32.pte" not in "\n".join(
+            line for line in files[name].splitlines() if line not in comments
+        )
     assert "/tmp/build-x1" not in "".join(files.values())  # failure texts vary run to run; logs do not
     assert json.loads(files[render.INDEX])["excluded"] == context["excluded"]
     assert syntax_errors(parse_dart(files[render.DART])) == []
     assert yaml.safe_load(files[render.PUBSPEC])["flutter"]["assets"] == [
-        f"assets/models/{c.replace('/', '_')}.pte" for c in shipped]
+        f"assets/models/{c.replace('/', '_')}.pte" for c in shipped
+    ]
 
     # A cell whose graph never came (its capture or quantization failed) is failed, not "not built".
     spec_of(plan, "export", cells["linreg/xnnpack/fp16"]).state_file.unlink()
     spec = spec_of(plan, "quantize", cells["linreg/xnnpack/fp16"])
-    spec.state_file.write_text(json.dumps({"task": spec.name, "key": spec.key, "status": "failed", "info": {},
-                                           "log": str(spec.log_file)}))
+    spec.state_file.write_text(
+        json.dumps({"task": spec.name, "key": spec.key, "status": "failed", "info": {}, "log": str(spec.log_file)})
+    )
     excluded = {e["cell"]: e for e in manifest.build_context(plan)["excluded"]}
     assert excluded["linreg/xnnpack/fp16"] == {
-        "cell": "linreg/xnnpack/fp16", "status": "failed",
-        "reason": f"{spec.name} failed, log: logs/{spec.log_file.name}"}
+        "cell": "linreg/xnnpack/fp16",
+        "status": "failed",
+        "reason": f"{spec.name} failed, log: logs/{spec.log_file.name}",
+    }
 
 
 def test_pipeline_options_set_fallback_order_urls_and_model_metadata(copy):
-    plan = WithManifests(resolve(copy.pipeline), {
-        "assets_dir": "assets/ml/",
-        "base_url": "https://example.com/models/v1/",
-        "install_dir": "share/demo",
-        "platforms": {"ios": ["portable", "xnnpack"], "android": ["xnnpack/fp32"], "fuchsia": ["portable"]},
-        "models": {"cnn": {"category": "classification", "input_size": 224, "labels_file": "labels.txt",
-                           "platforms": {"ios": ["xnnpack"]}}},
-    })
+    plan = WithManifests(
+        resolve(copy.pipeline),
+        {
+            "assets_dir": "assets/ml/",
+            "base_url": "https://example.com/models/v1/",
+            "install_dir": "share/demo",
+            "platforms": {"ios": ["portable", "xnnpack"], "android": ["xnnpack/fp32"], "fuchsia": ["portable"]},
+            "models": {
+                "cnn": {
+                    "category": "classification",
+                    "input_size": 224,
+                    "labels_file": "labels.txt",
+                    "platforms": {"ios": ["xnnpack"]},
+                }
+            },
+        },
+    )
     context = manifest.build_context(plan)
     files = render.render(context)
     tree = parse_dart(files[render.DART])
@@ -518,14 +635,17 @@ def test_pipeline_options_set_fallback_order_urls_and_model_metadata(copy):
     assert cnn["labelsRemoteUrl"] == "https://example.com/models/v1/labels.txt"
     assert 'set(ETFORGE_MODELS_INSTALL_DIR "share/demo")' in files[render.CMAKE]
     assert "set(ETFORGE_MODEL_LINREG_FALLBACK_IOS LINREG_PORTABLE_FP32 LINREG_XNNPACK_FP32)" in files[render.CMAKE]
-    assert content_key(plan, STAGE["manifest"], context) != content_key(plan, STAGE["manifest"], manifest.build_context(resolve(copy.pipeline)))
+    assert content_key(plan, STAGE["manifest"], context) != content_key(
+        plan, STAGE["manifest"], manifest.build_context(resolve(copy.pipeline))
+    )
 
 
 def test_manifests_section_of_pipeline_yaml_reaches_the_files(copy):
     if "manifests" not in {f.name for f in dataclasses.fields(Plan)}:
         pytest.skip("the plan does not carry pipeline.yaml's `manifests:` section yet")
-    copy.write_pipeline(SMALL_PIPELINE + "manifests:\n  base_url: https://example.com/v1\n"
-                                          "  platforms: {ios: [portable, xnnpack]}\n")
+    copy.write_pipeline(
+        SMALL_PIPELINE + "manifests:\n  base_url: https://example.com/v1\n  platforms: {ios: [portable, xnnpack]}\n"
+    )
     run = copy.doit("manifest")
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.started == {"manifest"}  # options change the manifests, never a program
@@ -536,26 +656,34 @@ def test_manifests_section_of_pipeline_yaml_reaches_the_files(copy):
 
 
 def test_bad_manifest_options_are_reported_with_their_key():
-    check = lambda raw: check_options(raw, ["xnnpack", "portable"], ["coreml", "xnnpack"], ["fp32"])
+    def check(raw):
+        return check_options(raw, ["xnnpack", "portable"], ["coreml", "xnnpack"], ["fp32"])
+
     assert check(None) == [] and check({}) == []
     assert check({"platforms": {"ios": ["coreml", "xnnpack/fp32"]}}) == []
-    assert check({"platform": {}}) == [(("platform",), "unknown key; expected one of assets_dir, base_url, "
-                                                      "install_dir, models, platforms")]
+    assert check({"platform": {}}) == [
+        (("platform",), "unknown key; expected one of assets_dir, base_url, install_dir, models, platforms")
+    ]
     assert check({"platforms": {"ios": ["xnpack"]}})[0] == (
-        ("platforms", "ios", 0), "unknown backend 'xnpack'; declared: xnnpack, portable (or any backend recipe)")
+        ("platforms", "ios", 0),
+        "unknown backend 'xnpack'; declared: xnnpack, portable (or any backend recipe)",
+    )
     assert check({"platforms": {"ios": ["xnnpack/int4"]}})[0][1].startswith("unknown quantization 'int4'")
     assert check({"platforms": {"iOS 17": ["xnnpack"]}})[0][0] == ("platforms", "iOS 17")
     assert check({"platforms": {"ios": "xnnpack"}})[0][1] == "expected a list of backend names, got a string"
     assert check({"base_url": 3})[0] == (("base_url",), "expected a string, got int")
     assert check({"assets_dir": "../outside"})[0][0] == ("assets_dir",)
     assert check({"models": {"cnn": {"input_size": 0}}})[0] == (
-        ("models", "cnn", "input_size"), "expected a positive integer, got 0")
+        ("models", "cnn", "input_size"),
+        "expected a positive integer, got 0",
+    )
 
 
 def test_odd_names_make_valid_unique_dart_and_cmake_identifiers(tmp_path):
     names = ["class", "3d-net", "a-b", "a_b", "models", "YOLO11n-pose"]
     pipeline = "name: t\nmodels:\n" + "".join(
-        f"  {n}:\n    python: models.linreg:build\n    inputs: [{{shape: [1, 4]}}]\n" for n in names)
+        f"  {n}:\n    python: models.linreg:build\n    inputs: [{{shape: [1, 4]}}]\n" for n in names
+    )
     pipeline += "backends:\n  xnnpack: {}\n  portable: {}\nquantization: [fp32]\n"
     project = make_project(tmp_path / "proj", pipeline)
     plan = resolve(project.pipeline)
@@ -583,8 +711,9 @@ def test_odd_names_make_valid_unique_dart_and_cmake_identifiers(tmp_path):
     src.mkdir()
     (src / "CMakeLists.txt").write_text(
         "cmake_minimum_required(VERSION 3.16)\nproject(names NONE)\n"
-        f"include(\"{paths[render.CMAKE].as_posix()}\")\n"
-        "foreach(v IN LISTS ETFORGE_VARIANTS)\n  message(STATUS \"V ${v} ${ETFORGE_${v}_FILE}\")\nendforeach()\n")
+        f'include("{paths[render.CMAKE].as_posix()}")\n'
+        'foreach(v IN LISTS ETFORGE_VARIANTS)\n  message(STATUS "V ${v} ${ETFORGE_${v}_FILE}")\nendforeach()\n'
+    )
     configure = _cmake("-S", str(src), "-B", str(tmp_path / "build"))
     assert configure.returncode == 0, configure.stdout + configure.stderr
     listed = re.findall(r"^-- V (\S+) (\S+)$", configure.stdout, re.M)
@@ -592,16 +721,20 @@ def test_odd_names_make_valid_unique_dart_and_cmake_identifiers(tmp_path):
 
 
 def test_two_variants_with_one_file_name_are_refused(tmp_path):
-    pipeline = ("name: t\nmodels:\n"
-                "  m:\n    python: models.linreg:build\n    inputs: [{shape: [1, 4]}]\n"
-                "  m_xnnpack:\n    python: models.linreg:build\n    inputs: [{shape: [1, 4]}]\n"
-                "backends:\n  portable: {}\n  xnnpack_portable: {recipe: portable}\nquantization: [fp32]\n")
+    pipeline = (
+        "name: t\nmodels:\n"
+        "  m:\n    python: models.linreg:build\n    inputs: [{shape: [1, 4]}]\n"
+        "  m_xnnpack:\n    python: models.linreg:build\n    inputs: [{shape: [1, 4]}]\n"
+        "backends:\n  portable: {}\n  xnnpack_portable: {recipe: portable}\nquantization: [fp32]\n"
+    )
     project = make_project(tmp_path / "proj", pipeline)
     plan = resolve(project.pipeline)
     for cell in plan.cells:
         fake_export(plan, cell)
-    with pytest.raises(manifest.ManifestError, match="m/xnnpack_portable/fp32 and m_xnnpack/portable/fp32 "
-                                                     "would both ship as m_xnnpack_portable_fp32.pte"):
+    with pytest.raises(
+        manifest.ManifestError,
+        match="m/xnnpack_portable/fp32 and m_xnnpack/portable/fp32 would both ship as m_xnnpack_portable_fp32.pte",
+    ):
         manifest.build_context(plan)
     # The task fails with that reason in its state record (the reporter's finish line reads it).
     assert run_matrix_stage(plan, "manifest", plan.cells, Store(layout_of(plan).cache_dir)) is False

@@ -14,8 +14,8 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import make_project
+
 from tasks.config.resolve import resolve
 
 PIPELINE = """\
@@ -42,15 +42,20 @@ BROKEN_LAYER = "features.1.0"  # the second convolution of models/small_cnn.py
 
 # ----------------------------------------------------------------------------- metrics
 
+
 def test_topk_agreement_counts_matching_argmax_and_eager_top1_in_program_top5():
     from tasks.build.numerics import compare_samples
 
-    eager = np.array([[[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]],     # top-1: class 6
-                      [[9.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]],     # top-1: class 0
-                      [[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]],     # top-1: class 6
-                      [[5.0, 4.0, 3.0, 2.0, 1.0, 0.0, -1.0]]])   # top-1: class 0
+    eager = np.array(
+        [
+            [[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]],  # top-1: class 6
+            [[9.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]],  # top-1: class 0
+            [[0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0]],  # top-1: class 6
+            [[5.0, 4.0, 3.0, 2.0, 1.0, 0.0, -1.0]],
+        ]
+    )  # top-1: class 0
     program = eager.copy()
-    program[1, 0, 0] = 5.5   # argmax moves to class 6; class 0 is still in the top 5
+    program[1, 0, 0] = 5.5  # argmax moves to class 6; class 0 is still in the top 5
     program[3, 0, :] = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]  # class 0 drops out of the top 5
     m = compare_samples(eager, program, classification=True)
     assert m["predictions"] == 4
@@ -78,12 +83,16 @@ def test_pooled_sqnr_and_worst_sample():
 def test_verdict_fails_on_any_missed_threshold():
     from tasks.build.numerics import verdict
 
-    metrics = [{"sqnr_db": 70.0, "cosine": 0.99999, "max_abs_error": 1e-4, "top1_agreement": 0.75,
-                "top5_agreement": 1.0}]
+    metrics = [
+        {"sqnr_db": 70.0, "cosine": 0.99999, "max_abs_error": 1e-4, "top1_agreement": 0.75, "top5_agreement": 1.0}
+    ]
     assert verdict(metrics, {"sqnr_db": 60, "top5_agreement": 1.0}) == []
     misses = verdict(metrics, {"sqnr_db": 80, "max_abs_error": 1e-5, "top1_agreement": 0.9})
-    assert misses == ["output 0: SQNR 70.0 dB < 80 dB", "output 0: max abs error 0.0001 > 1e-05",
-                      "output 0: top-1 agreement 0.750 < 0.9"]
+    assert misses == [
+        "output 0: SQNR 70.0 dB < 80 dB",
+        "output 0: max abs error 0.0001 > 1e-05",
+        "output 0: top-1 agreement 0.750 < 0.9",
+    ]
     # A regression output has no top-k: a top-k threshold cannot fail it.
     assert verdict([{"sqnr_db": 70.0, "cosine": 1.0, "max_abs_error": 0.0}], {"top1_agreement": 1.0}) == []
 
@@ -135,6 +144,7 @@ def test_bundled_tolerances_come_from_finite_values_only():
 
 # ----------------------------------------------------------------------------- inputs
 
+
 def test_image_samples_are_resized_normalized_and_counted(tmp_path):
     from models.sample_images import copy_sample_images
     from tasks.build.samples import load_samples
@@ -143,9 +153,16 @@ def test_image_samples_are_resized_normalized_and_counted(tmp_path):
     folder = tmp_path / "imgs"
     copy_sample_images(folder, count=3)
     (folder / "notes.txt").write_text("not an image")
-    spec = ModelSpec(name="m", source={}, kwargs={}, weights=None,
-                     inputs=(InputSpec("image", (1, 3, 20, 30), "float32"),), calibration=None,
-                     validation=None, task="classification")
+    spec = ModelSpec(
+        name="m",
+        source={},
+        kwargs={},
+        weights=None,
+        inputs=(InputSpec("image", (1, 3, 20, 30), "float32"),),
+        calibration=None,
+        validation=None,
+        task="classification",
+    )
     data = {"images": "imgs", "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25], "samples": 2}
     batches, source = load_samples(spec, data, tmp_path, seed=0)
     assert source == "images imgs"
@@ -174,8 +191,13 @@ def test_efficientnet_lite0_real_weights_see_the_cat():
     from tasks.build.samples import preprocess_image
 
     model = build()
-    x = preprocess_image(skimage_data_dir() / "chelsea.png", 3, 224, 224,
-                         {"resize": 224, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]})
+    x = preprocess_image(
+        skimage_data_dir() / "chelsea.png",
+        3,
+        224,
+        224,
+        {"resize": 224, "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]},
+    )
     with torch.no_grad():
         probs = model(torch.from_numpy(x[None])).softmax(-1)[0]
     assert int(probs.argmax()) == 285
@@ -183,6 +205,7 @@ def test_efficientnet_lite0_real_weights_see_the_cat():
 
 
 # ----------------------------------------------------------------------------- one built project
+
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
@@ -250,8 +273,13 @@ def test_random_fallback_is_one_seeded_sample_flagged_as_random(built):
 def test_validate_runs_every_sample_and_reports_topk(built):
     from tasks.build.validate import build_validate
 
-    result = build_validate(built["cell"], built["export"].files["program.pte"],
-                            built["capture"].files["reference.npz"], [], _workdir(built, "validate"))
+    result = build_validate(
+        built["cell"],
+        built["export"].files["program.pte"],
+        built["capture"].files["reference.npz"],
+        [],
+        _workdir(built, "validate"),
+    )
     assert result.status == "ok", result.reason
     info = result.info
     assert info["passed"] is True
@@ -297,7 +325,8 @@ def test_bundled_program_verifies_on_the_runtime_and_rejects_wrong_outputs(built
     bad_bytes = bad.files["program.bpte"].read_bytes()
     with pytest.raises(RuntimeError, match="verification failed"):
         portable_lib._load_bundled_program_from_buffer(bad_bytes).verify_result_with_bundled_expected_output(
-            "forward", 0, side["rtol"], side["atol"])
+            "forward", 0, side["rtol"], side["atol"]
+        )
 
 
 def test_first_divergence_names_the_corrupted_layer_and_validate_reports_it(built, monkeypatch):
@@ -313,8 +342,14 @@ def test_first_divergence_names_the_corrupted_layer_and_validate_reports_it(buil
     broken_lower = _make_broken(debug_numerics.lower_cell)
     broken_pte.write_bytes(broken_lower(torch.export.load(program), cell).to_executorch().buffer)
     monkeypatch.setattr(debug_numerics, "lower_cell", broken_lower)
-    result = build_validate(cell, broken_pte, built["capture"].files["reference.npz"], [],
-                            _workdir(built, "validate_broken"), program=program)
+    result = build_validate(
+        cell,
+        broken_pte,
+        built["capture"].files["reference.npz"],
+        [],
+        _workdir(built, "validate_broken"),
+        program=program,
+    )
     assert result.status == "failed"
     report = json.loads(result.files["numerics.json"].read_text())
     found = report["first_divergence"]
@@ -323,9 +358,8 @@ def test_first_divergence_names_the_corrupted_layer_and_validate_reports_it(buil
     assert found["op_target"] == "aten.conv2d.default"
     assert found["sqnr_db"] < 60
     # Every node before it matches eager closely (taps that are artifacts aside).
-    before = found["nodes"][:found["index"]]
-    assert before and all(n["sqnr_db"] is None or n["sqnr_db"] > 60 or n["node"] in found["artifacts"]
-                          for n in before)
+    before = found["nodes"][: found["index"]]
+    assert before and all(n["sqnr_db"] is None or n["sqnr_db"] > 60 or n["node"] in found["artifacts"] for n in before)
     assert "first divergence at node conv2d_1 (aten.conv2d, features.1.0), SQNR" in result.reason
     assert result.info["first_divergence"].startswith("first divergence at node conv2d_1")
 
@@ -347,8 +381,8 @@ def _make_broken(original):
 
 
 def test_first_divergence_of_a_correct_lowering_is_none(built):
-    from tasks.build.reference import load_reference
     from tasks.build.divergence import first_divergence, node_sqnrs
+    from tasks.build.reference import load_reference
 
     inputs, _ = load_reference(built["capture"].files["reference.npz"])
     program = built["capture"].files["model.pt2"]
@@ -494,6 +528,7 @@ def test_a_model_that_is_nonfinite_in_eager_fails_its_capture_not_a_backend(nonf
     assert capture["reason"] == (
         "model 'diverges' itself is non-finite in eager PyTorch: output 0 (scores): 4 of 4 values are "
         "non-finite (4 NaN, 0 inf) on the validation inputs (random (seeded)); fix the model or its inputs, "
-        "no backend can match it")
+        "no backend can match it"
+    )
     assert _state(project, "export:diverges/xnnpack/fp32")["status"] == "blocked"
     assert not (project.out / "diverges" / "diverges_xnnpack_fp32.pte").exists()

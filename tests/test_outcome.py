@@ -23,16 +23,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import Project, make_project
-from tasks.publish.manifests import context as manifest
-from tasks.publish import outcome
-from tasks.publish import release
-from tasks.publish import summary
-from tasks.store.specs import spec_of
+from test_manifest import dart_constants, parse_dart, syntax_errors
+
 from tasks.config.machine import host_fingerprint
 from tasks.config.resolve import resolve
-from test_manifest import dart_constants, parse_dart, syntax_errors
+from tasks.publish import outcome, release, summary
+from tasks.publish.manifests import context as manifest
+from tasks.store.specs import spec_of
 
 LINK = "https://github.com/pytorch/executorch/issues/1"
 PIPELINE = f"""\
@@ -62,8 +60,13 @@ matrix:
     - {{model: broken, reason: "the factory raises on purpose", link: "{LINK}"}}
 """
 BROKEN = "def build():\n    raise RuntimeError('this factory is broken on purpose')\n"
-STATUSES = {"linreg/xnnpack/fp32": "provisional", "linreg/portable/fp32": "provisional",
-            "linreg/vulkan/fp32": "on-device", "cnn/xnnpack/fp32": "ok", "broken/xnnpack/fp32": "expected-failure"}
+STATUSES = {
+    "linreg/xnnpack/fp32": "provisional",
+    "linreg/portable/fp32": "provisional",
+    "linreg/vulkan/fp32": "on-device",
+    "cnn/xnnpack/fp32": "ok",
+    "broken/xnnpack/fp32": "expected-failure",
+}
 SHIPPED = [c for c, s in STATUSES.items() if s in outcome.SHIPS]
 
 
@@ -97,6 +100,7 @@ def copy(built, tmp_path) -> Project:
 
 
 # ---------------------------------------------------------------- statuses
+
 
 def test_statuses_in_the_summary_and_the_report(built):
     run = built.first_run
@@ -139,15 +143,17 @@ def test_every_shipped_variant_carries_its_verdict_in_index_json(built):
     assert excluded["broken/xnnpack/fp32"]["status"] == "expected-failure"
     assert excluded["broken/xnnpack/fp32"]["reason"] == (
         f"expected to fail: the factory raises on purpose ({LINK}); capture:broken failed, "
-        "log: logs/capture__broken.log")
+        "log: logs/capture__broken.log"
+    )
 
 
 def test_every_shipped_variant_carries_its_verdict_in_the_dart_and_cmake_manifests(built):
     text = (built.out / "manifests" / "models.g.dart").read_text()
     tree = parse_dart(text)
     assert syntax_errors(tree) == []
-    variants = {f"{v['model']}/{v['backend']}/{v['quantization']}": v
-                for v in dart_constants(tree, "ModelVariant").values()}
+    variants = {
+        f"{v['model']}/{v['backend']}/{v['quantization']}": v for v in dart_constants(tree, "ModelVariant").values()
+    }
     assert sorted(variants) == sorted(SHIPPED)
     for cell, v in variants.items():
         assert v["verdict"] == STATUSES[cell]
@@ -186,14 +192,28 @@ def test_every_shipped_variant_carries_its_verdict_in_the_cpp_header(built, tmp_
     if shutil.which("c++") is None:
         pytest.skip("needs a C++ compiler")
     (tmp_path / "main.cpp").write_text(CPP_MAIN)
-    compiled = subprocess.run(["c++", "-std=c++17", "-Wall", "-I", str(built.out / "manifests"),
-                               str(tmp_path / "main.cpp"), "-o", str(tmp_path / "main")],
-                              capture_output=True, text=True, timeout=300)
+    compiled = subprocess.run(
+        [
+            "c++",
+            "-std=c++17",
+            "-Wall",
+            "-I",
+            str(built.out / "manifests"),
+            str(tmp_path / "main.cpp"),
+            "-o",
+            str(tmp_path / "main"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert compiled.returncode == 0, compiled.stderr
     printed = subprocess.run([str(tmp_path / "main")], capture_output=True, text=True, timeout=60).stdout
     variants = {line.split("|")[0]: line.split("|")[1:] for line in printed.splitlines()}
     assert sorted(variants) == sorted(SHIPPED)
-    index = {e["name"]: e["verdict"] for e in json.loads((built.out / "manifests" / "index.json").read_text())["models"]}
+    index = {
+        e["name"]: e["verdict"] for e in json.loads((built.out / "manifests" / "index.json").read_text())["models"]
+    }
     for cell, (verdict, validated_on, sqnr, bundle, bundle_sha, rtol, atol) in variants.items():
         expected = index[cell.replace("/", "_") + ".pte"]
         assert (verdict, validated_on) == (expected["status"], expected["inputs"])
@@ -207,20 +227,26 @@ def test_every_shipped_variant_carries_its_verdict_in_the_cpp_header(built, tmp_
 
 # ---------------------------------------------------------------- expected failures
 
+
 def test_an_unexpectedly_passing_cell_fails_the_run_until_its_entry_is_removed(copy):
     declared = PIPELINE + (f'    - {{model: linreg, backend: portable, reason: "thought broken", link: "{LINK}"}}\n')
     copy.write_pipeline(declared)
     run = copy.doit("model=linreg")
     assert run.returncode == 1, run.stdout + run.stderr
     assert not {t for t in run.started if t.split(":")[0] in ("capture", "export", "validate")}  # keys unchanged
-    assert re.search(r"^etforge: linreg/portable/fp32 is unexpectedly passing: passed \(provisional\) but "
-                     r"\S*pipeline\.yaml:\d+: matrix\.expected_failures\[1\] declares it an expected failure "
-                     r"\(thought broken\); remove that entry$", run.stderr, re.M), run.stderr
+    assert re.search(
+        r"^etforge: linreg/portable/fp32 is unexpectedly passing: passed \(provisional\) but "
+        r"\S*pipeline\.yaml:\d+: matrix\.expected_failures\[1\] declares it an expected failure "
+        r"\(thought broken\); remove that entry$",
+        run.stderr,
+        re.M,
+    ), run.stderr
     assert rows(copy)["linreg/portable/fp32"]["status"] == "unexpectedly-passing"
     index = json.loads((copy.out / "manifests" / "index.json").read_text())
     assert "linreg_portable_fp32.pte" not in [e["name"] for e in index["models"]]
     assert {"cell": "linreg/portable/fp32", "status": "unexpectedly-passing"}.items() <= next(
-        e for e in index["excluded"] if e["cell"] == "linreg/portable/fp32").items()
+        e for e in index["excluded"] if e["cell"] == "linreg/portable/fp32"
+    ).items()
 
     refused = copy.doit("release", "model=linreg")
     assert refused.returncode != 0
@@ -232,8 +258,10 @@ def test_an_unexpectedly_passing_cell_fails_the_run_until_its_entry_is_removed(c
         names = tar.getnames()
         provenance = json.load(tar.extractfile("t-0.0.1/provenance.json"))
         index = json.load(tar.extractfile("t-0.0.1/manifests/index.json"))
-        packed = {e["name"]: hashlib.sha256(tar.extractfile(f"t-0.0.1/models/{e['name']}").read()).hexdigest()
-                  for e in index["models"]}
+        packed = {
+            e["name"]: hashlib.sha256(tar.extractfile(f"t-0.0.1/models/{e['name']}").read()).hexdigest()
+            for e in index["models"]
+        }
     assert [f["cell"] for f in provenance["failures"]] == ["linreg/portable/fp32"]
     assert "t-0.0.1/models/linreg_portable_fp32.pte" not in names
     assert {"t-0.0.1/models/linreg_vulkan_fp32.pte", "t-0.0.1/models/linreg_vulkan_fp32.bpte"} <= set(names)
@@ -252,9 +280,11 @@ def test_strict_release_refuses_provisional_cells(copy):
     strict = copy.doit("release", "strict=1", "model=linreg,cnn")
     assert strict.returncode != 0
     line = next(line for line in strict.stderr.splitlines() if "release refused" in line)
-    assert line == ("etforge: release refused: strict=1: 2 cell(s) are provisional (validated only on seeded "
-                    "random inputs): linreg/xnnpack/fp32, linreg/portable/fp32; "
-                    "name validation data for their models in pipeline.yaml")
+    assert line == (
+        "etforge: release refused: strict=1: 2 cell(s) are provisional (validated only on seeded "
+        "random inputs): linreg/xnnpack/fp32, linreg/portable/fp32; "
+        "name validation data for their models in pipeline.yaml"
+    )
     assert not (copy.root / "artifacts" / "release" / "t-0.0.1.tar.gz").exists()
     assert copy.doit("release", "strict=1", "model=cnn").returncode == 0  # validated on its data: ok
 
@@ -272,12 +302,18 @@ def test_a_same_size_same_mtime_edit_of_a_shipped_program_refuses_the_release(co
     assert (pte.stat().st_size, pte.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
     edited = copy.doit("release", "model=linreg,cnn")
     assert edited.returncode != 0
-    assert re.search(r"^etforge: release refused: artifacts/t/linreg/linreg_portable_fp32\.pte differs from its "
-                     r"record \(sha256 [0-9a-f]{16}\.\.\., export:linreg/portable/fp32 recorded [0-9a-f]{16}\.\.\.\); "
-                     r"delete it and run `doit export:linreg/portable/fp32`$", edited.stderr, re.M), edited.stderr
+    assert re.search(
+        r"^etforge: release refused: artifacts/t/linreg/linreg_portable_fp32\.pte differs from its "
+        r"record \(sha256 [0-9a-f]{16}\.\.\., export:linreg/portable/fp32 recorded [0-9a-f]{16}\.\.\.\); "
+        r"delete it and run `doit export:linreg/portable/fp32`$",
+        edited.stderr,
+        re.M,
+    ), edited.stderr
     # Nothing left there looks current.
-    assert ("etforge: removed the previous release of t-0.0.1 (t-0.0.1.tar.gz, t-0.0.1.bench.json, t-0.0.1/): "
-            "it does not match this checkout") in edited.stderr
+    assert (
+        "etforge: removed the previous release of t-0.0.1 (t-0.0.1.tar.gz, t-0.0.1.bench.json, t-0.0.1/): "
+        "it does not match this checkout"
+    ) in edited.stderr
     assert list(release_dir.iterdir()) == []
 
     pte.unlink()  # what the message says: the program comes back from the store
@@ -287,14 +323,18 @@ def test_a_same_size_same_mtime_edit_of_a_shipped_program_refuses_the_release(co
 
 # ---------------------------------------------------------------- stale records
 
+
 def test_a_stale_record_is_never_shown_as_the_verdict(copy):
     host = host_fingerprint()
     cell = "cnn/xnnpack/fp32"
     # A threshold the program cannot meet, without re-running validation: the record on disk
     # says ok under the old key.
-    copy.write_pipeline(PIPELINE.replace("    validation: {npz: data/val.npz}\n",
-                                         "    validation: {npz: data/val.npz}\n"
-                                         "    thresholds: {fp32: {max_abs_error: 0.0}}\n"))
+    copy.write_pipeline(
+        PIPELINE.replace(
+            "    validation: {npz: data/val.npz}\n",
+            "    validation: {npz: data/val.npz}\n    thresholds: {fp32: {max_abs_error: 0.0}}\n",
+        )
+    )
     run = copy.doit("export", "model=cnn")  # the summary of a real run that did not validate
     assert run.returncode == 0, run.stdout + run.stderr
     assert "validate:" + cell not in run.started
@@ -337,21 +377,49 @@ matrix:
 """
 
 
-@pytest.mark.parametrize("entry, line, key, message", [
-    ('{model: lineg, reason: "r", link: "https://x.org/1"}', 11, "matrix.expected_failures[0].model",
-     "model 'lineg' is not declared in 'models'; declared: linreg"),
-    ('{model: linreg, link: "https://x.org/1"}', 11, "matrix.expected_failures[0]", "missing required key 'reason'"),
-    ('{model: linreg, reason: "r", link: "issue 12"}', 11, "matrix.expected_failures[0].link",
-     'expected an http(s) URL of the issue that tracks it, e.g. https://github.com/pytorch/executorch/issues/1234, '
-     'got "issue 12"'),
-    ('{model: linreg, reason: "  ", link: "https://x.org/1"}', 11, "matrix.expected_failures[0].reason",
-     'expected a one-line reason why the cell fails, got "  "'),
-    ('{reason: "r", link: "https://x.org/1"}', 11, "matrix.expected_failures[0]",
-     "expected a mapping naming at least one of model, backend, quantization, with a reason and a link, "
-     "got a mapping with keys reason, link"),
-    ('{model: linreg, backend: xnnpack, quantization: fp16, reason: "r", link: "https://x.org/1", why: 1}', 11,
-     "matrix.expected_failures[0].why", "unknown key 'why'"),
-])
+@pytest.mark.parametrize(
+    "entry, line, key, message",
+    [
+        (
+            '{model: lineg, reason: "r", link: "https://x.org/1"}',
+            11,
+            "matrix.expected_failures[0].model",
+            "model 'lineg' is not declared in 'models'; declared: linreg",
+        ),
+        (
+            '{model: linreg, link: "https://x.org/1"}',
+            11,
+            "matrix.expected_failures[0]",
+            "missing required key 'reason'",
+        ),
+        (
+            '{model: linreg, reason: "r", link: "issue 12"}',
+            11,
+            "matrix.expected_failures[0].link",
+            "expected an http(s) URL of the issue that tracks it, e.g. https://github.com/pytorch/executorch/issues/1234, "
+            'got "issue 12"',
+        ),
+        (
+            '{model: linreg, reason: "  ", link: "https://x.org/1"}',
+            11,
+            "matrix.expected_failures[0].reason",
+            'expected a one-line reason why the cell fails, got "  "',
+        ),
+        (
+            '{reason: "r", link: "https://x.org/1"}',
+            11,
+            "matrix.expected_failures[0]",
+            "expected a mapping naming at least one of model, backend, quantization, with a reason and a link, "
+            "got a mapping with keys reason, link",
+        ),
+        (
+            '{model: linreg, backend: xnnpack, quantization: fp16, reason: "r", link: "https://x.org/1", why: 1}',
+            11,
+            "matrix.expected_failures[0].why",
+            "unknown key 'why'",
+        ),
+    ],
+)
 def test_a_bad_expected_failure_entry_is_a_one_line_error(tmp_path, entry, line, key, message):
     from tasks.core.errors import PipelineError
 
@@ -366,14 +434,20 @@ def test_an_expected_failure_that_names_no_cell_is_an_error(tmp_path):
     from tasks.core.errors import PipelineError
 
     path = make_project(tmp_path / "p").pipeline
-    path.write_text(ERRORS_BASE.replace("quantization: [fp16]", "quantization: [fp32, fp16]").replace(
-        "  xnnpack: {}\n", "  xnnpack: {}\n  portable: {}\n") + "    - {backend: xnnpack, reason: r, link: 'https://x.org/1'}\n"
-        "    - {backend: portable, quantization: fp16, reason: r, link: 'https://x.org/2'}\n")
+    path.write_text(
+        ERRORS_BASE.replace("quantization: [fp16]", "quantization: [fp32, fp16]").replace(
+            "  xnnpack: {}\n", "  xnnpack: {}\n  portable: {}\n"
+        )
+        + "    - {backend: xnnpack, reason: r, link: 'https://x.org/1'}\n"
+        "    - {backend: portable, quantization: fp16, reason: r, link: 'https://x.org/2'}\n"
+    )
     with pytest.raises(PipelineError) as error:
         resolve(path)
     assert (error.value.line, error.value.key) == (13, "matrix.expected_failures[1]")
-    assert error.value.message == ("names no cell of the matrix (only refused combinations, which never build: "
-                                   "linreg/portable/fp16); remove the entry")
+    assert error.value.message == (
+        "names no cell of the matrix (only refused combinations, which never build: "
+        "linreg/portable/fp16); remove the entry"
+    )
     # A pattern: one entry names every cell it matches; nothing else changes.
     path.write_text(path.read_text().rsplit("    - {backend: portable", 1)[0])
     plan = resolve(path)

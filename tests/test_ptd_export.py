@@ -19,7 +19,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import REPO, copy_project, make_project, state
 
 PIPELINE = """\
@@ -117,7 +116,7 @@ def test_identical_weights_share_one_ptd(built):
 
 def test_metadata_read_back_from_the_program_matches_the_manifest(built):
     from tasks.build.program_io import load_program
-    from tasks.store.program_meta import META_METHOD, VERSION_METHOD, META_VERSION
+    from tasks.store.program_meta import META_METHOD, META_VERSION, VERSION_METHOD
 
     index = json.loads((built.out / "manifests" / "index.json").read_text())
     entries = {e["name"]: e for e in index["models"]}
@@ -128,18 +127,26 @@ def test_metadata_read_back_from_the_program_matches_the_manifest(built):
         meta = json.loads(program.load_method(META_METHOD).execute([])[0])
         assert program.load_method(VERSION_METHOD).execute([])[0] == META_VERSION
         assert (meta["model"], meta["backend"], meta["scheme"]) == (
-            entry["modelName"], entry["backend"], entry["quantization"])
+            entry["modelName"],
+            entry["backend"],
+            entry["quantization"],
+        )
         assert meta["methods"] == entry["methods"]
         assert (meta["data_file"] or {}).get("sha256", "")[:16] == (entry["dataFile"] or "")[:16]
     assert entries["mlp_a_xnnpack_fp32.pte"]["methods"] == [
-        {"name": "forward", "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 16]}],
-         "outputs": [{"name": "output_0", "path": "", "shape": [1, 4], "dtype": "float32"}]}]
+        {
+            "name": "forward",
+            "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 16]}],
+            "outputs": [{"name": "output_0", "path": "", "shape": [1, 4], "dtype": "float32"}],
+        }
+    ]
     encode, decode = entries["seq2seq_portable_fp32.pte"]["methods"]
     assert (encode["name"], decode["name"]) == ("encode", "decode")
     assert decode["inputs"][0] == {"name": "ids", "shape": [1, 4], "dtype": "int64", "range": [0, 20]}
 
 
 # ---------------------------------------------------------------- shared .ptd in the manifests and the release
+
 
 def _ptd_sha(project, cell: str) -> str:
     model, backend, quant = cell.split("/")
@@ -178,14 +185,20 @@ def test_identical_weights_ship_one_ptd_named_by_its_sha256(built):
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake is not installed")
 def test_cmake_verifies_the_ptd_each_variant_needs(built, tmp_path):
     script = tmp_path / "probe.cmake"
-    script.write_text("cmake_policy(VERSION 3.13)\nset(ETFORGE_INSTALL_MODELS OFF)\ninclude(${MANIFEST})\netforge_verify_models()\n"
-                      "message(\"data files: ${ETFORGE_DATA_FILES}\")\n")
+    script.write_text(
+        "cmake_policy(VERSION 3.13)\nset(ETFORGE_INSTALL_MODELS OFF)\ninclude(${MANIFEST})\netforge_verify_models()\n"
+        'message("data files: ${ETFORGE_DATA_FILES}")\n'
+    )
     models = tmp_path / "models"
     shutil.copytree(built.out, models, ignore=shutil.ignore_patterns("cache", ".state", "release"))
 
     def probe():
-        return subprocess.run(["cmake", f"-DMANIFEST={models / 'manifests' / 'models.cmake'}", "-P", str(script)],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            ["cmake", f"-DMANIFEST={models / 'manifests' / 'models.cmake'}", "-P", str(script)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     ok = probe()
     assert ok.returncode == 0, ok.stderr
@@ -193,8 +206,10 @@ def test_cmake_verifies_the_ptd_each_variant_needs(built, tmp_path):
     (models / "mlp_b" / "mlp_b_xnnpack_fp32.ptd").unlink()
     missing = probe()
     assert missing.returncode != 0
-    assert (f"etforge: MLP_B_XNNPACK_FP32: its external weights {models}/mlp_b/mlp_b_xnnpack_fp32.ptd are "
-            "missing; run `doit export`") in " ".join(missing.stderr.split()), missing.stderr
+    assert (
+        f"etforge: MLP_B_XNNPACK_FP32: its external weights {models}/mlp_b/mlp_b_xnnpack_fp32.ptd are "
+        "missing; run `doit export`"
+    ) in " ".join(missing.stderr.split()), missing.stderr
 
 
 def read_meta_of(pte):
@@ -212,8 +227,9 @@ def test_the_release_packs_each_ptd_once(built, tmp_path):
         sums = tar.extractfile("t-0.0.1/SHA256SUMS").read().decode()
         sha = _ptd_sha(built, SHARED[0])
         shared = tar.extractfile(f"t-0.0.1/models/{sha[:16]}.ptd").read()
-    assert sorted(names) == sorted(f"models/{d['name']}" for d in json.loads(
-        (built.out / "manifests" / "index.json").read_text())["dataFiles"])
+    assert sorted(names) == sorted(
+        f"models/{d['name']}" for d in json.loads((built.out / "manifests" / "index.json").read_text())["dataFiles"]
+    )
     assert len(names) == 3 and hashlib.sha256(shared).hexdigest() == sha
     assert f"{sha}  models/{sha[:16]}.ptd\n" in sums
 
@@ -223,32 +239,41 @@ def test_a_doctored_program_fails_doit_manifest_naming_the_cell_and_field(built,
     pte = project.out / "mlp_a" / "mlp_a_portable_fp32.pte"
     st = pte.stat()
     data = pte.read_bytes()
-    doctored = data.replace(b'"name": "x", "shape": [1, 16], "dtype": "float32"',
-                            b'"name": "x", "shape": [1, 16], "dtype": "float64"')
+    doctored = data.replace(
+        b'"name": "x", "shape": [1, 16], "dtype": "float32"', b'"name": "x", "shape": [1, 16], "dtype": "float64"'
+    )
     assert doctored != data and len(doctored) == len(data)  # same length: the flatbuffer stays valid
     pte.write_bytes(doctored)
     os.utime(pte, ns=(st.st_atime_ns, st.st_mtime_ns))  # its export stays up to date
     run = project.doit("manifest")
     assert run.returncode != 0
-    assert ("etforge: error: manifest: ManifestError: mlp_a/portable/fp32: forward.inputs[x].dtype: the program says "
-            "'float64', the manifest 'float32'") in run.stderr.splitlines(), run.stderr
+    assert (
+        "etforge: error: manifest: ManifestError: mlp_a/portable/fp32: forward.inputs[x].dtype: the program says "
+        "'float64', the manifest 'float32'"
+    ) in run.stderr.splitlines(), run.stderr
 
 
 # ---------------------------------------------------------------- the export key: names the program embeds
+
 
 def test_a_renamed_model_reuses_its_capture_and_quantized_graph_and_is_lowered_again(tmp_path):
     from tasks.config.resolve import resolve
     from tasks.store.specs import spec_of
 
-    text = ("name: t\nmodels:\n  {name}:\n    python: models.linreg:build\n    inputs: [{{shape: [1, 4]}}]\n"
-            "backends:\n  xnnpack: {{}}\nquantization: [fp32, int8]\n")
+    text = (
+        "name: t\nmodels:\n  {name}:\n    python: models.linreg:build\n    inputs: [{{shape: [1, 4]}}]\n"
+        "backends:\n  xnnpack: {{}}\nquantization: [fp32, int8]\n"
+    )
     keys = {}
     for name in ("before", "after"):
         project = make_project(tmp_path / name, text.format(name=name))
         plan = resolve(project.pipeline)
-        keys[name] = {(stage, cell.quant.name): spec_of(plan, stage, cell, host={}).key
-                      for cell in plan.cells for stage in ("capture", "quantize", "export")
-                      if stage != "quantize" or cell.transform}
+        keys[name] = {
+            (stage, cell.quant.name): spec_of(plan, stage, cell, host={}).key
+            for cell in plan.cells
+            for stage in ("capture", "quantize", "export")
+            if stage != "quantize" or cell.transform
+        }
     before, after = keys["before"], keys["after"]
     assert before.keys() == after.keys() and ("quantize", "int8") in before
     for (stage, quant), key in before.items():
@@ -257,6 +282,7 @@ def test_a_renamed_model_reuses_its_capture_and_quantized_graph_and_is_lowered_a
 
 
 # ---------------------------------------------------------------- cpp/runner with a data map
+
 
 def _records(stdout: str, kind: str) -> list:
     out = []
@@ -275,10 +301,19 @@ def runner(built, tmp_path_factory):
     build = tmp_path_factory.mktemp("ptd_runner") / "build"
     generator = ["-G", "Ninja"] if shutil.which("ninja") else []
     start = time.monotonic()
-    for args in (["-S", str(REPO / "cpp" / "runner"), "-B", str(build), *generator, "-DCMAKE_BUILD_TYPE=Release",
-                  f"-DETFORGE_MODELS_HEADER={built.out / 'manifests' / 'etforge_models.h'}",
-                  f"-DETFORGE_PYTHON={sys.executable}"],
-                 ["--build", str(build), "--parallel", "2"]):
+    for args in (
+        [
+            "-S",
+            str(REPO / "cpp" / "runner"),
+            "-B",
+            str(build),
+            *generator,
+            "-DCMAKE_BUILD_TYPE=Release",
+            f"-DETFORGE_MODELS_HEADER={built.out / 'manifests' / 'etforge_models.h'}",
+            f"-DETFORGE_PYTHON={sys.executable}",
+        ],
+        ["--build", str(build), "--parallel", "2"],
+    ):
         done = subprocess.run(["cmake", *args], capture_output=True, text=True, timeout=900)
         assert done.returncode == 0, done.stdout + done.stderr
     print(f"\nrunner configured and built in {time.monotonic() - start:.1f}s")
@@ -286,8 +321,12 @@ def runner(built, tmp_path_factory):
 
 
 def _run(runner, models_dir, *args):
-    return subprocess.run([str(runner), "--models-dir", str(models_dir), "--warmup", "1", "--iterations", "3",
-                           "--values", "-1", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [str(runner), "--models-dir", str(models_dir), "--warmup", "1", "--iterations", "3", "--values", "-1", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_cpp_runner_loads_the_program_with_its_ptd_and_matches_python(built, runner):
@@ -306,8 +345,7 @@ def test_cpp_runner_loads_the_program_with_its_ptd_and_matches_python(built, run
     given = built.out.parent / "x.bin"
     given.write_bytes(x.tobytes())
     with_input = _run(runner, built.out, "--input", str(given), "mlp_a")
-    got = {o["id"]: np.array([float(v) for v in o["values"].split(",")])
-           for o in _records(with_input.stdout, "output")}
+    got = {o["id"]: np.array([float(v) for v in o["values"].split(",")]) for o in _records(with_input.stdout, "output")}
     for backend in ("xnnpack", "portable"):  # the pair through the C++ data map == Python's == eager
         np.testing.assert_allclose(outputs[f"mlp_a/{backend}/fp32"], inline, rtol=1e-5, atol=1e-6)
         program, method = load_method(built.out / "mlp_a" / f"mlp_a_{backend}_fp32.pte")
@@ -329,8 +367,9 @@ def test_cpp_runner_without_the_ptd_is_one_clear_line(built, runner, tmp_path):
     reason = variants["mlp_a/xnnpack/fp32"]["reason"]
     sha = _ptd_sha(built, SHARED[0])
     assert variants["mlp_a/xnnpack/fp32"]["status"] == "failed"
-    assert reason.startswith(f"the program keeps its weights in {models}/mlp_a/mlp_a_xnnpack_fp32.ptd "
-                             f"(sha256 {sha}), which cannot be read"), reason
+    assert reason.startswith(
+        f"the program keeps its weights in {models}/mlp_a/mlp_a_xnnpack_fp32.ptd (sha256 {sha}), which cannot be read"
+    ), reason
     assert reason.endswith("; pass --data FILE.ptd"), reason
     assert variants["mlp_a/portable/fp32"]["status"] == "ok"
     other = built.out / "mlp_a" / "mlp_a_portable_fp32.ptd"  # --data with another program's weights
@@ -358,9 +397,15 @@ def test_the_size_gate_sees_through_the_names_a_program_carries(built):
     a, b = (built.out / m / f"{m}_xnnpack_fp32.pte" for m in ("mlp_a", "mlp_b"))
     assert a.read_bytes() != b.read_bytes() and without_meta(a.read_bytes()) == without_meta(b.read_bytes())
     infos = [state(built, f"export:{m}/xnnpack/fp32")["info"] for m in ("mlp_a", "mlp_b")]
-    assert infos[0]["sha256_without_metadata"] == infos[1]["sha256_without_metadata"] and infos[0]["data_size_bytes"] > 8 * 1024
-    cell = SimpleNamespace(size_gate={"weights": ["linear"], "max_ratio": 0.4}, quant=SimpleNamespace(name="int8"),
-                           model=SimpleNamespace(name="mlp_b"))
+    assert (
+        infos[0]["sha256_without_metadata"] == infos[1]["sha256_without_metadata"]
+        and infos[0]["data_size_bytes"] > 8 * 1024
+    )
+    cell = SimpleNamespace(
+        size_gate={"weights": ["linear"], "max_ratio": 0.4},
+        quant=SimpleNamespace(name="int8"),
+        model=SimpleNamespace(name="mlp_b"),
+    )
     facts, reason = size_gate(cell, infos[1], infos[0], {"all": 10000, "linear": 10000})
     assert reason == "identical to its fp32 sibling but for the names it carries: int8 was not applied"
     assert facts["size_vs_fp32"] == 1.0  # .pte and .ptd together

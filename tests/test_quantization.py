@@ -7,10 +7,10 @@ import re
 
 import numpy as np
 import pytest
-
 from conftest import make_project
-from tasks.core.errors import PipelineError
+
 from tasks.config.resolve import resolve
+from tasks.core.errors import PipelineError
 
 PIPELINE = """\
 name: t
@@ -40,7 +40,7 @@ matrix:
 """
 SCHEMES = ("fp16", "int8", "int8_dynamic", "8da4w", "8da8w")
 # A model with no linear layer: the linear-only schemes have nothing to take.
-CONVNET = '''\
+CONVNET = """\
 import torch
 from torch import nn
 
@@ -48,7 +48,7 @@ from torch import nn
 def build():
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -91,13 +91,18 @@ def test_every_scheme_lowers_and_matches_eager_within_its_threshold(built):
     for quant in ("fp32",) + SCHEMES:
         cell = f"cnn/xnnpack/{quant}"
         # no validation data: seeded random inputs, so provisional at best
-        assert table[cell]["status"] == ("failed" if f"sizegate:{cell}" in SIZE_FAILURES else "provisional"), table[cell]
+        assert table[cell]["status"] == ("failed" if f"sizegate:{cell}" in SIZE_FAILURES else "provisional"), table[
+            cell
+        ]
         report = numerics(project, cell)
         assert report["passed"] is True
         sqnr = report["outputs"][0]["sqnr_db"]
         assert sqnr is None or sqnr >= report["thresholds"]["sqnr_db"], (cell, sqnr)
     # Static int8 shrinks the conv weights roughly 4x; numerics stay meaningful.
-    assert export_info(project, "cnn/xnnpack/int8")["size_bytes"] < 0.5 * export_info(project, "cnn/xnnpack/fp32")["size_bytes"]
+    assert (
+        export_info(project, "cnn/xnnpack/int8")["size_bytes"]
+        < 0.5 * export_info(project, "cnn/xnnpack/fp32")["size_bytes"]
+    )
     assert numerics(project, "cnn/xnnpack/int8")["outputs"][0]["sqnr_db"] > 30
     assert numerics(project, "cnn/portable/int8")["passed"] is True
 
@@ -142,9 +147,13 @@ def test_changing_one_schemes_options_rebuilds_only_its_graph(built, tmp_path):
     from conftest import Project
 
     copy = Project(copy_root)
-    copy.write_pipeline(PIPELINE.replace("quantization: [fp32, fp16, int8, int8_dynamic, 8da4w, 8da8w]",
-                                         "quantization: [fp32, fp16, int8, int8_dynamic, 8da4w, 8da8w]\n"
-                                         "quantization_options: {int8: {per_channel: false}}"))
+    copy.write_pipeline(
+        PIPELINE.replace(
+            "quantization: [fp32, fp16, int8, int8_dynamic, 8da4w, 8da8w]",
+            "quantization: [fp32, fp16, int8, int8_dynamic, 8da4w, 8da8w]\n"
+            "quantization_options: {int8: {per_channel: false}}",
+        )
+    )
     run = copy.doit("model=cnn")
     assert failed_tasks(run) == {"sizegate:cnn/xnnpack/fp16"}, run.stdout + run.stderr  # failures are never cached
     # Only the int8 graph changed (per-tensor now); capture and the other schemes are reused.
@@ -154,16 +163,19 @@ def test_changing_one_schemes_options_rebuilds_only_its_graph(built, tmp_path):
 
 
 def test_a_wrong_combination_named_explicitly_is_refused_at_plan_time(tmp_path):
-    project = make_project(tmp_path / "p", PIPELINE.replace(
-        "    - {model: mlp, backend: xnnpack, quantization: int8}",
-        "    - {model: mlp, backend: portable, quantization: 8da4w}").replace(
-        "    calibration: {npz: data/calib.npz}\n", ""))
+    project = make_project(
+        tmp_path / "p",
+        PIPELINE.replace(
+            "    - {model: mlp, backend: xnnpack, quantization: int8}",
+            "    - {model: mlp, backend: portable, quantization: 8da4w}",
+        ).replace("    calibration: {npz: data/calib.npz}\n", ""),
+    )
     (project.root / "models" / "convnet.py").write_text(CONVNET)
     with pytest.raises(PipelineError) as info:
         resolve(project.pipeline)
     assert str(info.value).endswith(
-        "matrix.include[0]: mlp/portable/8da4w is refused: 8da4w is not available for portable "
-        "(available for: xnnpack)")
+        "matrix.include[0]: mlp/portable/8da4w is refused: 8da4w is not available for portable (available for: xnnpack)"
+    )
     assert ":21:" in str(info.value)
 
 
@@ -177,8 +189,13 @@ def sizegate(project, cell: str) -> dict:
 def test_quantized_programs_that_save_what_their_scheme_should_pass_the_size_gate(built):
     project, _ = built
     # Linear-only schemes are judged on the CNN's linear head alone, not failed for its convs.
-    for cell in ("cnn/xnnpack/int8", "cnn/portable/int8", "cnn/xnnpack/int8_dynamic", "cnn/xnnpack/8da4w",
-                 "cnn/xnnpack/8da8w"):
+    for cell in (
+        "cnn/xnnpack/int8",
+        "cnn/portable/int8",
+        "cnn/xnnpack/int8_dynamic",
+        "cnn/xnnpack/8da4w",
+        "cnn/xnnpack/8da8w",
+    ):
         gate = sizegate(project, cell)
         assert gate["status"] == "ok", gate
         assert gate["info"]["weight_ratio"] <= gate["info"]["max_weight_ratio"], gate
@@ -193,8 +210,11 @@ def test_fp16_weights_stored_as_fp32_fail_the_size_gate_with_the_ratio(built):
     gate = sizegate(project, "cnn/xnnpack/fp16")
     assert gate["status"] == "failed"
     assert gate["info"]["weight_ratio"] > 0.9
-    assert re.fullmatch(r"weights stored at 0\.9\dx of fp32 \(gate: fp16 at most 0\.6x \+ 6144 B\): "
-                        r"\d+ B vs \d+ B saves \d+ B of \d+ B", gate["reason"]), gate["reason"]
+    assert re.fullmatch(
+        r"weights stored at 0\.9\dx of fp32 \(gate: fp16 at most 0\.6x \+ 6144 B\): "
+        r"\d+ B vs \d+ B saves \d+ B of \d+ B",
+        gate["reason"],
+    ), gate["reason"]
     assert numerics(project, "cnn/xnnpack/fp16")["passed"] is True  # the numbers are fine; the size is not
     assert rows(project)["cnn/xnnpack/fp16"]["status"] == "failed"
 
@@ -212,4 +232,7 @@ def test_a_scheme_with_nothing_to_take_is_rejected_and_the_size_gate_would_say_i
     weights = json.loads((project.out / ".state" / "capture__convnet.json").read_text())["info"]["weight_bytes"]
     assert weights["linear"] == 0 and weights["conv"] > 0
     _, reason = size_gate(cell, {"size_bytes": 5000, "sha256": "a"}, {"size_bytes": 4900, "sha256": "b"}, weights)
-    assert reason == "8da8w stores linear weights smaller and model 'convnet' has none: the program is 1.02x its fp32 sibling"
+    assert (
+        reason
+        == "8da8w stores linear weights smaller and model 'convnet' has none: the program is 1.02x its fp32 sibling"
+    )

@@ -18,7 +18,6 @@ import signal
 import time
 
 import pytest
-
 from conftest import Project, copy_project, damage_database, in_project, make_project, start_doit, state
 from test_remote_entry_faults import HOSTILE_REMOTE_DAMAGES
 
@@ -59,6 +58,7 @@ def entries(project: Project) -> list:
 
 
 # Each fault: (project, rng) -> what it did, one line.
+
 
 def flip_blob(project, rng) -> str:
     """(A flip that keeps the mtime is caught only by a reader: tests/test_faults.py forces one.)"""

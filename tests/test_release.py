@@ -17,14 +17,18 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, SMALL_PIPELINE, copy_project, doit_concurrently, make_project
 
 # linreg alone carries the XNNPACK, portable, int8 and ios cells (the CNN added only build time).
-PIPELINE = SMALL_PIPELINE.replace("quantization: [fp32]", "quantization: [fp32, int8, coreml_int4w]").replace(
-    "backends:\n", "backends:\n  coreml: {}\n  ios: {chain: [coreml, xnnpack]}\n").replace(
-    "models:\n", "models:\n  tt:\n    python: models.tiny_transformer:build\n"
-                 "    kwargs: {dim: 32, heads: 2, hidden: 64}\n    inputs: [{name: tokens, shape: [1, 4, 32]}]\n") + """\
+PIPELINE = (
+    SMALL_PIPELINE.replace("quantization: [fp32]", "quantization: [fp32, int8, coreml_int4w]")
+    .replace("backends:\n", "backends:\n  coreml: {}\n  ios: {chain: [coreml, xnnpack]}\n")
+    .replace(
+        "models:\n",
+        "models:\n  tt:\n    python: models.tiny_transformer:build\n"
+        "    kwargs: {dim: 32, heads: 2, hidden: 64}\n    inputs: [{name: tokens, shape: [1, 4, 32]}]\n",
+    )
+    + """\
 matrix:
   product: false
   include:
@@ -35,6 +39,7 @@ matrix:
     - {model: tt, backend: coreml, quantization: fp32}
     - {model: tt, backend: coreml, quantization: coreml_int4w}
 """
+)
 CORE_ML_PROGRAMS = ("tt/tt_coreml_fp32.pte", "tt/tt_coreml_coreml_int4w.pte", "linreg/linreg_ios_fp32.pte")
 
 
@@ -75,9 +80,12 @@ def test_two_clean_builds_of_one_revision_give_identical_archives(two_builds):
 
 def test_a_failed_cell_refuses_the_release_unless_allowed(built_small, tmp_path):
     project = copy_project(built_small, tmp_path / "p")  # only the cnn validations run again
-    project.write_pipeline(SMALL_PIPELINE.replace(
-        "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n",
-        "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n    thresholds: {fp32: {sqnr_db: 500}}\n"))
+    project.write_pipeline(
+        SMALL_PIPELINE.replace(
+            "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n",
+            "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n    thresholds: {fp32: {sqnr_db: 500}}\n",
+        )
+    )
     release_dir = project.root / "artifacts" / "release"
     archive = release_dir / "t-0.0.1.tar.gz"
     refused = project.doit("release")
@@ -101,7 +109,8 @@ def test_a_failed_cell_refuses_the_release_unless_allowed(built_small, tmp_path)
     assert "t-0.0.1/models/cnn_xnnpack_fp32.pte" not in names  # a failed program never ships
     assert "t-0.0.1/models/linreg_portable_fp32.pte" in names
     assert sorted(n.split("/", 2)[2] for n in names if n.startswith("t-0.0.1/manifests/")) == sorted(
-        ["etforge_models.h", "index.json", "models.cmake", "models.g.dart", "pubspec_assets.yaml"])
+        ["etforge_models.h", "index.json", "models.cmake", "models.g.dart", "pubspec_assets.yaml"]
+    )
 
 
 def test_core_ml_programs_are_identical_across_processes_and_hold_a_valid_core_ml_model(two_builds, tmp_path):
@@ -135,7 +144,7 @@ def test_the_core_ml_wrapper_is_restored_after_lowering_even_on_error():
     with pytest.raises(ZeroDivisionError):
         with deterministic_lowering():
             assert CoreMLBackend.__dict__["preprocess_model"] is not original
-            1 / 0
+            raise ZeroDivisionError
     assert CoreMLBackend.__dict__["preprocess_model"] is original
 
 
@@ -143,8 +152,11 @@ def test_every_backend_that_lowers_here_says_whether_its_bytes_are_reproducible(
     from tasks.config.requirements import missing_requirement
     from tasks.publish.release import NONDETERMINISTIC_RECIPES, REPRODUCIBLE_RECIPES, byte_reproducible
 
-    lowers_here = {path.stem for path in (REPO / "recipes" / "backends").glob("*.yaml")
-                   if missing_requirement(yaml.safe_load(path.read_text()).get("needs")) is None}
+    lowers_here = {
+        path.stem
+        for path in (REPO / "recipes" / "backends").glob("*.yaml")
+        if missing_requirement(yaml.safe_load(path.read_text()).get("needs")) is None
+    }
     assert lowers_here == REPRODUCIBLE_RECIPES | set(NONDETERMINISTIC_RECIPES)
     assert not REPRODUCIBLE_RECIPES & set(NONDETERMINISTIC_RECIPES)
     assert all(reason for reason in NONDETERMINISTIC_RECIPES.values())
@@ -173,8 +185,9 @@ def test_openvino_bytes_do_not_depend_on_what_the_process_lowered_before(tmp_pat
     """OpenVINO numbers graph nodes process-wide: a process that compiled `first` before
     `second` would give `second` other bytes than one that compiled only `second`."""
     both, alone = (make_project(tmp_path / name, OPENVINO_PIPELINE) for name in ("both", "alone"))
-    for run in doit_concurrently((both, ("export:first/openvino/fp32", "export:second/openvino/fp32")),
-                                 (alone, ("export:second/openvino/fp32",))):
+    for run in doit_concurrently(
+        (both, ("export:first/openvino/fp32", "export:second/openvino/fp32")), (alone, ("export:second/openvino/fp32",))
+    ):
         assert run.returncode == 0, run.stdout + run.stderr
     program = "second/second_openvino_fp32.pte"
     assert (both.out / program).read_bytes() == (alone.out / program).read_bytes()

@@ -16,10 +16,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port
+
+from tasks.store.entries import ENTRY_MANIFEST as MANIFEST
+from tasks.store.entries import SIGNATURE
 from tasks.store.local import Store
-from tasks.store.entries import ENTRY_MANIFEST as MANIFEST, SIGNATURE
 from tasks.store.remote import DamagedEntry, RemoteError, RemoteStore, UntrustedEntry, remote_from_url
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,9 +166,14 @@ def test_hostile_manifest_names_are_refused(remote, tmp_path):
     fs.pipe_file(f"{entry.rsplit('/', 1)[0]}/evil", payload)
     fs.pipe_file(f"{entry}/ok.pte", b"fine")
     for hostile in ("../evil", "/tmp/evil-abs", ".hidden", "sub/evil", "..", MANIFEST):
-        manifest = {"key": KEY, "info": {}, "files": {
-            "ok.pte": {"sha256": hashlib.sha256(b"fine").hexdigest(), "size": 4},
-            hostile: {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)}}}
+        manifest = {
+            "key": KEY,
+            "info": {},
+            "files": {
+                "ok.pte": {"sha256": hashlib.sha256(b"fine").hexdigest(), "size": 4},
+                hostile: {"sha256": hashlib.sha256(payload).hexdigest(), "size": len(payload)},
+            },
+        }
         fs.pipe_file(f"{entry}/{MANIFEST}", json.dumps(manifest).encode())
         fs.invalidate_cache()
         box = tmp_path / f"box-{uuid.uuid4().hex[:6]}"
@@ -268,10 +274,15 @@ def test_endpoint_from_environment(s3_endpoint, tmp_path, monkeypatch):
 def test_unreachable_remote_raises_one_line_error(tmp_path):
     pytest.importorskip("s3fs")
     url = f"s3://{BUCKET}/nowhere"
-    store = RemoteStore(url, storage_options={
-        "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},  # nothing listens
-        "key": "testing", "secret": "testing",
-        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}})
+    store = RemoteStore(
+        url,
+        storage_options={
+            "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{free_port()}"},  # nothing listens
+            "key": "testing",
+            "secret": "testing",
+            "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2},
+        },
+    )
     dest = tmp_path / "fetched"
     dest.mkdir()
     start = time.monotonic()
@@ -296,10 +307,12 @@ def test_missing_backend_package_is_a_clear_error():
 
 
 def test_importing_and_configuring_does_not_import_fsspec():
-    code = ("import sys; from tasks.store.remote import remote_from_url; "
-            "r = remote_from_url('s3://b/p', read_only=True); remote_from_url('/tmp/x'); "
-            "bad = [m for m in ('fsspec', 's3fs', 'botocore', 'aiobotocore') if m in sys.modules]; "
-            "assert not bad, bad")
+    code = (
+        "import sys; from tasks.store.remote import remote_from_url; "
+        "r = remote_from_url('s3://b/p', read_only=True); remote_from_url('/tmp/x'); "
+        "bad = [m for m in ('fsspec', 's3fs', 'botocore', 'aiobotocore') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 

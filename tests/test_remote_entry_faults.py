@@ -29,9 +29,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import LINREG_PIPELINE, copy_project, make_project, state
-from tasks.store.entries import ENTRY_MANIFEST as MANIFEST, SIGNATURE, read_entry
+
+from tasks.store.entries import ENTRY_MANIFEST as MANIFEST
+from tasks.store.entries import SIGNATURE, read_entry
 from tasks.store.local import Store, signing_key
 from tasks.store.remote import MANIFEST_LIMIT, RemoteStore
 
@@ -41,6 +42,7 @@ CELL = "linreg/xnnpack/fp32"
 
 
 # -- damages -----------------------------------------------------------------------------------
+
 
 def outside_dir(remote_root: Path) -> Path:
     """Beside the remote root, never inside it: where damages put what their links point to."""
@@ -163,15 +165,18 @@ def huge_manifest(root, key):
 def _raw_manifest(data: bytes):
     def damage(root, key):
         (_entry(root, key) / MANIFEST).write_bytes(data)
+
     return damage
 
 
 def _rewritten(change):
     """A damage that edits the parsed manifest with ``change(manifest, victim)``."""
+
     def damage(root, key):
         entry = _entry(root, key)
         manifest = _load(entry)
         _save(entry, change(manifest, _victim(manifest)) or manifest)
+
     return damage
 
 
@@ -261,8 +266,11 @@ def shared_entry(tmp_path: Path, secret: bytes | None = None) -> Path:
     """A shared directory holding one good entry KEY, uploaded as a writer would."""
     root = tmp_path / "shared"
     root.mkdir()
-    writer = Store(tmp_path / "writer" / "cache", remote=RemoteStore(str(root), secret=secret),
-                   state_dir=tmp_path / "writer" / ".etforge")
+    writer = Store(
+        tmp_path / "writer" / "cache",
+        remote=RemoteStore(str(root), secret=secret),
+        state_dir=tmp_path / "writer" / ".etforge",
+    )
     writer.put(KEY, build_blobs(tmp_path / "built"), {"status": "ok"})
     read_entry(_entry(root, KEY))
     return root
@@ -287,22 +295,27 @@ MODES = {"writable": (False, None), "read-only": (True, None), "signed read-only
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("damage", HOSTILE_REMOTE_DAMAGES)
-def test_a_hostile_remote_entry_is_a_miss_named_once_and_nothing_outside_is_touched(tmp_path, capsys, damage,
-                                                                                     mode):
+def test_a_hostile_remote_entry_is_a_miss_named_once_and_nothing_outside_is_touched(tmp_path, capsys, damage, mode):
     read_only, secret = MODES[mode]
     root = shared_entry(tmp_path, secret)
     HOSTILE_REMOTE_DAMAGES[damage](root, KEY)
     outside, remote_before = snapshot(outside_dir(root)), snapshot(root)
     capsys.readouterr()
 
-    reader = Store(tmp_path / "cache", remote=RemoteStore(str(root), read_only=read_only, secret=secret),
-                   state_dir=tmp_path / ".etforge")
+    reader = Store(
+        tmp_path / "cache",
+        remote=RemoteStore(str(root), read_only=read_only, secret=secret),
+        state_dir=tmp_path / ".etforge",
+    )
     assert get_within(reader, KEY) is None and not reader.has(KEY)
     lines = warning_lines(capsys.readouterr().err)
     assert len(lines) == 1 and f"entry {KEY[:12]} " in lines[0], lines
     assert "treating it as a miss" in lines[0], lines
-    other_worker = Store(tmp_path / "cache", remote=RemoteStore(str(root), read_only=read_only, secret=secret),
-                         state_dir=tmp_path / ".etforge")
+    other_worker = Store(
+        tmp_path / "cache",
+        remote=RemoteStore(str(root), read_only=read_only, secret=secret),
+        state_dir=tmp_path / ".etforge",
+    )
     other_worker.run_id = reader.run_id  # the same run: the entry is not named again
     assert get_within(other_worker, KEY) is None and get_within(reader, KEY) is None
     assert capsys.readouterr().err == ""
@@ -370,9 +383,15 @@ def test_a_malformed_local_manifest_is_a_miss_and_is_discarded(tmp_path, damage)
     assert not store.entry_dir(KEY).exists()
 
 
-@pytest.mark.parametrize("value, why", [(None, "ETFORGE_CACHE_KEY is not set"),
-                                        ("", "ETFORGE_CACHE_KEY is set but empty"),
-                                        (" \n", "ETFORGE_CACHE_KEY is set but empty"), ("k", None)])
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        (None, "ETFORGE_CACHE_KEY is not set"),
+        ("", "ETFORGE_CACHE_KEY is set but empty"),
+        (" \n", "ETFORGE_CACHE_KEY is set but empty"),
+        ("k", None),
+    ],
+)
 def test_only_a_non_blank_key_signs(value, why):
     environ = {} if value is None else {"ETFORGE_CACHE_KEY": value}
     assert signing_key(environ) == ((None, why) if why else (b"k", None))
@@ -388,11 +407,13 @@ def test_a_missing_shared_directory_is_one_warning_and_is_never_created(tmp_path
     assert warning_lines(capsys.readouterr().err) == [
         f"{WARNING}remote cache {share}: no such directory (is the share mounted?); etforge does not create it; "
         "carrying on with the local cache for this run (misses are built here, what it cannot upload is "
-        "uploaded by a later run)"]
+        "uploaded by a later run)"
+    ]
     assert (tmp_path / ".etforge" / "pending-uploads" / KEY).exists()  # owed to the share once it is back
 
 
 # -- whole runs ---------------------------------------------------------------------------------
+
 
 def remote_from(built, root: Path, secret: str | None = None) -> Path:
     """A shared directory holding every entry of ``built``'s cache (signed with ``secret``)."""
@@ -434,7 +455,8 @@ def test_a_blob_linked_to_etc_hostname_never_reaches_the_working_tree(built_linr
         f"{WARNING}remote cache {root}: ETFORGE_CACHE_KEY is not set: entries are neither signed nor checked "
         "in this run",
         f"{WARNING}remote cache {root}: entry {key[:12]} is damaged: export.json is a symlink; "
-        "treating it as a miss (set aside on the remote)"], run.stderr
+        "treating it as a miss (set aside on the remote)",
+    ], run.stderr
     assert not blob.is_symlink() and read_entry(_entry(root, key))  # the rebuilt entry replaced it
 
 
@@ -449,7 +471,8 @@ def test_a_fifo_manifest_hangs_no_worker_of_a_signed_run(built_linreg, tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     assert warning_lines(run.stderr) == [
         f"{WARNING}remote cache {root}: entry {capture[:12]} is damaged: manifest.json is a FIFO; "
-        "treating it as a miss (the remote is read-only: left in place)"], run.stderr
+        "treating it as a miss (the remote is read-only: left in place)"
+    ], run.stderr
     assert state(reader, "capture:linreg")["cached"] is False  # rebuilt here
     assert state(reader, f"export:{CELL}")["cached"] is True  # its signed entry still serves
     assert state(reader, f"validate:{CELL}")["status"] == "ok"
@@ -469,13 +492,15 @@ def test_a_null_blob_in_a_remote_manifest_is_set_aside_and_the_run_finishes(buil
     assert warning_lines(run.stderr) == [
         f"{WARNING}remote cache {root}: entry {key[:12]} is damaged: manifest.json: 'export.json' needs a "
         '"sha256" (64 lowercase hex digits) and a "size" (an integer >= 0); treating it as a miss '
-        "(set aside on the remote)"], run.stderr
+        "(set aside on the remote)"
+    ], run.stderr
     assert state(reader, f"export:{CELL}")["status"] == "ok"  # put back from its own working tree
     assert read_entry(_entry(root, key))  # and shared again: a whole entry replaced the damaged one
 
 
-@pytest.mark.parametrize("key, why", [("", "is set but empty"), (None, "is not set"), ("k", None)],
-                         ids=["empty", "unset", "set"])
+@pytest.mark.parametrize(
+    "key, why", [("", "is set but empty"), (None, "is not set"), ("k", None)], ids=["empty", "unset", "set"]
+)
 def test_a_run_without_a_usable_signing_key_says_so_once(built_linreg, tmp_path, monkeypatch, key, why):
     monkeypatch.delenv("ETFORGE_CACHE_KEY", raising=False)
     root = tmp_path / "shared"
@@ -485,27 +510,33 @@ def test_a_run_without_a_usable_signing_key_says_so_once(built_linreg, tmp_path,
     env = {"ETFORGE_CACHE_REMOTE": str(root), **({} if key is None else {"ETFORGE_CACHE_KEY": key})}
     run = project.start_doit("-n", "2", "-P", "process", extra_env=env).finish(timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
-    said = [f"{WARNING}remote cache {root}: ETFORGE_CACHE_KEY {why}: entries are neither signed nor checked "
-            "in this run"] if why else []
+    said = (
+        [f"{WARNING}remote cache {root}: ETFORGE_CACHE_KEY {why}: entries are neither signed nor checked in this run"]
+        if why
+        else []
+    )
     assert warning_lines(run.stderr) == said, run.stderr
     entries = list(root.glob("??/*"))
     assert len(entries) == 6 and sum((e / SIGNATURE).exists() for e in entries) == (0 if why else 6)
 
 
 @pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
-def test_a_shared_directory_that_does_not_exist_is_one_warning_and_is_never_created(built_linreg, tmp_path,
-                                                                                     read_only):
+def test_a_shared_directory_that_does_not_exist_is_one_warning_and_is_never_created(built_linreg, tmp_path, read_only):
     share = tmp_path / "not-mounted"
     project = copy_project(built_linreg, tmp_path / "proj")
     shutil.rmtree(project.out)  # every task restores from the local cache and would share its entry
-    env = {"ETFORGE_CACHE_REMOTE": str(share), "ETFORGE_CACHE_KEY": "k",
-           **({"ETFORGE_CACHE_READ_ONLY": "1"} if read_only else {})}
+    env = {
+        "ETFORGE_CACHE_REMOTE": str(share),
+        "ETFORGE_CACHE_KEY": "k",
+        **({"ETFORGE_CACHE_READ_ONLY": "1"} if read_only else {}),
+    }
     run = project.start_doit("-n", "2", "-P", "process", extra_env=env).finish(timeout=300)
     assert run.returncode == 0, run.stdout + run.stderr
     owed = "" if read_only else ", what it cannot upload is uploaded by a later run"
     assert warning_lines(run.stderr) == [
         f"{WARNING}remote cache {share}: no such directory (is the share mounted?); etforge does not create it; "
-        f"carrying on with the local cache for this run (misses are built here{owed})"], run.stderr
+        f"carrying on with the local cache for this run (misses are built here{owed})"
+    ], run.stderr
     assert not share.exists()
     pending = project.root / "artifacts" / ".etforge" / "pending-uploads"
     if read_only:

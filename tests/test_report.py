@@ -16,20 +16,28 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from conftest import make_project
-from tasks.publish import summary
-from tasks.store.specs import spec_of
+
 from tasks.config.model import RejectedCell
 from tasks.config.resolve import resolve
+from tasks.publish import summary
 from tasks.publish.report.charts import bar_chart, scatter_chart
 from tasks.publish.report.page import format_ms, write_report
 from tasks.store.records import read_state
+from tasks.store.specs import spec_of
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 WINDOW = (1400, 2000)
 
 PIPELINE = """\
@@ -58,12 +66,11 @@ matrix:
     - {model: broken, backend: portable, quantization: fp32}
     - {model: cnn, backend: qnn}
 """
-BROKEN_FACTORY = '''\
+BROKEN_FACTORY = """\
 def build():
     raise RuntimeError("this factory is broken on purpose")
-'''
+"""
 HOSTILE = RejectedCell("cnn", "portable", "int3", "<script>document.title='pwned'</script> & <b>no</b>")
-
 
 
 class Dom(HTMLParser):
@@ -98,15 +105,21 @@ class Dom(HTMLParser):
         for t, a in self.elements:
             if tag and t != tag:
                 continue
-            if all((a.get(k.replace("_", "-")) == v) if v is not True else (k.replace("_", "-") in a)
-                   for k, v in attrs.items()):
+            if all(
+                (a.get(k.replace("_", "-")) == v) if v is not True else (k.replace("_", "-") in a)
+                for k, v in attrs.items()
+            ):
                 out.append(a)
         return out
 
 
 def chromium(url: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(CHROMIUM), *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args, url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +132,10 @@ def page(tmp_path_factory):
     import numpy as np
 
     (project.root / "data").mkdir()
-    np.savez(project.root / "data" / "val.npz",
-             image=np.random.default_rng(5).standard_normal((4, 3, 8, 8)).astype(np.float32))
+    np.savez(
+        project.root / "data" / "val.npz",
+        image=np.random.default_rng(5).standard_normal((4, 3, 8, 8)).astype(np.float32),
+    )
     with pytest.MonkeyPatch.context() as env:
         env.delenv("QNN_SDK_ROOT", raising=False)  # qnn cells cannot be lowered here
         run = project.doit("-n", "2", "-P", "process")
@@ -130,12 +145,23 @@ def page(tmp_path_factory):
     ok_cells = [c for c in plan.cells if summary.cell_row(plan, c)["status"] == "ok"]
     # Synthetic benchmark results (the benchmark task fills these for real) in the three shapes
     # the report reads: {"p50_ms"}, the benchmark task's info, a bench.json. One ok cell has none.
-    shapes = (lambda v: {"p50_ms": v, "p90_ms": v * 1.3, "threads": 1},
-              lambda v: {"latency_p50_ms": v, "latency_p90_ms": v * 1.3, "peak_rss_mb": 310.5},
-              lambda v: {"latency_ms": {"p50": v, "p90": v * 1.3}, "iterations": 100})
+    shapes = (
+        lambda v: {"p50_ms": v, "p90_ms": v * 1.3, "threads": 1},
+        lambda v: {"latency_p50_ms": v, "latency_p90_ms": v * 1.3, "peak_rss_mb": 310.5},
+        lambda v: {"latency_ms": {"p50": v, "p90": v * 1.3}, "iterations": 100},
+    )
     bench = {c.name: shapes[i % 3](round(0.2 + 0.15 * i, 3)) for i, c in enumerate(ok_cells[1:])}
-    flags = [{"cell": ok_cells[-1].name, "baseline_p50_ms": 0.5, "current_p50_ms": 0.59,
-              "change_pct": 18.0, "threshold_pct": 10, "same_host": True, "regression": True}]
+    flags = [
+        {
+            "cell": ok_cells[-1].name,
+            "baseline_p50_ms": 0.5,
+            "current_p50_ms": 0.59,
+            "change_pct": 18.0,
+            "threshold_pct": 10,
+            "same_host": True,
+            "regression": True,
+        }
+    ]
     out = root / "report.html"
     write_report(plan, plan.cells, rejected, out, bench=bench, baseline_flags=flags)
     first = out.read_bytes()
@@ -143,12 +169,22 @@ def page(tmp_path_factory):
     dump = chromium(out.as_uri(), root / "profile-dom", "--dump-dom")
     assert dump.returncode == 0, dump.stderr[-2000:]
     shot = root / "report.png"
-    capture = chromium(out.as_uri(), root / "profile-shot", f"--screenshot={shot}",
-                       f"--window-size={WINDOW[0]},{WINDOW[1]}")
+    capture = chromium(
+        out.as_uri(), root / "profile-shot", f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}"
+    )
     assert capture.returncode == 0, capture.stderr[-2000:]
     print(f"report: {out}\nscreenshot: {shot}")
-    return {"plan": plan, "rejected": rejected, "bench": bench, "flags": flags, "html": out,
-            "first": first, "dom": Dom(dump.stdout), "dom_text": dump.stdout, "shot": shot}
+    return {
+        "plan": plan,
+        "rejected": rejected,
+        "bench": bench,
+        "flags": flags,
+        "html": out,
+        "first": first,
+        "dom": Dom(dump.stdout),
+        "dom_text": dump.stdout,
+        "shot": shot,
+    }
 
 
 def test_table_has_one_row_per_cell_with_its_status_and_reason(page):
@@ -206,8 +242,11 @@ def test_table_shows_size_accuracy_latency_and_delegation(page):
 
 def test_charts_have_one_bar_per_measured_cell_and_one_point_per_quantized_cell(page):
     plan, dom, bench = page["plan"], page["dom"], page["bench"]
-    sized = {c.name for c in plan.cells
-             if "size_bytes" in ((read_state(spec_of(plan, "export", c).state_file) or {}).get("info") or {})}
+    sized = {
+        c.name
+        for c in plan.cells
+        if "size_bytes" in ((read_state(spec_of(plan, "export", c).state_file) or {}).get("info") or {})
+    }
     size_bars = {a["data-cell"] for a in dom.find("rect", data_metric="size", data_cell=True)}
     latency_bars = {a["data-cell"] for a in dom.find("rect", data_metric="latency", data_cell=True)}
     assert len(dom.find("rect", data_metric="size", data_cell=True)) == len(sized)
@@ -262,22 +301,40 @@ def test_screenshot_shows_a_rendered_page(page):
 
 def _row(cell: str, size, sqnr, p50=None, status="ok") -> dict:
     model, backend, quant = cell.split("/")
-    return {"cell": cell, "model": model, "backend": backend, "quant": quant, "quantized": quant != "fp32",
-            "status": status, "size_bytes": size, "size_text": summary.human_size(size),
-            "sqnr_db": sqnr, "sqnr_text": "-" if sqnr is None else f"{sqnr:.1f}",
-            "p50_ms": p50, "latency_text": "-" if p50 is None else f"{p50} ms", "regression": None}
+    return {
+        "cell": cell,
+        "model": model,
+        "backend": backend,
+        "quant": quant,
+        "quantized": quant != "fp32",
+        "status": status,
+        "size_bytes": size,
+        "size_text": summary.human_size(size),
+        "sqnr_db": sqnr,
+        "sqnr_text": "-" if sqnr is None else f"{sqnr:.1f}",
+        "p50_ms": p50,
+        "latency_text": "-" if p50 is None else f"{p50} ms",
+        "regression": None,
+    }
 
 
 def test_chart_geometry_without_a_browser():
     colours = {"fp32": "#0072B2", "int8": "#E69F00", "8da4w": "#009E73"}
     markers = {"xnnpack": "circle", "portable": "square"}
-    rows = [_row("big/xnnpack/fp32", 9_000_000, 120.0, 3.5), _row("big/xnnpack/int8", 2_400_000, 31.2, 1.9),
-            _row("big/xnnpack/8da4w", 1_300_000, 24.0, None), _row("tiny/portable/int8", 3_000, 40.5),
-            _row("tiny/portable/8da4w", 2_000, None, status="skipped")]
+    rows = [
+        _row("big/xnnpack/fp32", 9_000_000, 120.0, 3.5),
+        _row("big/xnnpack/int8", 2_400_000, 31.2, 1.9),
+        _row("big/xnnpack/8da4w", 1_300_000, 24.0, None),
+        _row("tiny/portable/int8", 3_000, 40.5),
+        _row("tiny/portable/8da4w", 2_000, None, status="skipped"),
+    ]
     scatter = scatter_chart(rows, colours, markers)
     assert scatter["xlabel"] == "program size (log scale)"  # KB and MB on one axis
-    assert sorted(p["cell"] for p in scatter["points"]) == ["big/xnnpack/8da4w", "big/xnnpack/int8",
-                                                             "tiny/portable/int8"]
+    assert sorted(p["cell"] for p in scatter["points"]) == [
+        "big/xnnpack/8da4w",
+        "big/xnnpack/int8",
+        "tiny/portable/int8",
+    ]
     assert scatter["omitted"] == ["tiny/portable/8da4w"]
     plot = scatter["plot"]
     for p in scatter["points"]:

@@ -12,7 +12,6 @@ import json
 
 import numpy as np
 import pytest
-
 from conftest import copy_project, make_project, state
 
 PIPELINE = """\
@@ -119,7 +118,9 @@ def layers(project, model: str, scheme: str, label: str) -> dict:
 def index_entry(project, cell: str) -> dict:
     index = json.loads((project.out / "manifests" / "index.json").read_text())
     model, backend, quant = cell.split("/")
-    return next(e for e in index["models"] if (e["modelName"], e["backend"], e["quantization"]) == (model, backend, quant))
+    return next(
+        e for e in index["models"] if (e["modelName"], e["backend"], e["quantization"]) == (model, backend, quant)
+    )
 
 
 def test_8da4w_skips_the_layers_it_cannot_take_and_says_which(built):
@@ -129,9 +130,13 @@ def test_8da4w_skips_the_layers_it_cannot_take_and_says_which(built):
     info = layers(project, "mixed", "8da4w", "torchao_8da4w")
     assert info["quantized_layers"] == {"linear": ["enc.linear1", "enc.linear2", "head"]}
     assert info["kept_float"] == [
-        {"layer": "enc.self_attn.out_proj", "reason": "MultiheadAttention.out_proj (attention transposes its "
-                                                      "weight, which a quantized weight does not support)"},
-        {"layer": "side", "reason": "in_features 24 is not a multiple of the group size 32"}]
+        {
+            "layer": "enc.self_attn.out_proj",
+            "reason": "MultiheadAttention.out_proj (attention transposes its "
+            "weight, which a quantized weight does not support)",
+        },
+        {"layer": "side", "reason": "in_features 24 is not a multiple of the group size 32"},
+    ]
     note = table["mixed/xnnpack/8da4w"]["note"]
     assert "8da4w quantized 3 of 5 layers; kept in float: enc.self_attn.out_proj (MultiheadAttention" in note
     assert "side (in_features 24 is not a multiple of the group size 32)" in note
@@ -167,7 +172,8 @@ def test_a_scheme_that_takes_no_layer_is_rejected_with_the_reason_not_failed(bui
     assert table["narrow/xnnpack/8da4w"]["status"] == "rejected"
     assert table["narrow/xnnpack/8da4w"]["note"] == (
         "8da4w can take none of the model's embedding or linear layers: 0 (in_features 24 is not a multiple of "
-        "the group size 32); 2 (in_features 8 is not a multiple of the group size 32)")
+        "the group size 32); 2 (in_features 8 is not a multiple of the group size 32)"
+    )
     assert table["convnet/xnnpack/8da8w"]["status"] == "rejected"
     assert table["convnet/xnnpack/8da8w"]["note"] == "8da8w quantizes linear layers and the model has none"
     # Decided before any quantized graph: nothing lowered, nothing failed, and the run does not fail for them.

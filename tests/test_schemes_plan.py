@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import make_project
+
 from tasks.config.resolve import resolve
 from tasks.core.errors import PipelineError
 
@@ -36,12 +36,16 @@ def test_a_group_size_xnnpack_cannot_lower_is_rejected_at_plan_time(tmp_path):
 def test_embedding_options_reach_the_quantize_transform(tmp_path):
     plan = plan_with(tmp_path, "{embedding: 8, embedding_group_size: 0, min_weight_elements: 256}")
     cell = next(c for c in plan.cells if c.quant.name == "8da4w")
-    assert {k: cell.transform.options[k] for k in ("embedding", "embedding_group_size", "min_weight_elements")} == \
-        {"embedding": 8, "embedding_group_size": 0, "min_weight_elements": 256}
+    assert {k: cell.transform.options[k] for k in ("embedding", "embedding_group_size", "min_weight_elements")} == {
+        "embedding": 8,
+        "embedding_group_size": 0,
+        "min_weight_elements": 256,
+    }
 
 
 def test_an_embedding_width_that_is_not_4_or_8_bits_is_a_pipeline_error(tmp_path):
     with pytest.raises(PipelineError) as info:
         plan_with(tmp_path, "{embedding: 3}")
-    assert str(info.value).endswith("pipeline.yaml:9: quantization_options.8da4w.embedding: invalid option: "
-                                    "expected one of 4, 8, None, got 3")
+    assert str(info.value).endswith(
+        "pipeline.yaml:9: quantization_options.8da4w.embedding: invalid option: expected one of 4, 8, None, got 3"
+    )

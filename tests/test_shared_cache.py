@@ -11,8 +11,8 @@ import shutil
 import uuid
 
 import pytest
-
 from conftest import LINREG_PIPELINE, aws_test_env, copy_project, free_port, make_bucket, make_project, state
+
 from tasks.core.digest import canonical_json
 
 BUCKET = "etforge-ci-cache"
@@ -43,7 +43,9 @@ def test_ci_shards_upload_and_a_fresh_checkout_downloads_everything(remote_env, 
         shard = make_project(tmp_path / f"shard{k}")
         run = shard.doit(f"shard={k}/2", extra_env=remote_env)
         assert run.returncode == 0, run.stdout + run.stderr
-    built = {p.name: p.read_bytes() for k in (1, 2) for p in (tmp_path / f"shard{k}" / "artifacts" / "t").rglob("*.pte")}
+    built = {
+        p.name: p.read_bytes() for k in (1, 2) for p in (tmp_path / f"shard{k}" / "artifacts" / "t").rglob("*.pte")
+    }
     assert len(built) == 4
 
     laptop = make_project(tmp_path / "laptop")
@@ -85,8 +87,11 @@ WARNING = "etforge: warning: remote cache"
 
 def unreachable(tmp_path, url: str, read_only: bool) -> dict:
     """``url`` behind a closed loopback port (botocore asked to try once, to keep the test short)."""
-    env = {**aws_test_env(tmp_path, f"http://127.0.0.1:{free_port()}"), "AWS_MAX_ATTEMPTS": "1",
-           "ETFORGE_CACHE_REMOTE": url}
+    env = {
+        **aws_test_env(tmp_path, f"http://127.0.0.1:{free_port()}"),
+        "AWS_MAX_ATTEMPTS": "1",
+        "ETFORGE_CACHE_REMOTE": url,
+    }
     return {**env, "ETFORGE_CACHE_READ_ONLY": "1"} if read_only else env
 
 
@@ -100,8 +105,9 @@ def unsigned(url: str) -> str:
 
 
 @pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
-def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(built_linreg, tmp_path, read_only,
-                                                                               s3_env):
+def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(
+    built_linreg, tmp_path, read_only, s3_env
+):
     url = f"s3://{BUCKET}/{uuid.uuid4().hex}"
     project = copy_project(built_linreg, tmp_path / "proj")
     shutil.rmtree(project.out)  # every task restores from the local cache (and offers it to the remote)
@@ -162,8 +168,9 @@ def test_a_signed_remote_ignores_unsigned_entries_and_trusts_its_own(built_linre
     assert run.returncode == 0, run.stdout + run.stderr
     assert not warnings(run)
     assert state(reader, "capture:linreg")["cached"] is True and state(reader, task)["cached"] is True
-    assert (reader.out / "linreg" / "linreg_xnnpack_fp32.pte").read_bytes() == \
-        (signer.out / "linreg" / "linreg_xnnpack_fp32.pte").read_bytes()
+    assert (reader.out / "linreg" / "linreg_xnnpack_fp32.pte").read_bytes() == (
+        signer.out / "linreg" / "linreg_xnnpack_fp32.pte"
+    ).read_bytes()
 
 
 DOUBLED = """\
@@ -176,11 +183,14 @@ def build():
     return model
 """
 
-WITH_EVIL = LINREG_PIPELINE.replace("backends:", """\
+WITH_EVIL = LINREG_PIPELINE.replace(
+    "backends:",
+    """\
   evil:
     python: models.doubled:build
     inputs: [{name: features, shape: [1, 4]}]
-backends:""")
+backends:""",
+)
 
 
 def test_a_forged_program_does_not_inherit_the_passing_verdict(built_linreg, tmp_path):

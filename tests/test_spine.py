@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO, SMALL_PIPELINE, Project, make_project
 
 MODELS = ("linreg", "cnn")
@@ -34,7 +33,8 @@ def cell_tasks(model: str, backends=BACKENDS) -> set:
 def weights_pipeline(sha: str) -> str:
     return SMALL_PIPELINE.replace(
         "    python: models.linreg:build\n",
-        f"    python: models.linreg:build\n    weights: {{path: weights/linreg.pt, sha256: {sha}}}\n")
+        f"    python: models.linreg:build\n    weights: {{path: weights/linreg.pt, sha256: {sha}}}\n",
+    )
 
 
 def save_linreg_weights(project: Project, scale: float) -> str:
@@ -120,8 +120,13 @@ def test_no_op_run_does_not_import_torch_or_executorch(copy):
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch'))\n"
         "print('HEAVY', heavy, 'RC', rc)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=copy.root, capture_output=True, text=True,
-                          env={**__import__("os").environ, "ETFORGE_PIPELINE": str(copy.pipeline)})
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=copy.root,
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "ETFORGE_PIPELINE": str(copy.pipeline)},
+    )
     assert "HEAVY [] RC 0" in proc.stdout, proc.stdout + proc.stderr
     assert "0 task(s) run" in proc.stdout
 
@@ -188,9 +193,13 @@ def test_corrupted_cache_blob_is_discarded_and_rebuilt(copy):
 
 def test_one_cell_failure_does_not_stop_the_others(copy):
     (copy.root / "models" / "broken.py").write_text(
-        "def build():\n    raise RuntimeError('factory exploded on purpose')\n")
-    copy.write_pipeline(copy.pipeline.read_text().replace(
-        "backends:", "  broken:\n    python: models.broken:build\n    inputs: [{shape: [1, 4]}]\nbackends:"))
+        "def build():\n    raise RuntimeError('factory exploded on purpose')\n"
+    )
+    copy.write_pipeline(
+        copy.pipeline.read_text().replace(
+            "backends:", "  broken:\n    python: models.broken:build\n    inputs: [{shape: [1, 4]}]\nbackends:"
+        )
+    )
     run = copy.doit()
     assert run.returncode != 0
     assert "factory exploded on purpose" in run.stdout
@@ -202,9 +211,12 @@ def test_one_cell_failure_does_not_stop_the_others(copy):
 
 
 def test_missed_threshold_fails_the_cell_with_the_numbers(copy):
-    copy.write_pipeline(copy.pipeline.read_text().replace(
-        "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n",
-        "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n    thresholds: {fp32: {sqnr_db: 500}}\n"))
+    copy.write_pipeline(
+        copy.pipeline.read_text().replace(
+            "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n",
+            "    inputs: [{name: image, shape: [1, 3, 8, 8]}]\n    thresholds: {fp32: {sqnr_db: 500}}\n",
+        )
+    )
     run = copy.doit()
     assert run.returncode != 0
     # The manifests drop the failed cells; the report shows them.

@@ -30,13 +30,13 @@ import json
 import math
 import os
 import resource
-import statistics
 import sys
 import time
 from pathlib import Path
 
 from tasks.build.proc_status import proc_status_bytes
 from tasks.build.reference import REFERENCE
+from tasks.build.timing_stats import NS_PER_MS, summarize
 from tasks.config import defaults
 from tasks.store.results import BuildRequest, BuildResult
 
@@ -44,15 +44,16 @@ BENCH = "bench.json"
 FORMAT = "etforge-bench/1"
 DEFAULTS = defaults.BENCHMARK
 WARMUP_BUDGET_SHARE = 0.25  # warm-up may use at most this share of max_seconds
-TRIM = 0.10  # trimmed mean drops this share of samples from each end (middle 80%)
-NS_PER_MS = 1e6
-MEMORY_NOTE = ("process_peak_rss_bytes is the peak of the whole process (ru_maxrss: imports, "
-               "earlier tasks, this benchmark); load_rss_delta_bytes and run_rss_delta_bytes are "
-               "VmRSS differences across loading and across the runs; peak_set_by_benchmark says "
-               "whether the process peak (VmHWM) rose while this benchmark ran")
+MEMORY_NOTE = (
+    "process_peak_rss_bytes is the peak of the whole process (ru_maxrss: imports, "
+    "earlier tasks, this benchmark); load_rss_delta_bytes and run_rss_delta_bytes are "
+    "VmRSS differences across loading and across the runs; peak_set_by_benchmark says "
+    "whether the process peak (VmHWM) rose while this benchmark ran"
+)
 
 
 # ---------------------------------------------------------------- options
+
 
 def resolve_options(options: dict | None) -> dict:
     """``options`` over DEFAULTS, checked; a ValueError names the bad option."""
@@ -72,8 +73,9 @@ def resolve_options(options: dict | None) -> dict:
     if out["threads"] is not None:
         integer("threads", 1)
     budget = out["max_seconds"]
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                               or not budget > 0 or not math.isfinite(budget)):
+    if budget is not None and (
+        isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0 or not math.isfinite(budget)
+    ):
         raise ValueError(f"benchmark option max_seconds: expected a positive number or null, got {budget!r}")
     if not isinstance(out["method"], str) or not out["method"]:
         raise ValueError(f"benchmark option method: expected a method name, got {out['method']!r}")
@@ -82,38 +84,6 @@ def resolve_options(options: dict | None) -> dict:
 
 # ---------------------------------------------------------------- statistics
 
-def percentile(sorted_values: list, q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default), ``q`` in [0, 100]."""
-    if not sorted_values:
-        raise ValueError("percentile of no samples")
-    pos = (len(sorted_values) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
-
-
-def trimmed_mean(sorted_values: list, trim: float = TRIM) -> float:
-    """Mean of the middle (1 - 2*trim) of the samples; all of them when too few to trim."""
-    k = int(len(sorted_values) * trim)
-    middle = sorted_values[k:len(sorted_values) - k] or sorted_values
-    return statistics.fmean(middle)
-
-
-def summarize(samples_ns: list) -> dict:
-    """Latency statistics in milliseconds from per-iteration nanoseconds."""
-    ms = sorted(s / NS_PER_MS for s in samples_ns)
-    return {
-        "p50": percentile(ms, 50),
-        "p90": percentile(ms, 90),
-        "trimmed_mean": trimmed_mean(ms),
-        "mean": statistics.fmean(ms),
-        "min": ms[0],
-        "max": ms[-1],
-        "stdev": statistics.stdev(ms) if len(ms) > 1 else 0.0,
-    }
-
-
-# ---------------------------------------------------------------- runtime helpers
 
 def process_peak_rss_bytes() -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -174,8 +144,13 @@ def time_sizes(method, per_size: list, opts: dict) -> list:
     out = []
     for inputs in per_size:
         timing = time_execute(method, inputs, opts["warmup"], opts["iterations"], opts["max_seconds"])
-        out.append({"input_shapes": [list(x.shape) for x in inputs], "iterations": len(timing["samples_ns"]),
-                    "latency_ms": {k: _ms(v) for k, v in summarize(timing["samples_ns"]).items()}})
+        out.append(
+            {
+                "input_shapes": [list(x.shape) for x in inputs],
+                "iterations": len(timing["samples_ns"]),
+                "latency_ms": {k: _ms(v) for k, v in summarize(timing["samples_ns"]).items()},
+            }
+        )
     return out
 
 
@@ -190,8 +165,11 @@ def time_methods(program, reference: Path, methods: list, opts: dict) -> dict:
         inputs = cast_inputs(load_reference_samples(reference, name).sample_inputs(0), None)
         method = program.load_method(name)
         timing = time_execute(method, inputs, opts["warmup"], opts["iterations"], opts["max_seconds"])
-        out[name] = {"inputs": [list(x.shape) for x in inputs], "iterations": len(timing["samples_ns"]),
-                     "latency_ms": {k: _ms(v) for k, v in summarize(timing["samples_ns"]).items()}}
+        out[name] = {
+            "inputs": [list(x.shape) for x in inputs],
+            "iterations": len(timing["samples_ns"]),
+            "latency_ms": {k: _ms(v) for k, v in summarize(timing["samples_ns"]).items()},
+        }
         del method
     return out
 
@@ -237,8 +215,12 @@ def time_execute(method, inputs: list, warmup: int, iterations: int, max_seconds
             gc.enable()
     if first_ns is None:
         first_ns = samples[0]
-    return {"samples_ns": samples, "warmup_done": warmup_done, "first_run_ns": first_ns,
-            "wall_s": (clock() - start) / 1e9}
+    return {
+        "samples_ns": samples,
+        "warmup_done": warmup_done,
+        "first_run_ns": first_ns,
+        "wall_s": (clock() - start) / 1e9,
+    }
 
 
 def _loadavg() -> list | None:
@@ -278,15 +260,21 @@ def _llm_section(cell, pte: Path, inputs: list, opts: dict) -> dict | None:
 
 # ---------------------------------------------------------------- the builder
 
+
 def benchmark_stage(request: BuildRequest) -> BuildResult:
     """The benchmark stage's builder, with the plan's options (every default filled in)."""
     export, capture = request.upstream["export"], request.upstream["capture"]
-    return build_benchmark(request.subject, export.files["program.pte"], capture.files[REFERENCE],
-                           export.info.get("input_dtypes", []), request.plan.benchmark, request.workdir)
+    return build_benchmark(
+        request.subject,
+        export.files["program.pte"],
+        capture.files[REFERENCE],
+        export.info.get("input_dtypes", []),
+        request.plan.benchmark,
+        request.workdir,
+    )
 
 
-def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, options: dict,
-                    workdir: Path) -> BuildResult:
+def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, options: dict, workdir: Path) -> BuildResult:
     """Benchmark ``pte`` on the capture's example inputs; writes ``workdir/bench.json``.
 
     ``cell``: a plan Cell (or a plain name, or None); ``reference``: the capture's
@@ -297,11 +285,10 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     from executorch.runtime import Runtime
 
     from tasks.build.program_io import checked_data_path
-    from tasks.config.machine import host_info, host_label
-    from tasks.core.digest import sha256_file
-
     from tasks.build.reference import reference_methods
     from tasks.config.hf_source import is_llm
+    from tasks.config.machine import host_info, host_label
+    from tasks.core.digest import sha256_file
 
     if getattr(cell, "model", None) is not None and is_llm(cell.model):
         from tasks.build.llm_export import register_custom_ops
@@ -341,8 +328,12 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     stats = summarize(samples)
     n = len(samples)
     stopped_early = n < opts["iterations"] or timing["warmup_done"] < opts["warmup"]
-    note = (f"time budget of {opts['max_seconds']} s reached: {timing['warmup_done']}/{opts['warmup']} "
-            f"warm-up and {n}/{opts['iterations']} timed iterations" if stopped_early else "")
+    note = (
+        f"time budget of {opts['max_seconds']} s reached: {timing['warmup_done']}/{opts['warmup']} "
+        f"warm-up and {n}/{opts['iterations']} timed iterations"
+        if stopped_early
+        else ""
+    )
 
     def delta(after: dict, field: str = "VmRSS"):
         return after[field] - status0[field] if field in after and field in status0 else None
@@ -354,13 +345,17 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         "rss_after_runs_bytes": status2.get("VmRSS"),
         "load_rss_delta_bytes": delta(status1),
         "run_rss_delta_bytes": delta(status2),
-        "peak_set_by_benchmark": (status2["VmHWM"] > status0["VmHWM"]
-                                  if "VmHWM" in status0 and "VmHWM" in status2 else None),
+        "peak_set_by_benchmark": (
+            status2["VmHWM"] > status0["VmHWM"] if "VmHWM" in status0 and "VmHWM" in status2 else None
+        ),
         "note": MEMORY_NOTE,
     }
     host = host_info()
-    load = {"program_ms": _ms((t1 - t0) / NS_PER_MS), "method_ms": _ms((t2 - t1) / NS_PER_MS),
-            "total_ms": _ms((t2 - t0) / NS_PER_MS)}
+    load = {
+        "program_ms": _ms((t1 - t0) / NS_PER_MS),
+        "method_ms": _ms((t2 - t1) / NS_PER_MS),
+        "total_ms": _ms((t2 - t0) / NS_PER_MS),
+    }
     record = {
         "format": FORMAT,
         "cell": _cell_record(cell, pte),
@@ -387,16 +382,20 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
         # a decoder-only LLM: load, prefill, decode, time to first token, the program's peak RSS
         "llm": llm,
         "host": host,
-        "load_average": {"before": load_before, "after": _loadavg(),
-                         "note": "1/5/15-minute system load; above the core count, other work competed"},
+        "load_average": {
+            "before": load_before,
+            "after": _loadavg(),
+            "note": "1/5/15-minute system load; above the core count, other work competed",
+        },
         "timer": "time.perf_counter_ns around method.execute only; gc collected before warm-up, disabled until the timed loop ends",
     }
     out = Path(workdir) / BENCH
     out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     info = {
         "latency_p50_ms": record["latency_ms"]["p50"],
-        "latency_p50_ms_per_size": [{"input_shapes": p["input_shapes"], "p50": p["latency_ms"]["p50"]}
-                                    for p in per_size],
+        "latency_p50_ms_per_size": [
+            {"input_shapes": p["input_shapes"], "p50": p["latency_ms"]["p50"]} for p in per_size
+        ],
         "latency_p90_ms": record["latency_ms"]["p90"],
         "latency_trimmed_mean_ms": record["latency_ms"]["trimmed_mean"],
         "latency_min_ms": record["latency_ms"]["min"],

@@ -46,8 +46,10 @@ def tolerances(thresholds: dict, expected_outputs: list) -> dict:
     # Only finite values make a peak (capture refuses non-finite eager outputs anyway): a NaN
     # peak would make a NaN tolerance. Thresholds are finite (the schemas refuse .nan/.inf).
     # a ragged reference (dynamic dims) holds a list of differently shaped samples per output
-    peaks = [max((_finite_peak(s) for s in y), default=0.0) if isinstance(y, list) else _finite_peak(y)
-             for y in expected_outputs]
+    peaks = [
+        max((_finite_peak(s) for s in y), default=0.0) if isinstance(y, list) else _finite_peak(y)
+        for y in expected_outputs
+    ]
     if "max_abs_error" in thresholds:
         return {"rtol": 0.0, "atol": float(thresholds["max_abs_error"]), "rule": "max_abs_error"}
     if "sqnr_db" in thresholds:
@@ -92,21 +94,27 @@ def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir:
         "method": first,
         **per_method[first],
         "thresholds": cell.thresholds,
-        "not_checked_on_device": sorted(k for k in cell.thresholds if k not in ELEMENTWISE
-                                        or (k == "sqnr_db" and "max_abs_error" in cell.thresholds)),
+        "not_checked_on_device": sorted(
+            k
+            for k in cell.thresholds
+            if k not in ELEMENTWISE or (k == "sqnr_db" and "max_abs_error" in cell.thresholds)
+        ),
         "delegates": list(cell.backend.delegates),
         "size_bytes": out.stat().st_size,
         "program_sha256": hashlib.sha256(pte_bytes).hexdigest(),  # the program bundled and judged
     }
     if len(per_method) > 1:
         info["methods"] = per_method
-    (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
-                                encoding="utf-8")
+    (workdir / INFO).write_text(
+        json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     cases = sum(m["test_cases"] for m in per_method.values())
     where = f" over {len(per_method)} methods" if len(per_method) > 1 else ""
-    reason = (f"not runnable on this host (no {'/'.join(cell.backend.delegates) or cell.backend.name} runtime); "
-              f"{BPTE} carries {cases} test case(s){where}, check on device with rtol={info['rtol']:g}, "
-              f"atol={info['atol']:.3g}" + (" (per method: bundled.json methods)" if where else ""))
+    reason = (
+        f"not runnable on this host (no {'/'.join(cell.backend.delegates) or cell.backend.name} runtime); "
+        f"{BPTE} carries {cases} test case(s){where}, check on device with rtol={info['rtol']:g}, "
+        f"atol={info['atol']:.3g}" + (" (per method: bundled.json methods)" if where else "")
+    )
     return BuildResult(files={BPTE: out, INFO: workdir / INFO}, info=info, status="not-runnable", reason=reason)
 
 
@@ -133,10 +141,15 @@ def _method_suite(cell, method: str, pte_bytes: bytes, reference: Path, input_dt
         expected = [_tensor(y, _at(out_dtypes, i)) for i, y in enumerate(ref.sample_outputs(n))]
         cases.append(MethodTestCase(inputs=inputs, expected_outputs=expected))
     tol = tolerances(cell.thresholds, ref.outputs)
-    facts = {"test_cases": ref.count,
-             # expected output i of each test case is the output at this pytree path (tasks/config/io_spec.py)
-             "output_paths": list(ref.output_names), "inputs": ref.source,
-             "rtol": tol["rtol"], "atol": tol["atol"], "tolerance_rule": tol["rule"]}
+    facts = {
+        "test_cases": ref.count,
+        # expected output i of each test case is the output at this pytree path (tasks/config/io_spec.py)
+        "output_paths": list(ref.output_names),
+        "inputs": ref.source,
+        "rtol": tol["rtol"],
+        "atol": tol["atol"],
+        "tolerance_rule": tol["rule"],
+    }
     return MethodTestSuite(method_name=method, test_cases=cases), facts
 
 

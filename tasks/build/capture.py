@@ -42,12 +42,17 @@ def non_tensor_outputs(model_name: str, outputs) -> str | None:
 
     pytree = torch.utils._pytree
     leaves, _ = pytree.tree_flatten_with_path(outputs)
-    bad = [f"{pytree.keystr(path) or 'the output'} is {type(leaf).__name__}" for path, leaf in leaves
-           if not isinstance(leaf, torch.Tensor)]
+    bad = [
+        f"{pytree.keystr(path) or 'the output'} is {type(leaf).__name__}"
+        for path, leaf in leaves
+        if not isinstance(leaf, torch.Tensor)
+    ]
     if not bad:
         return None
-    return (f"model {model_name!r} returns non-tensor outputs ({', '.join(bad)}): etforge validates and "
-            "ships tensor outputs only; return tensors (or drop the constants) from forward")
+    return (
+        f"model {model_name!r} returns non-tensor outputs ({', '.join(bad)}): etforge validates and "
+        "ships tensor outputs only; return tensors (or drop the constants) from forward"
+    )
 
 
 def reference_samples(model_spec, root: Path, seed: int, inputs=None) -> tuple[list, str]:
@@ -61,8 +66,10 @@ def reference_samples(model_spec, root: Path, seed: int, inputs=None) -> tuple[l
     inputs = model_spec.inputs if inputs is None else inputs
     if any(i.dims for i in inputs):
         if model_spec.validation is not None:
-            raise ValueError("validation data for a model with dynamic dims is not supported yet: "
-                             "drop `validation` (random samples at min, an interior size and max are used)")
+            raise ValueError(
+                "validation data for a model with dynamic dims is not supported yet: "
+                "drop `validation` (random samples at min, an interior size and max are used)"
+            )
         return dynamic_random_inputs(inputs, seed), RANDOM_SOURCE
     if model_spec.validation is None:
         return random_inputs(inputs, seed), RANDOM_SOURCE
@@ -106,7 +113,7 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     if is_llm(model_spec):  # a prompt + eager greedy continuation; a static KV cache program
         return _capture_llm(model, model_spec, seed, workdir, start)
     captured = {}  # method -> (program, samples, eager, names, source)
-    for method, inputs in (model_spec.methods or (("forward", model_spec.inputs),)):
+    for method, inputs in model_spec.methods or (("forward", model_spec.inputs),):
         module = method_module(model, method)
         samples, source = reference_samples(model_spec, root, seed, inputs)
         eager = []
@@ -120,8 +127,9 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
         if failure:  # the model itself, not a backend: nothing downstream can be judged against it
             return BuildResult(status="failed", reason=failure)
         try:
-            program = torch.export.export(module, samples[len(samples) // 2], strict=False,
-                                          dynamic_shapes=export_dynamic_shapes(inputs))
+            program = torch.export.export(
+                module, samples[len(samples) // 2], strict=False, dynamic_shapes=export_dynamic_shapes(inputs)
+            )
         except torch._dynamo.exc.UserError as exc:  # a dynamic dim the model cannot take as declared
             return BuildResult(status="failed", reason=constraint_failure(label, exc))
         captured[method] = (program, samples, eager, names, source)
@@ -133,10 +141,20 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
         save_programs(workdir / PROGRAM, {m: c[0] for m, c in captured.items()})
         write_method_references(workdir / REFERENCE, {m: c[1:] for m, c in captured.items()})
     first = next(iter(captured.values()))
-    outputs = {m: [{"path": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                   for n, t in zip(c[3], c[2][0])] for m, c in captured.items()}
-    info = {"export_s": round(time.monotonic() - start, 3), "inputs": first[4], "samples": len(first[1]),
-            "outputs": next(iter(outputs.values())), "weight_bytes": weight_bytes(first[0])}
+    outputs = {
+        m: [
+            {"path": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for n, t in zip(c[3], c[2][0])
+        ]
+        for m, c in captured.items()
+    }
+    info = {
+        "export_s": round(time.monotonic() - start, 3),
+        "inputs": first[4],
+        "samples": len(first[1]),
+        "outputs": next(iter(outputs.values())),
+        "weight_bytes": weight_bytes(first[0]),
+    }
     if model_spec.multi_method:
         info["methods"] = {m: {"outputs": o} for m, o in outputs.items()}
     return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
@@ -155,10 +173,17 @@ def _capture_llm(model, model_spec, seed: int, workdir: Path, start: float) -> B
     program = llm_export.export_llm(model, model_spec.source["transformers"]["llm"])
     torch.export.save(program, workdir / PROGRAM)
     write_reference(workdir / REFERENCE, samples, eager, names, source, extra=extra)
-    info = {"export_s": round(time.monotonic() - start, 3), "inputs": source, "samples": len(samples),
-            "outputs": [{"path": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-                        for n, t in zip(names, eager[0])],
-            "weight_bytes": weight_bytes(program), **llm_export.capture_notes(model_spec, extra)}
+    info = {
+        "export_s": round(time.monotonic() - start, 3),
+        "inputs": source,
+        "samples": len(samples),
+        "outputs": [
+            {"path": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+            for n, t in zip(names, eager[0])
+        ],
+        "weight_bytes": weight_bytes(program),
+        **llm_export.capture_notes(model_spec, extra),
+    }
     return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
 
 
@@ -234,8 +259,12 @@ def constraint_failure(model_name: str, exc) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     first = lines[0].split(" For more information")[0] if lines else type(exc).__name__
     why = next((line.removeprefix("- ") for line in lines if line.startswith("- ")), "")
-    return (f"model {model_name!r}: torch.export rejects its dynamic dims: {first}" + (f" {why}" if why else "")
-            + (f"; suggested fix: {fix}" if fix else "") + " (change min/max in pipeline.yaml)")
+    return (
+        f"model {model_name!r}: torch.export rejects its dynamic dims: {first}"
+        + (f" {why}" if why else "")
+        + (f"; suggested fix: {fix}" if fix else "")
+        + " (change min/max in pipeline.yaml)"
+    )
 
 
 def nonfinite_eager(model_name: str, eager: list, names: list, source: str) -> str | None:
@@ -252,9 +281,11 @@ def nonfinite_eager(model_name: str, eager: list, names: list, source: str) -> s
         nan, inf = int(torch.isnan(values).sum()), int(torch.isinf(values).sum())
         if nan or inf:
             label = f"output {i}" + (f" ({names[i]})" if i < len(names) and names[i] else "")
-            return (f"model {model_name!r} itself is non-finite in eager PyTorch: {label}: {nan + inf} of "
-                    f"{values.numel()} values are non-finite ({nan} NaN, {inf} inf) on the validation "
-                    f"inputs ({source}); fix the model or its inputs, no backend can match it")
+            return (
+                f"model {model_name!r} itself is non-finite in eager PyTorch: {label}: {nan + inf} of "
+                f"{values.numel()} values are non-finite ({nan} NaN, {inf} inf) on the validation "
+                f"inputs ({source}); fix the model or its inputs, no backend can match it"
+            )
     return None
 
 
@@ -263,8 +294,15 @@ def nonfinite_eager(model_name: str, eager: list, names: list, source: str) -> s
 # parameters, buffers and constants (what fp16 stores at half size).
 WEIGHT_OPS = {
     "linear": ("aten.linear",),
-    "conv": ("aten.conv1d", "aten.conv2d", "aten.conv3d", "aten.convolution", "aten.conv_transpose1d",
-             "aten.conv_transpose2d", "aten.conv_transpose3d"),
+    "conv": (
+        "aten.conv1d",
+        "aten.conv2d",
+        "aten.conv3d",
+        "aten.convolution",
+        "aten.conv_transpose1d",
+        "aten.conv_transpose2d",
+        "aten.conv_transpose3d",
+    ),
     "embedding": ("aten.embedding",),
 }
 

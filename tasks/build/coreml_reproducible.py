@@ -123,8 +123,10 @@ def check_model(root: Path) -> None:
         description = ct.models.MLModel(str(package), skip_model_load=True).get_spec().description
         names = ([i.name for i in description.input], [o.name for o in description.output])
         if names != (metadata["inputNames"], metadata["outputNames"]):
-            raise RuntimeError(f"Core ML model {package.name} has inputs/outputs {names}, "
-                               f"its metadata.json says {metadata['inputNames']}/{metadata['outputNames']}")
+            raise RuntimeError(
+                f"Core ML model {package.name} has inputs/outputs {names}, "
+                f"its metadata.json says {metadata['inputNames']}/{metadata['outputNames']}"
+            )
 
 
 # --------------------------------------------------------------------------- the rewrites
@@ -178,7 +180,9 @@ def _stamp_identifier(root: Path) -> None:
 def tree_digest(path: Path, skip: tuple = ()) -> str:
     """sha256 over the relative paths and bytes of a file or a directory tree, in sorted order."""
     h = hashlib.sha256()
-    entries = [path] if path.is_file() else sorted(path.rglob("*"), key=lambda p: p.relative_to(path).as_posix().encode())
+    entries = (
+        [path] if path.is_file() else sorted(path.rglob("*"), key=lambda p: p.relative_to(path).as_posix().encode())
+    )
     for entry in entries:
         if entry in skip:
             continue
@@ -211,12 +215,24 @@ def flatten(root: Path) -> bytes:
     def visit(path: Path) -> int:
         if path.is_dir():
             children = {child.name: visit(child) for child in sorted(path.iterdir(), key=lambda p: p.name.encode())}
-            nodes.append({"children": children, "dataRegion": {"offset": 0, "size": 0},
-                          "kind": DIRECTORY_KIND, "name": path.name})
+            nodes.append(
+                {
+                    "children": children,
+                    "dataRegion": {"offset": 0, "size": 0},
+                    "kind": DIRECTORY_KIND,
+                    "name": path.name,
+                }
+            )
         else:
             content = path.read_bytes()
-            nodes.append({"children": {}, "dataRegion": {"offset": len(data), "size": len(content)},
-                          "kind": FILE_KIND, "name": path.name})
+            nodes.append(
+                {
+                    "children": {},
+                    "dataRegion": {"offset": len(data), "size": len(content)},
+                    "kind": FILE_KIND,
+                    "name": path.name,
+                }
+            )
             data.extend(content)
         return len(nodes) - 1
 
@@ -229,5 +245,7 @@ def _check_round_trip(blob: bytes, expected: Path, scratch: Path) -> None:
     """Unpack ``blob`` with executorchcoreml's reader and demand exactly the tree it was packed from."""
     unpacked = read_blob(blob, scratch)
     if unpacked.name != expected.name or tree_digest(unpacked) != tree_digest(expected):
-        raise RuntimeError("the re-packed Core ML blob does not unpack to the tree it was packed from: "
-                           "executorchcoreml's flattened-directory format changed; update tasks/coreml_reproducible.py")
+        raise RuntimeError(
+            "the re-packed Core ML blob does not unpack to the tree it was packed from: "
+            "executorchcoreml's flattened-directory format changed; update tasks/coreml_reproducible.py"
+        )

@@ -45,8 +45,15 @@ def lower_cell(exported_program, cell):
     return to_edge_transform_and_lower(exported_program, partitioner=partitioners_for(cell.backend))
 
 
-def first_divergence(program_path_pt2: Path, cell, inputs: list, *, threshold_db: float | None = None,
-                     lower=None, max_taps: int = MAX_TAPS) -> dict | None:
+def first_divergence(
+    program_path_pt2: Path,
+    cell,
+    inputs: list,
+    *,
+    threshold_db: float | None = None,
+    lower=None,
+    max_taps: int = MAX_TAPS,
+) -> dict | None:
     """The first node whose lowered output diverges from eager, or None when none does.
 
     ``inputs``: one sample, numpy arrays or tensors shaped like the model inputs.
@@ -57,8 +64,9 @@ def first_divergence(program_path_pt2: Path, cell, inputs: list, *, threshold_db
     "max_abs_error", "index", "threshold_db", "nodes_compared", "artifacts", "nodes"}``
     where ``nodes`` lists every tapped node with its SQNR, in topological order.
     """
-    nodes, threshold = node_sqnrs(program_path_pt2, cell, inputs, threshold_db=threshold_db,
-                                  lower=lower, max_taps=max_taps)
+    nodes, threshold = node_sqnrs(
+        program_path_pt2, cell, inputs, threshold_db=threshold_db, lower=lower, max_taps=max_taps
+    )
     below = {n["node"] for n in nodes if n["below"]}
     artifacts = []
     for index, node in enumerate(nodes):
@@ -68,16 +76,31 @@ def first_divergence(program_path_pt2: Path, cell, inputs: list, *, threshold_db
         if successors and not any(s in below for s in successors):
             artifacts.append(node["node"])
             continue
-        return {"node": node["node"], "op_target": node["op_target"], "module_path": node["module_path"],
-                "module_class": node["module_class"], "sqnr_db": node["sqnr_db"],
-                "max_abs_error": node["max_abs_error"], "index": index, "threshold_db": threshold,
-                "nodes_compared": len(nodes), "artifacts": artifacts,
-                "nodes": [_brief(n) for n in nodes]}
+        return {
+            "node": node["node"],
+            "op_target": node["op_target"],
+            "module_path": node["module_path"],
+            "module_class": node["module_class"],
+            "sqnr_db": node["sqnr_db"],
+            "max_abs_error": node["max_abs_error"],
+            "index": index,
+            "threshold_db": threshold,
+            "nodes_compared": len(nodes),
+            "artifacts": artifacts,
+            "nodes": [_brief(n) for n in nodes],
+        }
     return None
 
 
-def node_sqnrs(program_path_pt2: Path, cell, inputs: list, *, threshold_db: float | None = None,
-               lower=None, max_taps: int = MAX_TAPS) -> tuple[list, float]:
+def node_sqnrs(
+    program_path_pt2: Path,
+    cell,
+    inputs: list,
+    *,
+    threshold_db: float | None = None,
+    lower=None,
+    max_taps: int = MAX_TAPS,
+) -> tuple[list, float]:
     """(per tapped node: name, op, module, SQNR, max abs error, below?, tapped successors; threshold)."""
     import numpy as np
     import torch
@@ -87,12 +110,12 @@ def node_sqnrs(program_path_pt2: Path, cell, inputs: list, *, threshold_db: floa
 
     from tasks.build.numerics import sqnr_db
 
-    threshold = float(threshold_db if threshold_db is not None
-                      else (cell.thresholds or {}).get("sqnr_db", DIVERGENCE_SQNR_DB))
+    threshold = float(
+        threshold_db if threshold_db is not None else (cell.thresholds or {}).get("sqnr_db", DIVERGENCE_SQNR_DB)
+    )
     tensors = [x if isinstance(x, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(x)) for x in inputs]
     exported = torch.export.load(program_path_pt2)
-    tapped, specs = tap_intermediate_outputs_(exported, rules=[(_float_tensor_node, FULL_TENSOR)],
-                                              max_taps=max_taps)
+    tapped, specs = tap_intermediate_outputs_(exported, rules=[(_float_tensor_node, FULL_TENSOR)], max_taps=max_taps)
     successors = _tapped_successors(tapped.graph_module.graph, {s.node_name for s in specs})
     with torch.no_grad():
         aot_flat, _ = pytree.tree_flatten(tapped.module()(*tensors))
@@ -117,11 +140,18 @@ def node_sqnrs(program_path_pt2: Path, cell, inputs: list, *, threshold_db: floa
                 below = not err <= ZERO_SIGNAL_ATOL  # NaN-safe: a NaN error is below
             else:
                 below = not sqnr >= threshold  # NaN-safe: a NaN value is below
-        nodes.append({"node": spec.node_name, "op_target": spec.op_target, "module_path": spec.module_path,
-                      "module_class": spec.module_class,
-                      "sqnr_db": None if sqnr is None else (sqnr if math.isinf(sqnr) else round(sqnr, 2)),
-                      "max_abs_error": err, "below": below,
-                      "tapped_successors": successors.get(spec.node_name, [])})
+        nodes.append(
+            {
+                "node": spec.node_name,
+                "op_target": spec.op_target,
+                "module_path": spec.module_path,
+                "module_class": spec.module_class,
+                "sqnr_db": None if sqnr is None else (sqnr if math.isinf(sqnr) else round(sqnr, 2)),
+                "max_abs_error": err,
+                "below": below,
+                "tapped_successors": successors.get(spec.node_name, []),
+            }
+        )
     return nodes, threshold
 
 

@@ -18,11 +18,21 @@ OVERHEAD_BYTES = SIZE_GATE_OVERHEAD_BYTES  # a recipe's size_gate.overhead_bytes
 # Operators that run no kernel on tensor data: view_copy becomes a view in
 # to_executorch (ReplaceViewCopyWithViewPass), the rest are symbolic-size
 # queries and run-time asserts.
-NOT_COMPUTE = frozenset({
-    "aten.view_copy", "aten.view", "aten._unsafe_view", "aten.sym_size", "aten.sym_numel", "aten.sym_stride",
-    "aten.sym_storage_offset", "aten._assert_scalar", "aten._assert_tensor_metadata",
-    "aten.sym_constrain_range", "aten.sym_constrain_range_for_size",
-})
+NOT_COMPUTE = frozenset(
+    {
+        "aten.view_copy",
+        "aten.view",
+        "aten._unsafe_view",
+        "aten.sym_size",
+        "aten.sym_numel",
+        "aten.sym_stride",
+        "aten.sym_storage_offset",
+        "aten._assert_scalar",
+        "aten._assert_tensor_metadata",
+        "aten.sym_constrain_range",
+        "aten.sym_constrain_range_for_size",
+    }
+)
 
 
 def compute_op_name(node) -> str | None:
@@ -72,10 +82,13 @@ def delegation_coverage(graph_module) -> dict:
             outside[name] = outside.get(name, 0) + 1
     taken, left = sum(delegated.values()), sum(outside.values())
     total = taken + left
-    return {"delegation_coverage": round(taken / total, 4) if total else 1.0,
-            "compute_ops": total, "delegated_compute_ops": taken,
-            "delegated_by_backend": dict(sorted(delegated.items())),
-            "not_delegated": dict(sorted(outside.items()))}
+    return {
+        "delegation_coverage": round(taken / total, 4) if total else 1.0,
+        "compute_ops": total,
+        "delegated_compute_ops": taken,
+        "delegated_by_backend": dict(sorted(delegated.items())),
+        "not_delegated": dict(sorted(outside.items())),
+    }
 
 
 def delegation_gate(cell, info: dict) -> str | None:
@@ -86,14 +99,17 @@ def delegation_gate(cell, info: dict) -> str | None:
     coverage = info["delegation_coverage"]
     if not coverage >= minimum:  # NaN-safe: a coverage that is not a number fails
         left = ", ".join(f"{name} x{n}" for name, n in sorted(info["not_delegated"].items(), key=lambda kv: -kv[1])[:4])
-        return (f"backend {cell.backend.name!r} took {info['delegated_compute_ops']} of {info['compute_ops']} "
-                f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
-                + (f" ({left})" if left else ""))
+        return (
+            f"backend {cell.backend.name!r} took {info['delegated_compute_ops']} of {info['compute_ops']} "
+            f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
+            + (f" ({left})" if left else "")
+        )
     return None
 
 
 def _same_program(quantized: dict, fp32: dict) -> bool:
     """The same program but for the names its metadata carries (and the same .ptd, if any)."""
+
     def what(info):
         return info.get("sha256_without_metadata") or info["sha256"], info.get("data_sha256")
 
@@ -131,14 +147,18 @@ def size_gate(cell, quantized: dict, fp32: dict, weights: dict) -> tuple[dict, s
     overhead = gate.get("overhead_bytes", OVERHEAD_BYTES)
     facts.update(weight_bytes=taken, max_weight_ratio=gate["max_ratio"], overhead_bytes=overhead)
     if taken == 0:
-        return facts, (f"{scheme} stores {what} smaller and model {cell.model.name!r} has none: "
-                       f"the program is {facts['size_vs_fp32']:.2f}x its fp32 sibling")
+        return facts, (
+            f"{scheme} stores {what} smaller and model {cell.model.name!r} has none: "
+            f"the program is {facts['size_vs_fp32']:.2f}x its fp32 sibling"
+        )
     stored = taken - facts["saved_bytes"]
     facts["weight_ratio"] = round(stored / taken, 4)
     if not stored <= gate["max_ratio"] * taken + overhead:  # NaN-safe
-        return facts, (f"{what} stored at {stored / taken:.2f}x of fp32 (gate: {scheme} at most "
-                       f"{gate['max_ratio']}x + {overhead} B): {q_size} B vs "
-                       f"{f_size} B saves {facts['saved_bytes']} B of {taken} B")
+        return facts, (
+            f"{what} stored at {stored / taken:.2f}x of fp32 (gate: {scheme} at most "
+            f"{gate['max_ratio']}x + {overhead} B): {q_size} B vs "
+            f"{f_size} B saves {facts['saved_bytes']} B of {taken} B"
+        )
     return facts, None
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 
 # The task's Auto class when the source names no model_class.
-AUTO_CLASSES = {"text-generation": "AutoModelForCausalLM",
-                "text-classification": "AutoModelForSequenceClassification",
-                "feature-extraction": "AutoModel"}
+AUTO_CLASSES = {
+    "text-generation": "AutoModelForCausalLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "feature-extraction": "AutoModel",
+}
 RANDOM_WEIGHTS_NOTE = "weights are random (built from the config with a fixed seed; no checkpoint)"
 
 
@@ -58,8 +60,9 @@ def build_hf_model(spec, root: Path):
     attn = source.get("attn_implementation", "sdpa")
     checkpoint = source.get("checkpoint")
     if checkpoint:
-        model = cls.from_pretrained(root / checkpoint["path"], config=config, attn_implementation=attn,
-                                    local_files_only=True)
+        model = cls.from_pretrained(
+            root / checkpoint["path"], config=config, attn_implementation=attn, local_files_only=True
+        )
     elif hasattr(cls, "from_config"):
         model = cls.from_config(config, attn_implementation=attn)
     else:

@@ -93,8 +93,10 @@ def _why_not(module, rule: LayerRule, nn) -> str | None:
         if not isinstance(module, nn.Linear):
             return ""
         if isinstance(module, nn.modules.linear.NonDynamicallyQuantizableLinear):
-            return ("MultiheadAttention.out_proj (attention transposes its weight, which a quantized "
-                    "weight does not support)")
+            return (
+                "MultiheadAttention.out_proj (attention transposes its weight, which a quantized "
+                "weight does not support)"
+            )
         width, what = module.in_features, "in_features"
     if rule.group and width % rule.group:
         return f"{what} {width} is not a multiple of the group size {rule.group}"
@@ -108,8 +110,12 @@ def layers_info(choices) -> dict:
     in float with its reason (what the summary note and the manifests' variants show)."""
     quantized = {c.rule.kind: list(c.quantized) for c in choices if c.quantized}
     kept = [entry for c in choices for entry in c.kept_float]
-    return {"quantized": sum(len(v) for v in quantized.values()), "float": len(kept),
-            "quantized_layers": quantized, "kept_float": kept}
+    return {
+        "quantized": sum(len(v) for v in quantized.values()),
+        "float": len(kept),
+        "quantized_layers": quantized,
+        "kept_float": kept,
+    }
 
 
 def rejection(scheme: str, choices) -> str:

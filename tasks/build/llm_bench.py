@@ -67,7 +67,7 @@ def _generate(method, prompt, steps: int, dynamic: bool, samples: list) -> dict:
         logits = method.execute([prompt, torch.arange(length)])[0]
     else:  # a static program takes one token per call
         for i in range(length):
-            logits = method.execute([prompt[:, i:i + 1].contiguous(), torch.tensor([i])])[0]
+            logits = method.execute([prompt[:, i : i + 1].contiguous(), torch.tensor([i])])[0]
     prefill = clock()
     token = int(logits[0, -1].argmax())
     first_token = clock()
@@ -120,8 +120,11 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
             gc.enable()
         del method, program
     hwm = proc_status_bytes("VmHWM").get("VmHWM") if reset else None
-    rss_method = ("VmHWM after the runs, reset through /proc/self/clear_refs just before loading"
-                  if hwm is not None else "largest VmRSS sampled after loading, each prefill and each generation")
+    rss_method = (
+        "VmHWM after the runs, reset through /proc/self/clear_refs just before loading"
+        if hwm is not None
+        else "largest VmRSS sampled after loading, each prefill and each generation"
+    )
     # the kernel's RSS counters lag by a few pages per thread: a sample may read above VmHWM
     peak = max([hwm or 0, *samples]) or None
 
@@ -140,12 +143,18 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
         "decode_ms": _r(decode_ms),
         "decode_tok_s": _r(steps / (decode_ms / 1e3)),
         "decode_step_ms": {"p50": _r(statistics.median(steps_ms)), "min": _r(steps_ms[0]), "max": _r(steps_ms[-1])},
-        "first_generation": {"ttft_ms": _r(first["ttft_ns"] / NS_PER_MS),
-                             "prefill_tok_s": _r(length / (first["prefill_ns"] / 1e9)),
-                             "decode_tok_s": _r(steps / (sum(first["step_ns"]) / 1e9))},
-        "memory": {"rss_before_load_bytes": before, "peak_rss_bytes": peak,
-                   "peak_rss_delta_bytes": peak - before if peak is not None and before is not None else None,
-                   "rss_after_load_bytes": samples[0] or None, "rss_method": rss_method},
+        "first_generation": {
+            "ttft_ms": _r(first["ttft_ns"] / NS_PER_MS),
+            "prefill_tok_s": _r(length / (first["prefill_ns"] / 1e9)),
+            "decode_tok_s": _r(steps / (sum(first["step_ns"]) / 1e9)),
+        },
+        "memory": {
+            "rss_before_load_bytes": before,
+            "peak_rss_bytes": peak,
+            "peak_rss_delta_bytes": peak - before if peak is not None and before is not None else None,
+            "rss_after_load_bytes": samples[0] or None,
+            "rss_method": rss_method,
+        },
         "timer": "time.perf_counter_ns around method.execute (prefill, each decode step); ttft adds the argmax",
     }
 
@@ -161,8 +170,14 @@ def info_fields(section: dict) -> dict:
     def mb(n):
         return None if n is None else round(n / (1 << 20), 2)
 
-    return {"llm_load_ms": section["load_ms"], "llm_prompt_len": section["prompt_len"],
-            "llm_prefill_tok_s": section["prefill_tok_s"], "llm_ttft_ms": section["ttft_ms"],
-            "llm_decode_steps": section["decode_steps"], "llm_decode_tok_s": section["decode_tok_s"],
-            "llm_decode_step_p50_ms": section["decode_step_ms"]["p50"],
-            "llm_peak_rss_mb": mb(memory["peak_rss_bytes"]), "llm_peak_rss_delta_mb": mb(memory["peak_rss_delta_bytes"])}
+    return {
+        "llm_load_ms": section["load_ms"],
+        "llm_prompt_len": section["prompt_len"],
+        "llm_prefill_tok_s": section["prefill_tok_s"],
+        "llm_ttft_ms": section["ttft_ms"],
+        "llm_decode_steps": section["decode_steps"],
+        "llm_decode_tok_s": section["decode_tok_s"],
+        "llm_decode_step_p50_ms": section["decode_step_ms"]["p50"],
+        "llm_peak_rss_mb": mb(memory["peak_rss_bytes"]),
+        "llm_peak_rss_delta_mb": mb(memory["peak_rss_delta_bytes"]),
+    }

@@ -108,8 +108,9 @@ def export_llm(model, llm: dict, custom_ops: bool = True):
             from executorch.extension.llm.export.export_passes import RemoveRedundantTransposes
 
             graph = RemoveRedundantTransposes()(program.module())[0]
-            program = torch.export.export(graph, args=(), kwargs={"input_ids": ids, "cache_position": pos},
-                                          dynamic_shapes=shapes, strict=True)
+            program = torch.export.export(
+                graph, args=(), kwargs={"input_ids": ids, "cache_position": pos}, dynamic_shapes=shapes, strict=True
+            )
     return program
 
 
@@ -121,12 +122,18 @@ def runner_metadata(model_spec, custom_ops: bool, llm: dict | None = None) -> di
     source = model_spec.source["transformers"]
     config, llm = build_config(source), llm or source["llm"]
     eos = config.eos_token_id
-    metadata = {"get_max_seq_len": llm["max_context_len"], "get_max_context_len": llm["max_context_len"],
-                "get_vocab_size": config.vocab_size, "use_kv_cache": True,
-                "use_sdpa_with_kv_cache": custom_ops, "enable_dynamic_shape": llm["dynamic_shapes"],
-                "get_n_layers": config.num_hidden_layers, "get_max_batch_size": 1,
-                "get_n_kv_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
-                "get_head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads}
+    metadata = {
+        "get_max_seq_len": llm["max_context_len"],
+        "get_max_context_len": llm["max_context_len"],
+        "get_vocab_size": config.vocab_size,
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": custom_ops,
+        "enable_dynamic_shape": llm["dynamic_shapes"],
+        "get_n_layers": config.num_hidden_layers,
+        "get_max_batch_size": 1,
+        "get_n_kv_heads": getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+        "get_head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+    }
     # A config without BOS/EOS leaves them to the tokenizer (the runner's fallback).
     if config.bos_token_id is not None:
         metadata["get_bos_id"] = config.bos_token_id
@@ -142,14 +149,19 @@ def lowering_options(cell) -> tuple[dict, dict]:
 
     register_custom_ops()
     custom = cell_uses_custom_ops(cell)
-    edge = {"compile_config": EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            "constant_methods": runner_metadata(cell.model, custom, cell_llm_options(cell)),
-            "transform_passes": [_drop_embedding_padding_idx()]}
+    edge = {
+        "compile_config": EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+        "constant_methods": runner_metadata(cell.model, custom, cell_llm_options(cell)),
+        "transform_passes": [_drop_embedding_padding_idx()],
+    }
     if not custom:
         edge["partitioner"] = coreml_llm_partitioners(cell)
     # const-prop fuses torchao's dequantize_affine + embedding into quantized embedding ops.
-    backend = {"extract_delegate_segments": True, "do_quant_fusion_and_const_prop": True,
-               "memory_planning_pass": MemoryPlanningPass(alloc_graph_input=False)}
+    backend = {
+        "extract_delegate_segments": True,
+        "do_quant_fusion_and_const_prop": True,
+        "memory_planning_pass": MemoryPlanningPass(alloc_graph_input=False),
+    }
     return edge, backend
 
 
@@ -168,7 +180,8 @@ def coreml_llm_partitioners(cell) -> list:
     specs = CoreMLBackend.generate_compile_specs(
         compute_unit=getattr(ct.ComputeUnit, _COREML_UNITS[options.get("compute_units", "all")]),
         minimum_deployment_target=ct.target.iOS18,
-        compute_precision=getattr(ct.precision, options.get("compute_precision", "float16").upper()))
+        compute_precision=getattr(ct.precision, options.get("compute_precision", "float16").upper()),
+    )
     return [CoreMLPartitioner(compile_specs=specs, take_over_mutable_buffer=False)]
 
 
@@ -203,8 +216,11 @@ def _drop_embedding_padding_idx():
 
         def call(self, graph_module):
             for node in graph_module.graph.nodes:
-                if (node.op == "call_function" and node.target == exir_ops.edge.aten.embedding.default
-                        and len(node.args) == 3):
+                if (
+                    node.op == "call_function"
+                    and node.target == exir_ops.edge.aten.embedding.default
+                    and len(node.args) == 3
+                ):
                     node.args = node.args[:2]
             graph_module.recompile()
             return PassResult(graph_module, True)
@@ -252,8 +268,14 @@ def capture_notes(model_spec, extra: dict) -> dict:
     from tasks.build.hf_models import RANDOM_WEIGHTS_NOTE, random_weights
 
     llm = model_spec.source["transformers"]["llm"]
-    notes = {"llm": {"prompt_len": llm["prompt_len"], "decode_steps": llm["decode_steps"],
-                     "eager_tokens": extra["llm_tokens"].tolist(), "custom_ops": True}}
+    notes = {
+        "llm": {
+            "prompt_len": llm["prompt_len"],
+            "decode_steps": llm["decode_steps"],
+            "eager_tokens": extra["llm_tokens"].tolist(),
+            "custom_ops": True,
+        }
+    }
     if random_weights(model_spec):
         notes["note"] = RANDOM_WEIGHTS_NOTE
     return notes

@@ -43,15 +43,20 @@ NUMERICS = "numerics.json"
 # The same-scheme bounds (NOTES.md section 4: 8da4w program vs its eager model 38.7-42.6 dB, top-1
 # 8/8; 8da8w 132 dB; fp16 bit-equal) catch a lowering that breaks, whatever the quantization costs.
 _SAME_SCHEME = {"same_scheme_sqnr_db": 25, "same_scheme_top1_agreement": 0.75}
-LLM_THRESHOLDS = {"fp32": {"top1_agreement": 1.0, "greedy_agreement": 1.0},
-                  "fp16": {"top1_agreement": 1.0, **_SAME_SCHEME},
-                  "bf16": {"top1_agreement": 0.75, **_SAME_SCHEME},
-                  "8da4w": {"top1_agreement": 0.625, **_SAME_SCHEME},
-                  "8da8w": {"top1_agreement": 0.75, **_SAME_SCHEME}}
-GATES = (("sqnr_db", "worst SQNR", " dB"), ("top1_agreement", "top-1 agreement", ""),
-         ("greedy_agreement", "greedy agreement", ""),
-         ("same_scheme_sqnr_db", "worst SQNR vs the same-scheme eager model", " dB"),
-         ("same_scheme_top1_agreement", "top-1 agreement with the same-scheme eager model", ""))
+LLM_THRESHOLDS = {
+    "fp32": {"top1_agreement": 1.0, "greedy_agreement": 1.0},
+    "fp16": {"top1_agreement": 1.0, **_SAME_SCHEME},
+    "bf16": {"top1_agreement": 0.75, **_SAME_SCHEME},
+    "8da4w": {"top1_agreement": 0.625, **_SAME_SCHEME},
+    "8da8w": {"top1_agreement": 0.75, **_SAME_SCHEME},
+}
+GATES = (
+    ("sqnr_db", "worst SQNR", " dB"),
+    ("top1_agreement", "top-1 agreement", ""),
+    ("greedy_agreement", "greedy agreement", ""),
+    ("same_scheme_sqnr_db", "worst SQNR vs the same-scheme eager model", " dB"),
+    ("same_scheme_top1_agreement", "top-1 agreement with the same-scheme eager model", ""),
+)
 SAME_SCHEME = "same_scheme_logits.npy"
 
 
@@ -68,7 +73,7 @@ def _run(method, ids, position: int, dynamic: bool):
         return out.reshape(-1, out.shape[-1]).float()
     rows = []
     for t in range(ids.shape[1]):
-        out = method.execute([ids[:, t:t + 1].contiguous(), torch.tensor([position + t])])[0]
+        out = method.execute([ids[:, t : t + 1].contiguous(), torch.tensor([position + t])])[0]
         rows.append(out.reshape(-1, out.shape[-1])[-1].float())
     return torch.stack(rows)
 
@@ -109,11 +114,23 @@ def compare_llm(ref_logits, eager_tokens: list, prompt_len: int, run: dict) -> d
         agree += 1
     bad = nonfinite(np.concatenate([run["prefill"].numpy().ravel(), steps.ravel()]))
     worst = min([prefill_sqnr] + step_sqnr, key=lambda v: float("-inf") if v != v else v)
-    pooled = compare(ref_logits[P - 1:P - 1 + N], steps)  # every step's logits together
-    return {"max_abs_error": pooled["max_abs_error"], "cosine": pooled["cosine"], "prefill_sqnr_db": prefill_sqnr, "step_sqnr_db": step_sqnr, "sqnr_db": worst,
-            "top1_agreement": sum(top1) / N, "top1_steps": top1, "greedy_agreement": agree / N,
-            "greedy_tokens": agree, "program_tokens": run["greedy"], "eager_tokens": list(eager_tokens),
-            "decode_steps": N, "prompt_len": P, "nonfinite": bad}
+    pooled = compare(ref_logits[P - 1 : P - 1 + N], steps)  # every step's logits together
+    return {
+        "max_abs_error": pooled["max_abs_error"],
+        "cosine": pooled["cosine"],
+        "prefill_sqnr_db": prefill_sqnr,
+        "step_sqnr_db": step_sqnr,
+        "sqnr_db": worst,
+        "top1_agreement": sum(top1) / N,
+        "top1_steps": top1,
+        "greedy_agreement": agree / N,
+        "greedy_tokens": agree,
+        "program_tokens": run["greedy"],
+        "eager_tokens": list(eager_tokens),
+        "decode_steps": N,
+        "prompt_len": P,
+        "nonfinite": bad,
+    }
 
 
 def llm_verdict(metrics: dict, thresholds: dict) -> list:
@@ -121,8 +138,10 @@ def llm_verdict(metrics: dict, thresholds: dict) -> list:
     bad = metrics["nonfinite"]
     misses = []
     if bad["nan"] or bad["inf"]:
-        misses.append(f"logits: {bad['nan'] + bad['inf']} of {bad['values']} values are non-finite "
-                      f"({bad['nan']} NaN, {bad['inf']} inf)")
+        misses.append(
+            f"logits: {bad['nan'] + bad['inf']} of {bad['values']} values are non-finite "
+            f"({bad['nan']} NaN, {bad['inf']} inf)"
+        )
     for key, label, unit in GATES:
         if key not in thresholds:
             continue
@@ -155,12 +174,15 @@ def compare_same_scheme(same_logits, eager_tokens: list, prompt_len: int, run: d
     top1 = [int(np.argmax(steps[i])) == int(np.argmax(same_logits[P - 1 + i])) for i in range(N)]
     if not np.isfinite(same_logits).all():  # a NaN reference must not pass as agreement
         step_sqnr = [float("nan")] * N
-    return {"sqnr_db": min(step_sqnr, key=lambda v: float("-inf") if v != v else v), "step_sqnr_db": step_sqnr,
-            "top1_agreement": sum(top1) / N, "eager_tokens": [int(np.argmax(same_logits[P - 1 + i])) for i in range(N)]}
+    return {
+        "sqnr_db": min(step_sqnr, key=lambda v: float("-inf") if v != v else v),
+        "step_sqnr_db": step_sqnr,
+        "top1_agreement": sum(top1) / N,
+        "eager_tokens": [int(np.argmax(same_logits[P - 1 + i])) for i in range(N)],
+    }
 
 
-def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path,
-                       same_scheme: Path | None = None) -> BuildResult:
+def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_scheme: Path | None = None) -> BuildResult:
     """Validate an LLM program against the capture's reference (see the module doc)."""
     import numpy as np
     import torch
@@ -184,23 +206,40 @@ def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path,
         metrics["same_scheme"] = compare_same_scheme(np.load(same_scheme), tokens, prompt.shape[1], run)
     thresholds = llm_thresholds(cell)
     misses = llm_verdict(metrics, thresholds)
-    report = {"cell": cell.canonical(), "program_sha256": sha256_file(pte), "inputs": REFERENCE_SOURCE,
-              "task": "text-generation", "thresholds": thresholds, "llm": metrics, "passed": not misses,
-              "misses": misses, "notes": []}
+    report = {
+        "cell": cell.canonical(),
+        "program_sha256": sha256_file(pte),
+        "inputs": REFERENCE_SOURCE,
+        "task": "text-generation",
+        "thresholds": thresholds,
+        "llm": metrics,
+        "passed": not misses,
+        "misses": misses,
+        "notes": [],
+    }
     from tasks.build.hf_models import RANDOM_WEIGHTS_NOTE, random_weights
 
     if random_weights(cell.model):
         report["notes"].append(RANDOM_WEIGHTS_NOTE)
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    info = {key: metrics[key] for key in ("sqnr_db", "prefill_sqnr_db", "top1_agreement", "greedy_agreement",
-                                          "max_abs_error", "cosine")}
+    info = {
+        key: metrics[key]
+        for key in ("sqnr_db", "prefill_sqnr_db", "top1_agreement", "greedy_agreement", "max_abs_error", "cosine")
+    }
     if "same_scheme" in metrics:
-        info.update(same_scheme_sqnr_db=metrics["same_scheme"]["sqnr_db"],
-                    same_scheme_top1_agreement=metrics["same_scheme"]["top1_agreement"])
-    info.update(nonfinite_values=metrics["nonfinite"]["nan"] + metrics["nonfinite"]["inf"], samples=1,
-                inputs=report["inputs"], passed=not misses, program_sha256=report["program_sha256"],
-                decode_steps=metrics["decode_steps"])
+        info.update(
+            same_scheme_sqnr_db=metrics["same_scheme"]["sqnr_db"],
+            same_scheme_top1_agreement=metrics["same_scheme"]["top1_agreement"],
+        )
+    info.update(
+        nonfinite_values=metrics["nonfinite"]["nan"] + metrics["nonfinite"]["inf"],
+        samples=1,
+        inputs=report["inputs"],
+        passed=not misses,
+        program_sha256=report["program_sha256"],
+        decode_steps=metrics["decode_steps"],
+    )
     if misses:
         return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason="; ".join(misses))
     return BuildResult(files={NUMERICS: out}, info=info)
@@ -227,23 +266,40 @@ def build_llm_bundled(cell, pte: Path, reference: Path, workdir: Path) -> BuildR
         prompt, logits = data["input_0"][0], data["llm_logits"]
     P = prompt.shape[1]
     expected = logits[:P]
-    cases = [MethodTestCase(inputs=[torch.from_numpy(prompt[:, t:t + 1].copy()), torch.tensor([t])],
-                            expected_outputs=[torch.from_numpy(expected[t][None, None].copy())]) for t in range(P)]
+    cases = [
+        MethodTestCase(
+            inputs=[torch.from_numpy(prompt[:, t : t + 1].copy()), torch.tensor([t])],
+            expected_outputs=[torch.from_numpy(expected[t][None, None].copy())],
+        )
+        for t in range(P)
+    ]
     bundle = BundledProgram(None, [MethodTestSuite(method_name=METHOD, test_cases=cases)], pte_file_path=str(pte))
     out = workdir / BPTE
     out.write_bytes(serialize_from_bundled_program_to_flatbuffer(bundle))
     thresholds = llm_thresholds(cell)
     tol = tolerances(thresholds, [expected])
     pte_bytes = Path(pte).read_bytes()
-    info = {"method": METHOD, "test_cases": P, "ordered": True, "output_paths": ["logits"],
-            "inputs": REFERENCE_SOURCE + ", token by token", "rtol": tol["rtol"], "atol": tol["atol"],
-            "tolerance_rule": tol["rule"], "thresholds": thresholds,
-            "not_checked_on_device": sorted(k for k in thresholds if k != "sqnr_db"),
-            "delegates": list(cell.backend.delegates), "size_bytes": out.stat().st_size,
-            "program_sha256": hashlib.sha256(pte_bytes).hexdigest()}
-    (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
-                                encoding="utf-8")
-    reason = (f"not runnable on this host (no {'/'.join(cell.backend.delegates) or cell.backend.name} runtime); "
-              f"{BPTE} carries the {P}-token prompt as {P} ordered test cases, check on device with "
-              f"rtol={tol['rtol']:g}, atol={tol['atol']:.3g}")
+    info = {
+        "method": METHOD,
+        "test_cases": P,
+        "ordered": True,
+        "output_paths": ["logits"],
+        "inputs": REFERENCE_SOURCE + ", token by token",
+        "rtol": tol["rtol"],
+        "atol": tol["atol"],
+        "tolerance_rule": tol["rule"],
+        "thresholds": thresholds,
+        "not_checked_on_device": sorted(k for k in thresholds if k != "sqnr_db"),
+        "delegates": list(cell.backend.delegates),
+        "size_bytes": out.stat().st_size,
+        "program_sha256": hashlib.sha256(pte_bytes).hexdigest(),
+    }
+    (workdir / INFO).write_text(
+        json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    reason = (
+        f"not runnable on this host (no {'/'.join(cell.backend.delegates) or cell.backend.name} runtime); "
+        f"{BPTE} carries the {P}-token prompt as {P} ordered test cases, check on device with "
+        f"rtol={tol['rtol']:g}, atol={tol['atol']:.3g}"
+    )
     return BuildResult(files={BPTE: out, INFO: workdir / INFO}, info=info, status="not-runnable", reason=reason)

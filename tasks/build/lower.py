@@ -50,8 +50,9 @@ def lowering_contexts(backend) -> list:
     from tasks.build.partitioners import LOWERING_CONTEXTS
     from tasks.core.dotted_path import load_callable
 
-    names = dict.fromkeys(LOWERING_CONTEXTS[m.partitioner] for m in backend.members
-                          if m.partitioner in LOWERING_CONTEXTS)
+    names = dict.fromkeys(
+        LOWERING_CONTEXTS[m.partitioner] for m in backend.members if m.partitioner in LOWERING_CONTEXTS
+    )
     return [load_callable(name)() for name in names]
 
 
@@ -141,11 +142,17 @@ def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | N
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
         partitioners = edge_options.pop("partitioner", None) or partitioners_for(cell.backend)
-        edge = to_edge_transform_and_lower(program if len(programs) == 1 else programs,
-                                           partitioner=partitioners,
-                                           **{**edge_options, "constant_methods": {
-                                               **edge_options.get("constant_methods", {}),  # an LLM runner's
-                                               **constant_methods(meta)}})
+        edge = to_edge_transform_and_lower(
+            program if len(programs) == 1 else programs,
+            partitioner=partitioners,
+            **{
+                **edge_options,
+                "constant_methods": {
+                    **edge_options.get("constant_methods", {}),  # an LLM runner's
+                    **constant_methods(meta),
+                },
+            },
+        )
     graph_module = edge.exported_program(first).graph_module  # delegation of the first method
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
@@ -184,8 +191,9 @@ def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | N
         matmuls = sum(n for op, n in coverage["not_delegated"].items() if op in _MATMUL_OPS)
         if matmuls and cell.backend.delegates:  # e.g. bf16 on XNNPACK: it builds, but slowly
             info["note"] = f"linears not delegated: {matmuls} matmul op(s) run on portable kernels (slow)"
-    (workdir / INFO).write_text(json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n",
-                                encoding="utf-8")
+    (workdir / INFO).write_text(
+        json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
     failure = delegation_gate(cell, info)
     if failure:
         return BuildResult(files=files, info=info, status="failed", reason=failure)
@@ -202,11 +210,19 @@ def _build_in_fresh_process(cell, program_path: Path, workdir: Path, capture_inf
     request, result = workdir / ".fresh-process-request.pkl", workdir / ".fresh-process-result.pkl"
     request.write_bytes(pickle.dumps((cell, Path(program_path), workdir, capture_info)))
     package_root = str(REPO_ROOT)
-    env = {**os.environ, FRESH_PROCESS_ENV: "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        FRESH_PROCESS_ENV: "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p),
+    }
     sys.stdout.flush()
-    proc = subprocess.run([sys.executable, "-m", "tasks.build.lower", str(request), str(result)],
-                          env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tasks.build.lower", str(request), str(result)],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
     sys.stderr.write(proc.stderr)
     request.unlink()
     if proc.returncode != 0 or not result.is_file():
@@ -240,20 +256,26 @@ def write_external_data(executorch_program, ptd: Path, constant_bytes: int) -> d
         executorch_program.write_tensor_data_to_file(out)
         written = sorted(Path(out).glob("*.ptd"))
         if len(written) > 1:
-            raise RuntimeError(f"external_weights: the program needs {len(written)} data files "
-                               f"({', '.join(p.name for p in written)}); etforge ships one per program")
+            raise RuntimeError(
+                f"external_weights: the program needs {len(written)} data files "
+                f"({', '.join(p.name for p in written)}); etforge ships one per program"
+            )
         data = written[0].read_bytes() if written else b""
     if len(data) < MIN_EXTERNAL_FRACTION * constant_bytes:
-        raise RuntimeError(f"external_weights: only {len(data)} of the graph's {constant_bytes} constant bytes "
-                           "went to the .ptd; the backend kept its weights inside the program")
+        raise RuntimeError(
+            f"external_weights: only {len(data)} of the graph's {constant_bytes} constant bytes "
+            "went to the .ptd; the backend kept its weights inside the program"
+        )
     ptd.write_bytes(data)
-    return {"data_sha256": hashlib.sha256(data).hexdigest(), "data_size_bytes": len(data),
-            "constant_bytes": constant_bytes}
+    return {
+        "data_sha256": hashlib.sha256(data).hexdigest(),
+        "data_size_bytes": len(data),
+        "constant_bytes": constant_bytes,
+    }
 
 
 def _constant_bytes(program) -> int:
-    tensors = {id(t): t for t in (*program.state_dict.values(), *program.constants.values())
-               if hasattr(t, "nbytes")}
+    tensors = {id(t): t for t in (*program.state_dict.values(), *program.constants.values()) if hasattr(t, "nbytes")}
     return sum(t.nbytes for t in tensors.values())
 
 
@@ -281,8 +303,11 @@ def _input_dtypes(program) -> list:
     from torch.export.graph_signature import InputKind
 
     user = {s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
-    return [node.meta["val"].dtype for node in program.graph.nodes
-            if node.op == "placeholder" and node.name in user and "val" in node.meta]
+    return [
+        node.meta["val"].dtype
+        for node in program.graph.nodes
+        if node.op == "placeholder" and node.name in user and "val" in node.meta
+    ]
 
 
 if __name__ == "__main__":  # the fresh interpreter started by _build_in_fresh_process

@@ -94,8 +94,6 @@ def recalibrate_batchnorm(model, inputs) -> None:
     model.train()
     with torch.no_grad():
         for _ in range(BN_CALIBRATION_BATCHES):
-            batch = [torch.randn((BN_CALIBRATION_BATCH_SIZE, *i.shape[1:]), generator=generator)
-                     for i in inputs]
+            batch = [torch.randn((BN_CALIBRATION_BATCH_SIZE, *i.shape[1:]), generator=generator) for i in inputs]
             model(*batch)
     model.eval()
-

@@ -46,8 +46,11 @@ def nonfinite(values) -> dict:
     arr = np.asarray(values)
     if arr.dtype.kind not in "fc":
         return {"values": int(arr.size), "nan": 0, "inf": 0}
-    return {"values": int(arr.size), "nan": int(np.count_nonzero(np.isnan(arr))),
-            "inf": int(np.count_nonzero(np.isinf(arr)))}
+    return {
+        "values": int(arr.size),
+        "nan": int(np.count_nonzero(np.isnan(arr))),
+        "inf": int(np.count_nonzero(np.isinf(arr))),
+    }
 
 
 def nonfinite_count(values) -> int:
@@ -68,8 +71,14 @@ def compare(reference: np.ndarray, actual: np.ndarray) -> dict:
         raise ValueError(f"output shape mismatch: eager {np.shape(reference)} vs program {np.shape(actual)}")
     bad = nonfinite(actual)
     if bad["nan"] or bad["inf"]:
-        return {"sqnr_db": math.nan, "cosine": math.nan, "max_abs_error": math.nan, "mean_abs_error": math.nan,
-                "shape": list(np.shape(reference)), "nonfinite": bad}
+        return {
+            "sqnr_db": math.nan,
+            "cosine": math.nan,
+            "max_abs_error": math.nan,
+            "mean_abs_error": math.nan,
+            "shape": list(np.shape(reference)),
+            "nonfinite": bad,
+        }
     err = ref - act
     sqnr = sqnr_db(ref, act)
     ref_norm, act_norm = float(np.linalg.norm(ref)), float(np.linalg.norm(act))
@@ -116,8 +125,10 @@ def compare_samples(reference: np.ndarray, actual: np.ndarray, classification: b
     reference = np.asarray(reference)
     actual = np.asarray(actual)
     if reference.shape != actual.shape:
-        raise ValueError(f"output shape mismatch: eager {reference.shape[1:]} vs program {actual.shape[1:]} "
-                         f"(over {reference.shape[0]} samples)")
+        raise ValueError(
+            f"output shape mismatch: eager {reference.shape[1:]} vs program {actual.shape[1:]} "
+            f"(over {reference.shape[0]} samples)"
+        )
     metrics = compare(reference, actual)
     metrics["shape"] = list(reference.shape[1:])
     per_sample = [math.nan if nonfinite_count(a) else sqnr_db(r, a) for r, a in zip(reference, actual)]
@@ -145,9 +156,11 @@ def topk_agreement(reference: np.ndarray, actual: np.ndarray, k: int = TOP_K) ->
     # Stable sort on the negated scores: ties keep the lowest index first, as argmax does.
     program_topk = np.argsort(-act, axis=1, kind="stable")[:, :k]
     in_topk = np.any(program_topk == eager_top1[:, None], axis=1) & finite_rows
-    return {"top1_agreement": float(np.mean((program_top1 == eager_top1) & finite_rows)),
-            "top5_agreement": float(np.mean(in_topk)),
-            "predictions": int(ref.shape[0])}
+    return {
+        "top1_agreement": float(np.mean((program_top1 == eager_top1) & finite_rows)),
+        "top5_agreement": float(np.mean(in_topk)),
+        "predictions": int(ref.shape[0]),
+    }
 
 
 def verdict(metrics: list, thresholds: dict, names: list | None = None, labels: list | None = None) -> list:
@@ -161,11 +174,15 @@ def verdict(metrics: list, thresholds: dict, names: list | None = None, labels: 
     """
     misses = []
     for i, m in enumerate(metrics):
-        label = labels[i] if labels else f"output {i}" + (f" ({names[i]})" if names and i < len(names) and names[i] else "")
+        label = (
+            labels[i] if labels else f"output {i}" + (f" ({names[i]})" if names and i < len(names) and names[i] else "")
+        )
         bad = m.get("nonfinite") or {}
         if bad.get("nan") or bad.get("inf"):
-            misses.append(f"{label}: {bad['nan'] + bad['inf']} of {bad['values']} values are non-finite "
-                          f"({bad['nan']} NaN, {bad['inf']} inf)")
+            misses.append(
+                f"{label}: {bad['nan'] + bad['inf']} of {bad['values']} values are non-finite "
+                f"({bad['nan']} NaN, {bad['inf']} inf)"
+            )
             continue
         for name, (key, kind) in THRESHOLDS.items():
             if name not in thresholds or m.get(key) is None:
@@ -180,8 +197,13 @@ def verdict(metrics: list, thresholds: dict, names: list | None = None, labels: 
 
 
 def _label(name: str) -> str:
-    return {"sqnr_db": "SQNR", "cosine": "cosine", "max_abs_error": "max abs error",
-            "top1_agreement": "top-1 agreement", "top5_agreement": "top-5 agreement"}[name]
+    return {
+        "sqnr_db": "SQNR",
+        "cosine": "cosine",
+        "max_abs_error": "max abs error",
+        "top1_agreement": "top-1 agreement",
+        "top5_agreement": "top-5 agreement",
+    }[name]
 
 
 def _unit(name: str) -> str:

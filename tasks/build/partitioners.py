@@ -106,8 +106,10 @@ def cuda(options: dict) -> list:
     from executorch.backends.cuda.cuda_partitioner import CudaPartitioner
     from executorch.exir.backend.compile_spec_schema import CompileSpec
 
-    specs = [CudaBackend.generate_method_name_compile_spec(options.get("method", "forward")),
-             CompileSpec("target_device", options.get("target_device", "cuda:0").encode())]
+    specs = [
+        CudaBackend.generate_method_name_compile_spec(options.get("method", "forward")),
+        CompileSpec("target_device", options.get("target_device", "cuda:0").encode()),
+    ]
     return [CudaPartitioner(specs)]
 
 
@@ -156,9 +158,11 @@ def ethos_u_compile_spec(options: dict):
     """The EthosUCompileSpec for recipe options (shared with the Ethos-U quantizer)."""
     from executorch.backends.arm.ethosu import EthosUCompileSpec
 
-    return EthosUCompileSpec(target=options.get("target", "ethos-u55-128"),
-                             system_config=options.get("system_config"),
-                             memory_mode=options.get("memory_mode"))
+    return EthosUCompileSpec(
+        target=options.get("target", "ethos-u55-128"),
+        system_config=options.get("system_config"),
+        memory_mode=options.get("memory_mode"),
+    )
 
 
 def ethos_u(options: dict) -> list:
@@ -221,4 +225,5 @@ def cadence(options: dict) -> list:
     whole graph to Cadence kernels with its own entry point."""
     raise NotImplementedError(
         "the Cadence backend has no partitioner: use executorch.backends.cadence.aot.compiler."
-        "export_to_executorch_gen_etrecord (Python >= 3.12) and build the runtime with the Xtensa toolchain")
+        "export_to_executorch_gen_etrecord (Python >= 3.12) and build the runtime with the Xtensa toolchain"
+    )

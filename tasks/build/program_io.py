@@ -62,8 +62,10 @@ def checked_data_path(pte: Path | bytes, data_path: Path | None = None) -> Path 
     if needed is None:
         return None
     if data_path is None or not Path(data_path).is_file():
-        raise ProgramMetaError(f"{shown} keeps its weights in a separate .ptd (sha256 {needed}) and it was "
-                               f"not given{f' ({data_path} is missing)' if data_path else ''}")
+        raise ProgramMetaError(
+            f"{shown} keeps its weights in a separate .ptd (sha256 {needed}) and it was "
+            f"not given{f' ({data_path} is missing)' if data_path else ''}"
+        )
     actual = sha256_file(Path(data_path))
     if actual != needed:
         raise ProgramMetaError(f"{shown} needs the .ptd with sha256 {needed}; {data_path} has {actual}")
@@ -103,8 +105,16 @@ def run_program_samples(pte: Path, samples: list, method_name: str = METHOD) -> 
     results = []
     for inputs in samples:
         outputs = method.execute(list(inputs))
-        results.append([o.detach().float().numpy() if isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16
-                        else o.detach().numpy() if isinstance(o, torch.Tensor) else o for o in outputs])
+        results.append(
+            [
+                o.detach().float().numpy()
+                if isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16
+                else o.detach().numpy()
+                if isinstance(o, torch.Tensor)
+                else o
+                for o in outputs
+            ]
+        )
     del method, program
     return results
 
@@ -118,8 +128,9 @@ def program_io_dtypes(pte_bytes: bytes, method: str = METHOD) -> tuple[list, lis
     program = deserialize_pte_binary(pte_bytes).program
     plan = next((p for p in program.execution_plan if p.name == method), None)
     if plan is None:
-        raise ValueError(f"the program has no {method!r} method "
-                         f"(has: {', '.join(p.name for p in program.execution_plan)})")
+        raise ValueError(
+            f"the program has no {method!r} method (has: {', '.join(p.name for p in program.execution_plan)})"
+        )
 
     def dtype(index):
         value = plan.values[index].val

@@ -12,8 +12,14 @@ from importlib import metadata
 
 import tasks
 from tasks.config.io_spec import describe_io
-from tasks.store.program_meta import (DATA_SHA256_PLACEHOLDER, META_METHOD, VERSION_METHOD, META_VERSION,
-                                      ProgramMetaError, encode)
+from tasks.store.program_meta import (
+    DATA_SHA256_PLACEHOLDER,
+    META_METHOD,
+    META_VERSION,
+    VERSION_METHOD,
+    ProgramMetaError,
+    encode,
+)
 
 
 def program_meta(cell, input_dtypes: list, capture_info: dict, external_data: bool) -> dict:
@@ -25,9 +31,15 @@ def program_meta(cell, input_dtypes: list, capture_info: dict, external_data: bo
     methods = capture_info.get("methods") or {}
     method_outputs = {m: v.get("outputs") or [] for m, v in methods.items()} if methods else None
     io = describe_io(cell.model, capture_info.get("outputs") or [], input_dtypes, method_outputs)
-    return {"model": cell.model.name, "backend": cell.backend.name, "scheme": cell.quant.name,
-            "etforge_version": tasks.__version__, "executorch_version": metadata.version("executorch"),
-            **io, "data_file": {"sha256": DATA_SHA256_PLACEHOLDER} if external_data else None}
+    return {
+        "model": cell.model.name,
+        "backend": cell.backend.name,
+        "scheme": cell.quant.name,
+        "etforge_version": tasks.__version__,
+        "executorch_version": metadata.version("executorch"),
+        **io,
+        "data_file": {"sha256": DATA_SHA256_PLACEHOLDER} if external_data else None,
+    }
 
 
 def constant_methods(meta: dict) -> dict:
@@ -40,6 +52,7 @@ def stamp_data_sha256(pte: bytes, sha256: str) -> bytes:
     """The program with its metadata naming the .ptd it needs (same length: the flatbuffer stays valid)."""
     placeholder = f'"sha256": "{DATA_SHA256_PLACEHOLDER}"'.encode()
     if pte.count(placeholder) != 1:
-        raise ProgramMetaError(f"cannot name the .ptd in the program: its metadata placeholder occurs "
-                               f"{pte.count(placeholder)} times")
+        raise ProgramMetaError(
+            f"cannot name the .ptd in the program: its metadata placeholder occurs {pte.count(placeholder)} times"
+        )
     return pte.replace(placeholder, f'"sha256": "{sha256}"'.encode())

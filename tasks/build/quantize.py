@@ -90,8 +90,14 @@ def torchao_steps(scheme: str, transform, model) -> tuple[list, dict]:
 def quantize_stage(request: BuildRequest) -> BuildResult:
     """The quantize stage's builder (tasks/store/stages.py)."""
     capture = request.upstream["capture"]
-    return build_quantized(request.subject, request.plan.root, request.plan.seed, capture.files[PROGRAM],
-                           capture.files[REFERENCE], request.workdir)
+    return build_quantized(
+        request.subject,
+        request.plan.root,
+        request.plan.seed,
+        capture.files[PROGRAM],
+        capture.files[REFERENCE],
+        request.workdir,
+    )
 
 
 def _export_quantized(cell, model, inputs):
@@ -122,20 +128,20 @@ def _export_method(model, method: str, method_inputs, reference: Path, dtype):
     inputs = [torch.from_numpy(x) for x in samples.sample_inputs(samples.count // 2)]
     if dtype is not None:
         inputs = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
-    return torch.export.export(method_module(model, method), tuple(inputs), strict=False,
-                               dynamic_shapes=export_dynamic_shapes(method_inputs))
+    return torch.export.export(
+        method_module(model, method), tuple(inputs), strict=False, dynamic_shapes=export_dynamic_shapes(method_inputs)
+    )
 
 
-def build_quantized(cell, root: Path, seed: int, capture_program: Path, reference: Path,
-                    workdir: Path) -> BuildResult:
+def build_quantized(cell, root: Path, seed: int, capture_program: Path, reference: Path, workdir: Path) -> BuildResult:
     import numpy as np
     import torch
 
     from tasks.build.capture import save_programs
     from tasks.build.model_loading import build_model
     from tasks.build.reference import load_reference_samples
-    from tasks.config.hf_source import is_llm
     from tasks.build.samples import calibration_batches
+    from tasks.config.hf_source import is_llm
     from tasks.core.dotted_path import load_callable
 
     transform = cell.transform
@@ -148,9 +154,13 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
         factory = load_callable(transform.ref)
         batches, source = calibration_batches(cell.model, root, seed)
         # OpenVINO wants float weights followed by quantize/dequantize (no folding).
-        model = pt2e_quantize(torch.export.load(capture_program), inputs, factory(dict(transform.options)),
-                              (tuple(torch.from_numpy(x) for x in batch) for batch in batches),
-                              fold_quantize=getattr(factory, "fold_quantize", True))
+        model = pt2e_quantize(
+            torch.export.load(capture_program),
+            inputs,
+            factory(dict(transform.options)),
+            (tuple(torch.from_numpy(x) for x in batch) for batch in batches),
+            fold_quantize=getattr(factory, "fold_quantize", True),
+        )
         info.update(calibration=source, calibration_samples=len(batches))
     elif transform.method == "torchao":
         model = build_model(cell.model, root)
@@ -170,8 +180,13 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
         files[SAME_SCHEME] = workdir / SAME_SCHEME
     if cell.model.multi_method:  # one quantized model, each method exported from it (weights shared)
         dtype = getattr(torch, transform.ref) if transform.method == "dtype" else None
-        save_programs(workdir / PROGRAM, {method: _export_method(model, method, method_inputs, reference, dtype)
-                                          for method, method_inputs in cell.model.methods})
+        save_programs(
+            workdir / PROGRAM,
+            {
+                method: _export_method(model, method, method_inputs, reference, dtype)
+                for method, method_inputs in cell.model.methods
+            },
+        )
     else:
         torch.export.save(_export_quantized(cell, model, inputs), workdir / PROGRAM)
     info["quantize_s"] = round(time.monotonic() - start, 3)

@@ -61,8 +61,11 @@ def _xnnpack_quantizer():
             # executorch 1.5.1's _convert_scalars_to_attrs, skipping integer-valued nodes
             for node in model.graph.nodes:
                 val = node.meta.get("val")
-                if node.op != "call_function" or node.target not in arithmetic or (
-                        isinstance(val, torch.Tensor) and not val.is_floating_point()):
+                if (
+                    node.op != "call_function"
+                    or node.target not in arithmetic
+                    or (isinstance(val, torch.Tensor) and not val.is_floating_point())
+                ):
                     continue
                 args = []
                 for arg in node.args:
@@ -87,8 +90,7 @@ def xnnpack_int8_dynamic(options: dict):
     transformer blocks. Calibration is not needed (it does no harm)."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import get_symmetric_quantization_config
 
-    config = get_symmetric_quantization_config(is_per_channel=bool(options.get("per_channel", True)),
-                                               is_dynamic=True)
+    config = get_symmetric_quantization_config(is_per_channel=bool(options.get("per_channel", True)), is_dynamic=True)
     return _xnnpack_quantizer().set_global(config)
 
 
@@ -190,8 +192,9 @@ def torchao_8da4w(options: dict):
     from torchao.quantization.granularity import PerGroup
     from torchao.quantization.quant_api import Int8DynamicActivationIntxWeightConfig
 
-    return Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4,
-                                                 weight_granularity=PerGroup(int(options.get("group_size", 32))))
+    return Int8DynamicActivationIntxWeightConfig(
+        weight_dtype=torch.int4, weight_granularity=PerGroup(int(options.get("group_size", 32)))
+    )
 
 
 def torchao_8da8w(options: dict):
@@ -231,8 +234,9 @@ def coreml_palettize(options: dict):
     from torchao.prototype.quantization.codebook_coreml import CodebookWeightOnlyConfig
 
     bits = int(options.get("bits", 4))
-    return CodebookWeightOnlyConfig(dtype=getattr(torch, f"uint{bits}"),
-                                    block_size=list(options.get("block_size", [-1, 16])))
+    return CodebookWeightOnlyConfig(
+        dtype=getattr(torch, f"uint{bits}"), block_size=list(options.get("block_size", [-1, 16]))
+    )
 
 
 def torchao_embedding(options: dict):
@@ -247,9 +251,11 @@ def torchao_embedding(options: dict):
     from torchao.quantization.quant_api import IntxWeightOnlyConfig
 
     group = int(options.get("group_size", 32))
-    return IntxWeightOnlyConfig(weight_dtype={8: torch.int8, 4: torch.int4}[int(options["bits"])],
-                                granularity=PerGroup(group) if group else PerAxis(0),
-                                intx_choose_qparams_algorithm="hqq_scale_only")
+    return IntxWeightOnlyConfig(
+        weight_dtype={8: torch.int8, 4: torch.int4}[int(options["bits"])],
+        granularity=PerGroup(group) if group else PerAxis(0),
+        intx_choose_qparams_algorithm="hqq_scale_only",
+    )
 
 
 def quantizes_embeddings(transform) -> bool:

@@ -62,8 +62,9 @@ class Reference:
         return self.source.startswith("random")
 
 
-def write_reference(path: Path, samples: list, eager: list, names: list, source: str,
-                    extra: dict | None = None) -> None:
+def write_reference(
+    path: Path, samples: list, eager: list, names: list, source: str, extra: dict | None = None
+) -> None:
     """Write format 2: ``samples`` (per sample, a tuple of input tensors), ``eager`` (per sample, the
     flattened output tensors), the outputs' pytree ``names`` and where the inputs came from.
     ``extra``: more named arrays a stage's own reader wants (an LLM's ``llm_tokens``/``llm_logits``)."""
@@ -72,13 +73,15 @@ def write_reference(path: Path, samples: list, eager: list, names: list, source:
     shapes = {tuple(tuple(t.shape) for t in (*s, *out)) for s, out in zip(samples, eager)}
     if len(shapes) > 1:
         arrays = {f"s{n}_input_{i}": x.detach().numpy() for n, s in enumerate(samples) for i, x in enumerate(s)}
-        arrays.update({f"s{n}_output_{i}": y.detach().numpy() for n, out in enumerate(eager)
-                       for i, y in enumerate(out)})
+        arrays.update(
+            {f"s{n}_output_{i}": y.detach().numpy() for n, out in enumerate(eager) for i, y in enumerate(out)}
+        )
         arrays["ragged"] = np.array(True)
     else:
         arrays = {f"input_{i}": np.stack([s[i].detach().numpy() for s in samples]) for i in range(len(samples[0]))}
-        arrays.update({f"output_{i}": np.stack([out[i].detach().numpy() for out in eager])
-                       for i in range(len(eager[0]))})
+        arrays.update(
+            {f"output_{i}": np.stack([out[i].detach().numpy() for out in eager]) for i in range(len(eager[0]))}
+        )
     arrays["samples"] = np.array(len(samples), dtype=np.int64)
     arrays["output_names"] = np.array(names, dtype=str)
     arrays["source"] = np.array(source)
@@ -137,5 +140,6 @@ def _unprefixed(files: list) -> list:
 
 def _numbered(files: list, prefix: str) -> list:
     """``prefix<i>`` keys in index order (``output_names`` is not one)."""
-    return sorted((k for k in files if k.startswith(prefix) and k[len(prefix):].isdigit()),
-                  key=lambda k: int(k[len(prefix):]))
+    return sorted(
+        (k for k in files if k.startswith(prefix) and k[len(prefix) :].isdigit()), key=lambda k: int(k[len(prefix) :])
+    )

@@ -39,14 +39,14 @@ from pathlib import Path
 from tasks.config.defaults import IMAGE_SUFFIXES, SAMPLES
 
 
-def load_samples(model_spec, data_spec: dict | None, root: Path, seed: int,
-                 samples: int | None = None) -> tuple[list, str]:
+def load_samples(
+    model_spec, data_spec: dict | None, root: Path, seed: int, samples: int | None = None
+) -> tuple[list, str]:
     """(list of samples, each a tuple of numpy arrays shaped like the model inputs; source description).
 
     ``data_spec``: a model's ``calibration`` or ``validation`` entry, or None for seeded
     random samples (standard normal, ``samples`` of them, default 16).
     """
-    import numpy as np
 
     count = samples or (data_spec or {}).get("samples", SAMPLES)
     if data_spec is None:
@@ -66,8 +66,7 @@ def random_inputs(inputs, seed: int, count: int = 1, shapes: list | None = None)
 
     generator = torch.Generator().manual_seed(seed)
     shapes = shapes or [item.shape for item in inputs]
-    return [tuple(_draw(item, tuple(shape), generator) for item, shape in zip(inputs, shapes))
-            for _ in range(count)]
+    return [tuple(_draw(item, tuple(shape), generator) for item, shape in zip(inputs, shapes)) for _ in range(count)]
 
 
 def size_points(inputs) -> list:
@@ -166,7 +165,9 @@ def _from_npz(model_spec, path: Path, samples: int) -> list:
     for n in range(min(count, samples)):
         batch = []
         for item, array in zip(model_spec.inputs, arrays):
-            sample = array[n].reshape(item.shape[1:]) if array[n].size * item.shape[0] == _numel(item.shape) else array[n]
+            sample = (
+                array[n].reshape(item.shape[1:]) if array[n].size * item.shape[0] == _numel(item.shape) else array[n]
+            )
             batch.append(np.ascontiguousarray(np.broadcast_to(sample, item.shape)).astype(item.dtype))
         batches.append(tuple(batch))
     return batches

@@ -32,19 +32,32 @@ def validate_stage(request: BuildRequest) -> BuildResult:
             return build_llm_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE], request.workdir)
         from tasks.build.bundle import build_bundled
 
-        return build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE],
-                             export.info.get("input_dtypes", []), request.workdir)
+        return build_bundled(
+            cell, export.files[PROGRAM], capture.files[REFERENCE], export.info.get("input_dtypes", []), request.workdir
+        )
     if is_llm(cell.model):  # prefill + KV-cache decode steps + greedy continuation
         from tasks.build.llm_numerics import SAME_SCHEME, build_llm_validate
 
-        return build_llm_validate(cell, export.files[PROGRAM], capture.files[REFERENCE], request.workdir,
-                                  same_scheme=export.files.get(SAME_SCHEME))
-    return build_validate(cell, export.files[PROGRAM], capture.files[REFERENCE],
-                          export.info.get("input_dtypes", []), request.workdir, program=capture.files["model.pt2"])
+        return build_llm_validate(
+            cell,
+            export.files[PROGRAM],
+            capture.files[REFERENCE],
+            request.workdir,
+            same_scheme=export.files.get(SAME_SCHEME),
+        )
+    return build_validate(
+        cell,
+        export.files[PROGRAM],
+        capture.files[REFERENCE],
+        export.info.get("input_dtypes", []),
+        request.workdir,
+        program=capture.files["model.pt2"],
+    )
 
 
-def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path,
-                   program: Path | None = None) -> BuildResult:
+def build_validate(
+    cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path, program: Path | None = None
+) -> BuildResult:
     """Validate ``pte`` against the capture's ``reference``; ``program``: the capture's model.pt2,
     used to find the first divergent node when an fp32 cell misses a threshold."""
     import numpy as np
@@ -78,11 +91,14 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
         misses = verdict(metrics, cell.thresholds, labels)
     notes = []
     if not classification and any(k in cell.thresholds for k in TOPK_THRESHOLDS):
-        notes.append(f"top-k thresholds not applied: model task is {getattr(cell.model, 'task', 'other')!r}, "
-                     "not 'classification'")
+        notes.append(
+            f"top-k thresholds not applied: model task is {getattr(cell.model, 'task', 'other')!r}, "
+            "not 'classification'"
+        )
     if ref.is_random:
-        notes.append("validated on random inputs: name representative data under the model's "
-                     "'validation' in pipeline.yaml")
+        notes.append(
+            "validated on random inputs: name representative data under the model's 'validation' in pipeline.yaml"
+        )
     report = {
         "cell": cell.canonical(),
         "program_sha256": program_sha256,
@@ -103,11 +119,16 @@ def build_validate(cell, pte: Path, reference: Path, input_dtypes: list, workdir
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
-    info = {"sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
-            "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
-            "cosine": pick_worst([m["cosine"] for m in metrics], min),
-            "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
-            "inputs": ref.source, "samples": ref.count, "passed": not misses, "program_sha256": program_sha256}
+    info = {
+        "sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
+        "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
+        "cosine": pick_worst([m["cosine"] for m in metrics], min),
+        "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
+        "inputs": ref.source,
+        "samples": ref.count,
+        "passed": not misses,
+        "program_sha256": program_sha256,
+    }
     for key in TOPK_THRESHOLDS:
         values = [m[key] for m in metrics if key in m]
         if values:
@@ -134,11 +155,11 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
     metrics, full, sources, counts = [], [], set(), {}
     for method in methods:
         ref = load_reference_samples(reference, method)
-        results = run_program_samples(pte, [cast_inputs(ref.sample_inputs(n), None) for n in range(ref.count)],
-                                      method)
+        results = run_program_samples(pte, [cast_inputs(ref.sample_inputs(n), None) for n in range(ref.count)], method)
         if any(len(r) != len(ref.outputs) for r in results):
-            raise ValueError(f"method {method}: program returned {len(results[0])} outputs, "
-                             f"eager returned {len(ref.outputs)}")
+            raise ValueError(
+                f"method {method}: program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}"
+            )
         labels = output_labels(ref.output_names) if ref.output_names else [""] * len(ref.outputs)
         if ref.ragged:
             found, found_labels = per_size_metrics(ref, results, labels, False)
@@ -155,19 +176,33 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
         counts[method] = ref.count
     misses = verdict(metrics, cell.thresholds, labels=full)
     source = "; ".join(sorted(sources))
-    report = {"cell": cell.canonical(), "program_sha256": sha256_file(pte), "inputs": source,
-              "samples": counts, "methods": methods, "task": getattr(cell.model, "task", "other"),
-              "thresholds": cell.thresholds, "outputs": metrics, "passed": not misses, "misses": misses,
-              "notes": ["validated on random inputs"] if source.startswith("random") else []}
+    report = {
+        "cell": cell.canonical(),
+        "program_sha256": sha256_file(pte),
+        "inputs": source,
+        "samples": counts,
+        "methods": methods,
+        "task": getattr(cell.model, "task", "other"),
+        "thresholds": cell.thresholds,
+        "outputs": metrics,
+        "passed": not misses,
+        "misses": misses,
+        "notes": ["validated on random inputs"] if source.startswith("random") else [],
+    }
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
-    info = {"sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
-            "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
-            "cosine": pick_worst([m["cosine"] for m in metrics], min),
-            "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
-            "inputs": source, "samples": sum(counts.values()), "methods": methods, "passed": not misses,
-            "program_sha256": report["program_sha256"]}
+    info = {
+        "sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
+        "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
+        "cosine": pick_worst([m["cosine"] for m in metrics], min),
+        "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
+        "inputs": source,
+        "samples": sum(counts.values()),
+        "methods": methods,
+        "passed": not misses,
+        "program_sha256": report["program_sha256"],
+    }
     if misses:
         return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason="; ".join(misses))
     return BuildResult(files={NUMERICS: out}, info=info)
@@ -183,11 +218,16 @@ def per_size_metrics(ref, results: list, labels: list, classification: bool) -> 
         for i, expected in enumerate(ref.outputs):
             m = compare_samples(expected[n][None], results[n][i][None], classification)
             name = labels[i] if i < len(labels) else ""
-            m.update(path=ref.output_names[i] if i < len(ref.output_names) else "", name=name,
-                     sample=n, input_shapes=shapes)
+            m.update(
+                path=ref.output_names[i] if i < len(ref.output_names) else "", name=name, sample=n, input_shapes=shapes
+            )
             metrics.append(m)
-            full.append(f"output {i}" + (f" ({name})" if name else "")
-                        + " at input shapes " + ", ".join("x".join(map(str, s)) for s in shapes))
+            full.append(
+                f"output {i}"
+                + (f" ({name})" if name else "")
+                + " at input shapes "
+                + ", ".join("x".join(map(str, s)) for s in shapes)
+            )
     return metrics, full
 
 
@@ -214,7 +254,9 @@ def describe_divergence(found: dict | None) -> str | None:
 
 
 def _worst_sample(metrics: list) -> int:
-    worst = [(m["worst_sample_sqnr_db"], m["worst_sample"]) for m in metrics if m.get("worst_sample_sqnr_db") is not None]
+    worst = [
+        (m["worst_sample_sqnr_db"], m["worst_sample"]) for m in metrics if m.get("worst_sample_sqnr_db") is not None
+    ]
     # A NaN SQNR (a non-finite sample) is the worst; min() alone would depend on the order.
     return min(worst, key=lambda w: (-float("inf") if w[0] != w[0] else w[0], w[1]))[1] if worst else 0
 
@@ -232,4 +274,3 @@ def _diagnose(program: Path, cell, inputs: list, sample: int) -> dict:
     result = found or {"node": None}
     result["sample"] = sample
     return result
-

@@ -104,8 +104,9 @@ class ImportGraph:
         try:
             if self.digests is None:
                 return import_records(file.read_bytes())
-            return self.digests.derived("imports", self.digests.file_digest(file),
-                                        lambda: import_records(file.read_bytes()))
+            return self.digests.derived(
+                "imports", self.digests.file_digest(file), lambda: import_records(file.read_bytes())
+            )
         except OSError:
             return []
 
@@ -136,7 +137,7 @@ class ImportGraph:
         parts = package.split(".") if package else []
         if level - 1 > len(parts) or (level - 1 == len(parts) and not module):
             return None
-        base = parts[:len(parts) - (level - 1)]
+        base = parts[: len(parts) - (level - 1)]
         if module:
             base += module.split(".")
         return ".".join(base)

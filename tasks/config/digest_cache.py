@@ -82,8 +82,10 @@ class DigestCache:
         if not self.dirty:
             return
         # Values of contents no longer seen would pile up with every edit: keep this run's.
-        derived = {kind: {sha: v for sha, v in table.items() if (kind, sha) in self.used}
-                   for kind, table in self.derived_entries.items()}
+        derived = {
+            kind: {sha: v for sha, v in table.items() if (kind, sha) in self.used}
+            for kind, table in self.derived_entries.items()
+        }
         try:
             atomic_write_text(self.state_file, canonical_json({"files": self.entries, "derived": derived}))
         except OSError:

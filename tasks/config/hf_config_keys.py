@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 # Keyword arguments PreTrainedConfig.__post_init__ consumes that are not fields, and what
@@ -23,13 +23,13 @@ from pathlib import Path
 POST_INIT_KWARGS = frozenset({"num_labels", "torch_dtype", "_name_or_path"})
 
 
-@lru_cache(maxsize=None)
+@cache
 def _package_dir() -> Path | None:
     spec = importlib.util.find_spec("transformers")  # finds the package, does not import it
     return Path(spec.origin).parent if spec and spec.origin else None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parse(path: Path) -> ast.Module | None:
     try:
         return ast.parse(path.read_text(encoding="utf-8"))

@@ -42,8 +42,10 @@ def describe_outputs(outputs: list) -> list:
     """``[{"name", "path", "shape", "dtype"}]`` from the capture record's outputs
     (``{"path", "shape", "dtype"}`` each; a record without paths names them ``output_<i>``)."""
     paths = [str(o.get("path", "")) for o in outputs]
-    return [{"name": name, "path": path, "shape": list(o.get("shape", [])), "dtype": str(o.get("dtype", ""))}
-            for name, path, o in zip(output_identifiers(paths), paths, outputs)]
+    return [
+        {"name": name, "path": path, "shape": list(o.get("shape", [])), "dtype": str(o.get("dtype", ""))}
+        for name, path, o in zip(output_identifiers(paths), paths, outputs)
+    ]
 
 
 def describe_inputs(inputs, dtypes: list | None = None) -> list:
@@ -63,8 +65,9 @@ def describe_inputs(inputs, dtypes: list | None = None) -> list:
     return out
 
 
-def describe_io(model_spec, outputs: list | None = None, input_dtypes: list | None = None,
-                method_outputs: dict | None = None) -> dict:
+def describe_io(
+    model_spec, outputs: list | None = None, input_dtypes: list | None = None, method_outputs: dict | None = None
+) -> dict:
     """``{"methods": [{"name", "inputs": [...], "outputs": [...]}]}``, JSON-able, in declaration order
     (a list: JSON written with sorted keys keeps it).
 
@@ -77,8 +80,13 @@ def describe_io(model_spec, outputs: list | None = None, input_dtypes: list | No
     described = []
     for k, (name, inputs) in enumerate(methods):
         outs = (method_outputs or {}).get(name, outputs if k == 0 else None)
-        described.append({"name": name, "inputs": describe_inputs(inputs, input_dtypes if k == 0 else None),
-                          "outputs": describe_outputs(outs or [])})
+        described.append(
+            {
+                "name": name,
+                "inputs": describe_inputs(inputs, input_dtypes if k == 0 else None),
+                "outputs": describe_outputs(outs or []),
+            }
+        )
     return {"methods": described}
 
 

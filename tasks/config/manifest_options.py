@@ -52,8 +52,9 @@ def check_options(raw, backends, recipes, quantizations) -> list:
                 size = spec.get("input_size")
                 if size is not None and (isinstance(size, bool) or not isinstance(size, int) or size <= 0):
                     problems.append((path + ("input_size",), f"expected a positive integer, got {size!r}"))
-                problems += _check_platforms(spec.get("platforms"), path + ("platforms",),
-                                             backends, recipes, quantizations)
+                problems += _check_platforms(
+                    spec.get("platforms"), path + ("platforms",), backends, recipes, quantizations
+                )
     return problems
 
 
@@ -66,8 +67,9 @@ def _check_platforms(platforms, path, backends, recipes, quantizations) -> list:
     known = set(backends) | set(recipes)
     for platform, order in platforms.items():
         if not isinstance(platform, str) or not PLATFORM_NAME.match(platform):
-            problems.append((path + (platform,), "expected a platform name such as android, ios, macos, "
-                                                 "linux, windows or default"))
+            problems.append(
+                (path + (platform,), "expected a platform name such as android, ios, macos, linux, windows or default")
+            )
             continue
         if not isinstance(order, list) or not all(isinstance(e, str) for e in order):
             problems.append((path + (platform,), f"expected a list of backend names, got {_kind(order)}"))
@@ -75,14 +77,20 @@ def _check_platforms(platforms, path, backends, recipes, quantizations) -> list:
         for i, entry in enumerate(order):
             backend, _, quant = entry.partition("/")
             if backend not in known:
-                problems.append((path + (platform, i), f"unknown backend {backend!r}; declared: "
-                                                       f"{', '.join(backends)} (or any backend recipe)"))
+                problems.append(
+                    (
+                        path + (platform, i),
+                        f"unknown backend {backend!r}; declared: {', '.join(backends)} (or any backend recipe)",
+                    )
+                )
             elif quant and quant not in quantizations:
-                problems.append((path + (platform, i), f"unknown quantization {quant!r}; "
-                                                       f"declared: {', '.join(quantizations)}"))
+                problems.append(
+                    (path + (platform, i), f"unknown quantization {quant!r}; declared: {', '.join(quantizations)}")
+                )
     return problems
 
 
 def _kind(value) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean",
-            type(None): "nothing"}.get(type(value), type(value).__name__)
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}.get(
+        type(value), type(value).__name__
+    )

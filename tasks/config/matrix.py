@@ -55,23 +55,33 @@ class MatrixResolver:
             options = {**members[0].options, **quant.options}
         multiple, group = primary.get("group_size_multiple"), options.get("group_size")
         if multiple and group and int(group) % multiple:
-            return None, (f"{backend.primary.recipe} lowers only weight groups of a multiple of {multiple}: "
-                          f"{quant.name} group_size {group} is not one")
+            return None, (
+                f"{backend.primary.recipe} lowers only weight groups of a multiple of {multiple}: "
+                f"{quant.name} group_size {group} is not one"
+            )
         for method in ("pt2e", "torchao", "dtype"):
             if method in primary:
                 label = primary[method].split(":")[-1]
                 if primary.get("with_backend_options"):  # one graph per backend configuration
                     label += f"-{backend.name}"
                 tools = self.versions.versions(stage_tools(quant.recipe.data, "quantize", primary_name))
-                transform = Transform(method=method, ref=primary[method], options=options,
-                                      calibrated=quant.calibrated and method == "pt2e", label=label, tools=tools)
+                transform = Transform(
+                    method=method,
+                    ref=primary[method],
+                    options=options,
+                    calibrated=quant.calibrated and method == "pt2e",
+                    label=label,
+                    tools=tools,
+                )
         return replace(backend, members=tuple(members)), transform
 
     def check_pattern(self, pattern: dict, path: tuple, known: dict) -> None:
         for dim, names in known.items():
             if dim in pattern and pattern[dim] not in names:
-                raise self.doc.error(path + (dim,), f"{dim} {pattern[dim]!r} is not declared in "
-                                                    f"'{SECTIONS[dim]}'; declared: {', '.join(names)}")
+                raise self.doc.error(
+                    path + (dim,),
+                    f"{dim} {pattern[dim]!r} is not declared in '{SECTIONS[dim]}'; declared: {', '.join(names)}",
+                )
 
     def cells(self, models, backends, quants, quant_thresholds) -> tuple:
         matrix = self.data.get("matrix") or {}
@@ -90,8 +100,9 @@ class MatrixResolver:
                 if combo not in combos:
                     combos.append(combo)
         if not combos:
-            raise self.doc.error(("matrix",) if "matrix" in self.data else (),
-                                 "the matrix is empty after include/exclude")
+            raise self.doc.error(
+                ("matrix",) if "matrix" in self.data else (), "the matrix is empty after include/exclude"
+            )
         order = {d: {n: i for i, n in enumerate(known[d])} for d in known}
         combos.sort(key=lambda c: tuple(order[d][v] for d, v in zip(known, c)))
         global_thresholds = self.data.get("thresholds") or {}
@@ -108,22 +119,33 @@ class MatrixResolver:
                         raise self.doc.error(("matrix", "include", i), f"{m}/{b}/{q} is refused: {transform}")
                 rejected.append(RejectedCell(m, b, q, transform))
                 continue
-            cells.append(Cell(model=models[m], backend=backend, quant=quants[q], transform=transform,
-                              size_gate=scheme_size_gate(quants[q], backends[b]),
-                              thresholds=merge_thresholds(quant_thresholds[q], global_thresholds.get(q),
-                                                           model_thresholds[m].get(q))))
+            cells.append(
+                Cell(
+                    model=models[m],
+                    backend=backend,
+                    quant=quants[q],
+                    transform=transform,
+                    size_gate=scheme_size_gate(quants[q], backends[b]),
+                    thresholds=merge_thresholds(
+                        quant_thresholds[q], global_thresholds.get(q), model_thresholds[m].get(q)
+                    ),
+                )
+            )
         if not cells:
-            raise self.doc.error(("quantization",), "every cell of the matrix is refused: "
-                                 + "; ".join(f"{r.name}: {r.reason}" for r in rejected[:3]))
+            raise self.doc.error(
+                ("quantization",),
+                "every cell of the matrix is refused: " + "; ".join(f"{r.name}: {r.reason}" for r in rejected[:3]),
+            )
         return tuple(cells), tuple(rejected)
 
     def check_scheme_options(self, quant_names) -> None:
         """quantization_options only for schemes the pipeline lists: a typo must not go unnoticed."""
         for name in self.data.get("quantization_options") or {}:
             if name not in quant_names:
-                raise self.doc.error(("quantization_options", name),
-                                     f"options for {name!r}, which is not in 'quantization' "
-                                     f"({', '.join(quant_names)})")
+                raise self.doc.error(
+                    ("quantization_options", name),
+                    f"options for {name!r}, which is not in 'quantization' ({', '.join(quant_names)})",
+                )
 
     def check_backend_options(self, cells, rejected) -> None:
         """Options (and coverage overrides) only for backends a cell uses, directly or as a link of
@@ -139,10 +161,12 @@ class MatrixResolver:
         for name in (self.data.get("gates") or {}).get("min_delegation_coverage") or {}:
             path = ("gates", "min_delegation_coverage", name)
             if name not in declared:
-                raise self.doc.error(path, f"backend {name!r} is not declared in 'backends'; "
-                                           f"declared: {', '.join(declared)}")
+                raise self.doc.error(
+                    path, f"backend {name!r} is not declared in 'backends'; declared: {', '.join(declared)}"
+                )
             if name not in used:
                 raise self.doc.error(path, f"a coverage minimum for backend {name!r}, {why}")
+
     def expected_failures(self, cells: tuple, rejected: tuple, known: dict) -> tuple:
         """``matrix.expected_failures``; an entry that names no buildable cell is a mistake."""
         entries = []
@@ -150,16 +174,29 @@ class MatrixResolver:
             path = ("matrix", "expected_failures", i)
             self.check_pattern(spec, path, known)
             line = self.doc.line_of(path)
-            entry = ExpectedFailure(model=spec.get("model"), backend=spec.get("backend"),
-                                    quantization=spec.get("quantization"), reason=" ".join(spec["reason"].split()),
-                                    link=spec["link"], where=f"{self.doc.file}:{line}: {format_path(path)}")
+            entry = ExpectedFailure(
+                model=spec.get("model"),
+                backend=spec.get("backend"),
+                quantization=spec.get("quantization"),
+                reason=" ".join(spec["reason"].split()),
+                link=spec["link"],
+                where=f"{self.doc.file}:{line}: {format_path(path)}",
+            )
             if not any(entry.matches(c) for c in cells):
-                refused = [r.name for r in rejected if all(
-                    getattr(entry, d) in (None, v) for d, v in
-                    (("model", r.model), ("backend", r.backend), ("quantization", r.quantization)))]
-                raise self.doc.error(path, "names no cell of the matrix" + (
-                    f" (only refused combinations, which never build: {', '.join(refused[:3])})"
-                    if refused else "") + "; remove the entry")
+                refused = [
+                    r.name
+                    for r in rejected
+                    if all(
+                        getattr(entry, d) in (None, v)
+                        for d, v in (("model", r.model), ("backend", r.backend), ("quantization", r.quantization))
+                    )
+                ]
+                raise self.doc.error(
+                    path,
+                    "names no cell of the matrix"
+                    + (f" (only refused combinations, which never build: {', '.join(refused[:3])})" if refused else "")
+                    + "; remove the entry",
+                )
             entries.append(entry)
         return tuple(entries)
 
@@ -171,5 +208,7 @@ class MatrixResolver:
                 node = node.get(part) or {}
             for q in node:
                 if q not in quant_names:
-                    raise self.doc.error(section + (q,), f"thresholds for {q!r}, which is not in "
-                                                         f"'quantization' ({', '.join(quant_names)})")
+                    raise self.doc.error(
+                        section + (q,),
+                        f"thresholds for {q!r}, which is not in 'quantization' ({', '.join(quant_names)})",
+                    )

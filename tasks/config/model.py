@@ -17,8 +17,12 @@ from tasks.config.code_deps import CodeDigests
 SECTIONS = {"model": "models", "backend": "backends", "quantization": "quantization"}
 
 
-INTEGER_DTYPES = {"int64": (-(1 << 63), 1 << 63), "int32": (-(1 << 31), 1 << 31), "int8": (-128, 128),
-                  "uint8": (0, 256)}  # dtype -> the values it holds, [lo, hi)
+INTEGER_DTYPES = {
+    "int64": (-(1 << 63), 1 << 63),
+    "int32": (-(1 << 31), 1 << 31),
+    "int8": (-128, 128),
+    "uint8": (0, 256),
+}  # dtype -> the values it holds, [lo, hi)
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,10 @@ def default_range_note(model) -> str | None:
         return None
     lo, hi = defaults.INT_INPUT_RANGE
     names = ", ".join(f"{i.name} ({i.dtype})" for i in unranged)
-    return (f"integer input{'s' if len(unranged) > 1 else ''} {names} sampled in the default range "
-            f"[{lo}, {hi}) (declare `range: [lo, hi]` under models.{model.name}.inputs)")
+    return (
+        f"integer input{'s' if len(unranged) > 1 else ''} {names} sampled in the default range "
+        f"[{lo}, {hi}) (declare `range: [lo, hi]` under models.{model.name}.inputs)"
+    )
 
 
 @dataclass(frozen=True)
@@ -108,9 +114,14 @@ class ModelSpec:
 
     def canonical(self) -> dict:
         # The name is not part of the content: renaming a model reuses its cache.
-        out = {"source": self.source, "kwargs": self.kwargs, "weights": self.weights,
-               "inputs": [i.canonical() for i in self.inputs], "validation": self.validation,
-               "task": self.task}
+        out = {
+            "source": self.source,
+            "kwargs": self.kwargs,
+            "weights": self.weights,
+            "inputs": [i.canonical() for i in self.inputs],
+            "validation": self.validation,
+            "task": self.task,
+        }
         if self.multi_method:  # left out for forward alone: existing keys stay as they were
             out["methods"] = {m: [i.canonical() for i in inputs] for m, inputs in self.methods}
         return out
@@ -132,8 +143,14 @@ class BackendMember:
     dynamic_shapes: bool = False  # the recipe's `dynamic_shapes`: lowers torch.export dynamic dims
 
     def canonical(self) -> dict:
-        return {"recipe": self.recipe, "partitioner": self.partitioner, "options": self.options,
-                "delegates": list(self.delegates), "missing": self.missing, "tools": self.tools}
+        return {
+            "recipe": self.recipe,
+            "partitioner": self.partitioner,
+            "options": self.options,
+            "delegates": list(self.delegates),
+            "missing": self.missing,
+            "tools": self.tools,
+        }
 
 
 @dataclass(frozen=True)
@@ -192,8 +209,13 @@ class Transform:
     tools: dict = field(default_factory=dict)  # versions of the quantizer's tools (tasks/tools.py)
 
     def canonical(self) -> dict:  # the label only names the task: not part of the content
-        return {"method": self.method, "ref": self.ref, "options": self.options, "calibrated": self.calibrated,
-                "tools": self.tools}
+        return {
+            "method": self.method,
+            "ref": self.ref,
+            "options": self.options,
+            "calibrated": self.calibrated,
+            "tools": self.tools,
+        }
 
 
 @dataclass(frozen=True)
@@ -217,10 +239,14 @@ class Cell:
 
     def canonical(self) -> dict:
         """One serialization feeds the cache key, manifests and report rows."""
-        return {"model": self.model.name, "backend": self.backend.name,
-                "quantization": self.quant.name, "thresholds": self.thresholds,
-                "delegates": list(self.backend.delegates),
-                "inputs": [i.canonical() for i in self.model.inputs]}
+        return {
+            "model": self.model.name,
+            "backend": self.backend.name,
+            "quantization": self.quant.name,
+            "thresholds": self.thresholds,
+            "delegates": list(self.backend.delegates),
+            "inputs": [i.canonical() for i in self.model.inputs],
+        }
 
 
 @dataclass(frozen=True)
@@ -252,8 +278,10 @@ class ExpectedFailure:
     where: str  # "pipeline.yaml:31: matrix.expected_failures[0]", for messages
 
     def matches(self, cell: Cell) -> bool:
-        return all(want is None or want == cell_dim(cell, dim) for dim, want in
-                   (("model", self.model), ("backend", self.backend), ("quantization", self.quantization)))
+        return all(
+            want is None or want == cell_dim(cell, dim)
+            for dim, want in (("model", self.model), ("backend", self.backend), ("quantization", self.quantization))
+        )
 
 
 @dataclass(frozen=True)
@@ -292,10 +320,18 @@ class Plan:
         """The same model and backend in fp32, for the size gate of a cell whose scheme declares one."""
         if cell.size_gate is None:
             return None
-        return next((c for c in self.cells if c.transform is None and c.model.name == cell.model.name
-                     and c.backend.name == cell.backend.name and c.quant.name == "fp32"), None)
+        return next(
+            (
+                c
+                for c in self.cells
+                if c.transform is None
+                and c.model.name == cell.model.name
+                and c.backend.name == cell.backend.name
+                and c.quant.name == "fp32"
+            ),
+            None,
+        )
 
 
 def cell_dim(cell: Cell, dim: str) -> str:
-    return {"model": cell.model.name, "backend": cell.backend.name,
-            "quantization": cell.quant.name}[dim]
+    return {"model": cell.model.name, "backend": cell.backend.name, "quantization": cell.quant.name}[dim]

@@ -42,7 +42,7 @@ def _header_shape(head: bytes) -> list:
     size_format, start = ("<H", 10) if major == 1 else ("<I", 12)
     (length,) = struct.unpack_from(size_format, head, 8)
     try:
-        header = ast.literal_eval(head[start:start + length].decode("latin-1"))
+        header = ast.literal_eval(head[start : start + length].decode("latin-1"))
         return [int(d) for d in header["shape"]]
     except (ValueError, SyntaxError, KeyError, TypeError) as exc:
         raise NpzError(f"holds an .npy header that cannot be read ({type(exc).__name__})") from None

@@ -37,7 +37,6 @@ class Recipe:
         return {k: v["default"] for k, v in (self.data.get("options") or {}).items() if "default" in v}
 
 
-
 def available(kind: str, root: Path = RECIPE_ROOT) -> list[str]:
     return sorted(p.stem for p in (root / KIND_DIRS[kind]).glob("*.yaml"))
 
@@ -67,13 +66,12 @@ def check_options(recipe: Recipe, options: dict) -> list[tuple[tuple, str]]:
     """Errors in user options for ``recipe``, as (key path, message) pairs."""
     validator = schema.Validator(recipe.options_schema)
     problems = []
-    allowed = sorted((recipe.data.get("options") or {}))
+    allowed = sorted(recipe.data.get("options") or {})
     for error in validator.iter_errors(options):
         if error.validator == "additionalProperties":
             for key in sorted(set(error.instance) - set(allowed)):
                 close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
-                hint = (f"did you mean {close[0]!r}?" if close
-                        else f"supported: {', '.join(allowed) or 'none'}")
+                hint = f"did you mean {close[0]!r}?" if close else f"supported: {', '.join(allowed) or 'none'}"
                 problems.append(((key,), f"unknown option {key!r} for {recipe.kind} recipe {recipe.name!r}; {hint}"))
         else:
             problems.append((tuple(error.absolute_path), f"invalid option: {schema.expectation(error)}"))

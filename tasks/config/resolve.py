@@ -11,11 +11,20 @@ from pathlib import Path
 
 from tasks.config import defaults, npz_index, recipes, schema
 from tasks.config.code_deps import CodeDigests, ImportGraph
-from tasks.config.hf_source import reject_llm_cells, resolve_transformers
 from tasks.config.digest_cache import DigestCache, digest_cache_for
+from tasks.config.hf_source import reject_llm_cells, resolve_transformers
 from tasks.config.manifest_options import check_options as check_manifest_options
 from tasks.config.matrix import MatrixResolver
-from tasks.config.model import INTEGER_DTYPES, SECTIONS, BackendMember, BackendSpec, ModelSpec, Plan, QuantSpec, InputSpec
+from tasks.config.model import (
+    INTEGER_DTYPES,
+    SECTIONS,
+    BackendMember,
+    BackendSpec,
+    InputSpec,
+    ModelSpec,
+    Plan,
+    QuantSpec,
+)
 from tasks.config.requirements import missing_requirement
 from tasks.config.selection import cache_settings
 from tasks.config.tools import ToolVersions, stage_tools, toolchain_versions
@@ -57,19 +66,26 @@ class _Resolver:
         for candidate in (base.with_suffix(".py"), base / "__init__.py"):
             if candidate.is_file():
                 return self.inside_root(candidate.relative_to(self.root).as_posix(), path)
-        raise self.doc.error(path, f"module {module!r} not found in the project "
-                                   f"(looked for {module.replace('.', '/')}.py)")
+        raise self.doc.error(
+            path, f"module {module!r} not found in the project (looked for {module.replace('.', '/')}.py)"
+        )
 
     def model(self, name: str, spec: dict) -> ModelSpec:
         path = ("models", name)
         implied_inputs = None  # a text-generation model's inputs follow from its llm options
         if "python" in spec:
             file = self.factory_file(spec["python"], path + ("python",))
-            source = {"python": spec["python"], "file": self.rel(file),
-                      "sha256": self.file_digest(file, path + ("python",)),
-                      # every project module the factory imports, directly or not (tasks/code_deps.py)
-                      "modules": {self.rel(f): self.file_digest(f, path + ("python",))
-                                  for f in sorted(self.imports.reach([file])) if f != file}}
+            source = {
+                "python": spec["python"],
+                "file": self.rel(file),
+                "sha256": self.file_digest(file, path + ("python",)),
+                # every project module the factory imports, directly or not (tasks/code_deps.py)
+                "modules": {
+                    self.rel(f): self.file_digest(f, path + ("python",))
+                    for f in sorted(self.imports.reach([file]))
+                    if f != file
+                },
+            }
             if spec.get("packages"):
                 source["packages"] = self.package_versions(spec["packages"], path + ("packages",))
         elif "transformers" in spec:
@@ -84,34 +100,50 @@ class _Resolver:
                 raise self.doc.error(wpath, f"weights file {spec['weights']['path']!r} not found")
             actual = self.file_digest(full, wpath)
             if actual != spec["weights"]["sha256"]:
-                raise self.doc.error(path + ("weights", "sha256"),
-                                     f"weights file sha256 is {actual}, pipeline pins {spec['weights']['sha256']}")
+                raise self.doc.error(
+                    path + ("weights", "sha256"),
+                    f"weights file sha256 is {actual}, pipeline pins {spec['weights']['sha256']}",
+                )
             weights = {"path": self.rel(full), "sha256": actual}
         if "inputs" in spec and "methods" in spec:
-            raise self.doc.error(path, "declare either 'inputs' (one method, forward) or 'methods' "
-                                       "(each with its inputs), not both")
+            raise self.doc.error(
+                path, "declare either 'inputs' (one method, forward) or 'methods' (each with its inputs), not both"
+            )
         dim_ranges: dict = {}  # dim names are shared across inputs and methods
         if implied_inputs is not None:  # from the source (an LLM's token ids and cache positions)
             if "methods" in spec:
-                raise self.doc.error(path + ("methods",), "a text-generation model's methods are implied "
-                                                          "(forward with a static KV cache); drop 'methods'")
+                raise self.doc.error(
+                    path + ("methods",),
+                    "a text-generation model's methods are implied (forward with a static KV cache); drop 'methods'",
+                )
             methods = (("forward", tuple(implied_inputs)),)
         elif "methods" in spec:
-            methods = tuple((m, self.inputs(body["inputs"], path + ("methods", m, "inputs"), dim_ranges))
-                            for m, body in spec["methods"].items())
+            methods = tuple(
+                (m, self.inputs(body["inputs"], path + ("methods", m, "inputs"), dim_ranges))
+                for m, body in spec["methods"].items()
+            )
         elif "inputs" in spec:
             methods = (("forward", self.inputs(spec["inputs"], path + ("inputs",), dim_ranges)),)
         else:
             raise self.doc.error(path, "missing required key 'inputs'")
         inputs = methods[0][1]
         if "methods" in spec and spec.get("validation"):
-            raise self.doc.error(path + ("validation",), "validation data for several methods is not supported "
-                                                         "yet: drop it (each method gets seeded random inputs)")
-        return ModelSpec(name=name, source=source, kwargs=spec.get("kwargs") or {},
-                         weights=weights, inputs=inputs, methods=methods,
-                         calibration=self.calibration(spec.get("calibration"), path + ("calibration",), inputs),
-                         validation=self.calibration(spec.get("validation"), path + ("validation",), inputs),
-                         task=spec.get("task", "other"))
+            raise self.doc.error(
+                path + ("validation",),
+                "validation data for several methods is not supported "
+                "yet: drop it (each method gets seeded random inputs)",
+            )
+        return ModelSpec(
+            name=name,
+            source=source,
+            kwargs=spec.get("kwargs") or {},
+            weights=weights,
+            inputs=inputs,
+            methods=methods,
+            calibration=self.calibration(spec.get("calibration"), path + ("calibration",), inputs),
+            validation=self.calibration(spec.get("validation"), path + ("validation",), inputs),
+            task=spec.get("task", "other"),
+        )
 
     def inputs(self, items: list, where: tuple, dim_ranges: dict) -> tuple:
         """InputSpecs of one method's ``inputs`` list at key path ``where``."""
@@ -122,12 +154,20 @@ class _Resolver:
             for d in shape:
                 elements *= d
             if elements > MAX_INPUT_ELEMENTS:
-                raise self.doc.error(where + (i, "shape"),
-                                     f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}")
+                raise self.doc.error(
+                    where + (i, "shape"), f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}"
+                )
             dtype = item.get("dtype", defaults.INPUT_DTYPE)
-            out.append(InputSpec(item.get("name", f"input_{i}"), shape, dtype,
-                                 self.input_range(item.get("range"), dtype, where + (i, "range")), dims,
-                                 self.input_sample(item, dtype, where + (i,))))
+            out.append(
+                InputSpec(
+                    item.get("name", f"input_{i}"),
+                    shape,
+                    dtype,
+                    self.input_range(item.get("range"), dtype, where + (i, "range")),
+                    dims,
+                    self.input_sample(item, dtype, where + (i,)),
+                )
+            )
         return tuple(out)
 
     def input_dims(self, item: dict, i: int, path: tuple, ranges: dict) -> tuple[tuple, tuple]:
@@ -144,8 +184,11 @@ class _Resolver:
             if not lo < hi:
                 raise self.doc.error(where, f"a dynamic dim needs min < max, got min {lo}, max {hi}")
             if ranges.setdefault(name, (lo, hi)) != (lo, hi):
-                raise self.doc.error(where, f"dim {name!r} is [{ranges[name][0]}, {ranges[name][1]}] on an "
-                                            f"earlier input, [{lo}, {hi}] here: a shared name needs one range")
+                raise self.doc.error(
+                    where,
+                    f"dim {name!r} is [{ranges[name][0]}, {ranges[name][1]}] on an "
+                    f"earlier input, [{lo}, {hi}] here: a shared name needs one range",
+                )
             shape.append(hi)
             dims.append((axis, lo, hi, name))
         return tuple(shape), tuple(dims)
@@ -158,8 +201,10 @@ class _Resolver:
         if dtype not in INTEGER_DTYPES and dtype != "bool":
             raise self.doc.error(path + ("sample",), f"an attention mask is an integer or bool input, not {dtype}")
         if "range" in item:
-            raise self.doc.error(path + ("range",), "an attention_mask input takes no range (its samples are "
-                                                    "ones for a prefix, then zeros)")
+            raise self.doc.error(
+                path + ("range",),
+                "an attention_mask input takes no range (its samples are ones for a prefix, then zeros)",
+            )
         return kind
 
     def input_range(self, value: list | None, dtype: str, path: tuple) -> tuple | None:
@@ -210,7 +255,9 @@ class _Resolver:
                 raise self.doc.error(path + (kind,), f"{path[-1]} folder {spec[kind]!r} not found")
             images = sorted(p for p in full.rglob("*") if p.suffix.lower() in defaults.IMAGE_SUFFIXES and p.is_file())
             if not images:
-                raise self.doc.error(path + (kind,), f"no images ({', '.join(defaults.IMAGE_SUFFIXES)}) in {spec[kind]!r}")
+                raise self.doc.error(
+                    path + (kind,), f"no images ({', '.join(defaults.IMAGE_SUFFIXES)}) in {spec[kind]!r}"
+                )
             content = digest({self.rel(p): self.file_digest(p, path + (kind,)) for p in images})
         return {**spec, kind: self.rel(full), "sha256": content}
 
@@ -222,15 +269,18 @@ class _Resolver:
             raise self.doc.error(path[:2] + opt_path, message)
         runtime = recipe.data.get("runtime") or {}
         delegates = tuple(runtime.get("delegates", ()))
-        return BackendMember(recipe=recipe_name, partitioner=recipe.data.get("partitioner"),
-                             options={**recipe.defaults(), **options},
-                             delegates=delegates,
-                             host_runnable=bool(runtime.get("host_runnable", False)),
-                             missing=missing_requirement(recipe.data.get("needs")),
-                             min_coverage=recipe.data.get("min_delegation_coverage") if delegates else None,
-                             tools=self.versions.versions(stage_tools(recipe.data, "lowering")),
-                             runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")),
-                             dynamic_shapes=bool(recipe.data.get("dynamic_shapes", False)))
+        return BackendMember(
+            recipe=recipe_name,
+            partitioner=recipe.data.get("partitioner"),
+            options={**recipe.defaults(), **options},
+            delegates=delegates,
+            host_runnable=bool(runtime.get("host_runnable", False)),
+            missing=missing_requirement(recipe.data.get("needs")),
+            min_coverage=recipe.data.get("min_delegation_coverage") if delegates else None,
+            tools=self.versions.versions(stage_tools(recipe.data, "lowering")),
+            runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")),
+            dynamic_shapes=bool(recipe.data.get("dynamic_shapes", False)),
+        )
 
     def min_coverage(self, name: str, members: list) -> float | None:
         """gates.min_delegation_coverage.<name>, else the strictest member recipe's minimum."""
@@ -238,17 +288,20 @@ class _Resolver:
         minimums = [m.min_coverage for m in members if m.min_coverage is not None]
         if not minimums:
             if override is not None:
-                raise self.doc.error(("gates", "min_delegation_coverage", name),
-                                     f"backend {name!r} has no delegate (its programs run on portable "
-                                     "kernels), so it has no coverage to gate")
+                raise self.doc.error(
+                    ("gates", "min_delegation_coverage", name),
+                    f"backend {name!r} has no delegate (its programs run on portable "
+                    "kernels), so it has no coverage to gate",
+                )
             return None
         return override if override is not None else max(minimums)
 
     def backend(self, name: str, spec: dict) -> BackendSpec:
         if "chain" in spec:
             if set(spec) - {"chain"}:
-                raise self.doc.error(("backends", name), "a chain takes no options of its own; "
-                                                         "set them on the backends it names")
+                raise self.doc.error(
+                    ("backends", name), "a chain takes no options of its own; set them on the backends it names"
+                )
             declared = self.data["backends"]
             members = []
             for i, link in enumerate(spec["chain"]):
@@ -271,8 +324,10 @@ class _Resolver:
         options = (self.data.get("quantization_options") or {}).get(name, {})
         for opt_path, message in recipes.check_options(recipe, options):
             raise self.doc.error(("quantization_options", name) + opt_path, message)
-        return (QuantSpec(name=name, recipe=recipe, options={**recipe.defaults(), **options}),
-                recipe.data.get("thresholds") or {})
+        return (
+            QuantSpec(name=name, recipe=recipe, options={**recipe.defaults(), **options}),
+            recipe.data.get("thresholds") or {},
+        )
 
 
 def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
@@ -303,39 +358,60 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     cells, rejected = reject_llm_cells(cells, rejected, models, backends)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
-        cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)})
-    for path, message in check_manifest_options(data.get("manifests"), list(backends), recipes.available("backend"),
-                                                list(quants)):
+        cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)}
+    )
+    for path, message in check_manifest_options(
+        data.get("manifests"), list(backends), recipes.available("backend"), list(quants)
+    ):
         raise doc.error(("manifests",) + path, message)
     if own_digests:
         digests.save()
     cache_remote, cache_read_only = cache_settings(data.get("cache"), root)
     benchmark = dict(data.get("benchmark") or {})
     baseline, regression_pct = benchmark.pop("baseline", None), benchmark.pop("regression_pct", defaults.REGRESSION_PCT)
-    return Plan(file=pipeline_file, display=doc.file,
-                section_lines={dim: doc.line_of((section,)) for dim, section in SECTIONS.items()},
-                root=root, name=data["name"], version=data.get("version", "0.0.0"),
-                models=models, backends=backends, quantizations=quants, cells=cells, rejected=rejected,
-                gates=data.get("gates") or {}, cache_remote=cache_remote, cache_read_only=cache_read_only,
-                benchmark={**defaults.BENCHMARK, **benchmark}, benchmark_baseline=baseline,
-                regression_pct=regression_pct,
-                seed=(data.get("validation") or {}).get("seed", defaults.SEED),
-                toolchain=toolchain_versions(versions.distribution), code=CodeDigests(digests),
-                manifests=data.get("manifests") or {}, expected_failures=expected_failures,
-                artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False))
+    return Plan(
+        file=pipeline_file,
+        display=doc.file,
+        section_lines={dim: doc.line_of((section,)) for dim, section in SECTIONS.items()},
+        root=root,
+        name=data["name"],
+        version=data.get("version", "0.0.0"),
+        models=models,
+        backends=backends,
+        quantizations=quants,
+        cells=cells,
+        rejected=rejected,
+        gates=data.get("gates") or {},
+        cache_remote=cache_remote,
+        cache_read_only=cache_read_only,
+        benchmark={**defaults.BENCHMARK, **benchmark},
+        benchmark_baseline=baseline,
+        regression_pct=regression_pct,
+        seed=(data.get("validation") or {}).get("seed", defaults.SEED),
+        toolchain=toolchain_versions(versions.distribution),
+        code=CodeDigests(digests),
+        manifests=data.get("manifests") or {},
+        expected_failures=expected_failures,
+        artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False),
+    )
+
 
 def dynamic_refusal(cell) -> str | None:
     """Why ``cell`` (a model with dynamic dims or several methods) cannot be built, or None."""
     if cell.model.multi_method:
         if cell.transform is not None and cell.transform.method == "pt2e":
-            return ("several methods are not calibrated yet (PT2E quantizes one exported graph): "
-                    "use a weight scheme (8da4w, 8da8w, fp16) for this model")
+            return (
+                "several methods are not calibrated yet (PT2E quantizes one exported graph): "
+                "use a weight scheme (8da4w, 8da8w, fp16) for this model"
+            )
     if not any(i.dims for _, inputs in cell.model.methods for i in inputs):
         return None
     unable = [m.recipe for m in cell.backend.members if not m.dynamic_shapes]
     if unable:
-        return (f"{', '.join(unable)} cannot lower dynamic shapes (its recipe has no `dynamic_shapes: true`; "
-                "OpenVINO and Arm TOSA fail on SymInt sizes): give the model fixed shapes for it")
+        return (
+            f"{', '.join(unable)} cannot lower dynamic shapes (its recipe has no `dynamic_shapes: true`; "
+            "OpenVINO and Arm TOSA fail on SymInt sizes): give the model fixed shapes for it"
+        )
     return None
 
 
@@ -350,8 +426,10 @@ def _reject_dynamic(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
         else:
             kept.append(cell)
     if not kept:
-        raise doc.error(("quantization",), "every cell of the matrix is refused: "
-                        + "; ".join(f"{r.name}: {r.reason}" for r in refused[:3]))
+        raise doc.error(
+            ("quantization",),
+            "every cell of the matrix is refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused[:3]),
+        )
     return tuple(kept), tuple(refused)
 
 

@@ -11,18 +11,16 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from functools import lru_cache
+from functools import cache
 
 import jsonschema
 
-from tasks.core.errors import PipelineError
 from tasks.config.yamlfile import LoadedYaml, format_path
+from tasks.core.errors import PipelineError
 from tasks.core.paths import SCHEMA_DIR
 
 
-
-
-@lru_cache(maxsize=None)
+@cache
 def load_schema(name: str) -> dict:
     return json.loads((SCHEMA_DIR / name).read_text(encoding="utf-8"))
 
@@ -42,13 +40,20 @@ def _short(value) -> str:
 # [1, 4.0] would pass validation and reach torch as a float, so "integer" here
 # means a YAML integer. (bool is already excluded by jsonschema.)
 _TYPES = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda checker, value: isinstance(value, int) and not isinstance(value, bool))
+    "integer", lambda checker, value: isinstance(value, int) and not isinstance(value, bool)
+)
 Validator = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_TYPES)
 
 
-_TYPE_NAMES = {"object": "a mapping", "array": "a list", "string": "a string",
-               "integer": "an integer", "number": "a number", "boolean": "true or false",
-               "null": "nothing"}
+_TYPE_NAMES = {
+    "object": "a mapping",
+    "array": "a list",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+    "null": "nothing",
+}
 
 
 # Size limits say something more precise than the node's x-expected: "a list of
@@ -170,12 +175,24 @@ def validate(doc: LoadedYaml, schema_name: str) -> None:
     schema = load_schema(schema_name)
     validator = Validator(schema)
     # (line, deeper paths first, priority, error factory)
-    found = [(doc.line_of(path) or 0, -len(path), -1,
-              lambda path=path: doc.error(path, f"expected a finite number, got {_short(_at(doc.data, path))}"))
-             for path in nonfinite_paths(doc.data)]
-    found += [(doc.line_of(tuple(e.absolute_path)) or 0, -len(e.absolute_path), _FIRST.get(e.validator, 1),
-               lambda e=e: _to_pipeline_error(doc, e))
-              for e in validator.iter_errors(doc.data)]
+    found = [
+        (
+            doc.line_of(path) or 0,
+            -len(path),
+            -1,
+            lambda path=path: doc.error(path, f"expected a finite number, got {_short(_at(doc.data, path))}"),
+        )
+        for path in nonfinite_paths(doc.data)
+    ]
+    found += [
+        (
+            doc.line_of(tuple(e.absolute_path)) or 0,
+            -len(e.absolute_path),
+            _FIRST.get(e.validator, 1),
+            lambda e=e: _to_pipeline_error(doc, e),
+        )
+        for e in validator.iter_errors(doc.data)
+    ]
     if found:
         raise min(found, key=lambda f: f[:3])[3]()
 

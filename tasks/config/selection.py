@@ -1,9 +1,9 @@
 """Which part of the plan a command line asks for, and what the environment overrides.
 
-    model=, backend=, quant=   comma-separated names (select)
-    shard=k/n                  a stable split of the cells, the same on every machine (shard)
-    pipeline=FILE              or $ETFORGE_PIPELINE, else the checkout's pipeline.yaml (pipeline_path)
-    $ETFORGE_CACHE_REMOTE, $ETFORGE_CACHE_READ_ONLY   over pipeline.yaml's `cache:` (cache_settings)
+model=, backend=, quant=   comma-separated names (select)
+shard=k/n                  a stable split of the cells, the same on every machine (shard)
+pipeline=FILE              or $ETFORGE_PIPELINE, else the checkout's pipeline.yaml (pipeline_path)
+$ETFORGE_CACHE_REMOTE, $ETFORGE_CACHE_READ_ONLY   over pipeline.yaml's `cache:` (cache_settings)
 """
 
 from __future__ import annotations
@@ -40,9 +40,12 @@ def select(plan: Plan, model=None, backend=None, quantization=None) -> tuple:
         names = [v.strip() for v in value.split(",") if v.strip()]
         for n in names:
             if n not in known[dim]:
-                raise PipelineError(f"unknown {dim} {n!r} on the command line; "
-                                    f"known: {', '.join(known[dim])}", file=plan.display,
-                                    line=plan.section_lines[dim], key=SECTIONS[dim])
+                raise PipelineError(
+                    f"unknown {dim} {n!r} on the command line; known: {', '.join(known[dim])}",
+                    file=plan.display,
+                    line=plan.section_lines[dim],
+                    key=SECTIONS[dim],
+                )
         filters[dim] = set(names)
     return tuple(c for c in plan.cells if all(cell_dim(c, d) in names for d, names in filters.items()))
 
@@ -54,8 +57,9 @@ def shard(plan: Plan, cells: tuple, spec: str) -> tuple:
         if not 1 <= k <= n:
             raise ValueError
     except ValueError:
-        raise PipelineError(f"shard={spec!r} on the command line: expected k/n with 1 <= k <= n, e.g. 2/4",
-                            file=plan.display) from None
+        raise PipelineError(
+            f"shard={spec!r} on the command line: expected k/n with 1 <= k <= n, e.g. 2/4", file=plan.display
+        ) from None
     return tuple(c for c in cells if int(digest(c.name)[:8], 16) % n == k - 1)
 
 

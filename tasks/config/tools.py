@@ -50,8 +50,10 @@ class ToolSet:
     @classmethod
     def from_data(cls, node: dict | None) -> ToolSet:
         node = node or {}
-        return cls(python=tuple(node.get("python", ())),
-                   sdks=tuple(Sdk(s["env"], tuple(s.get("version_files", ()))) for s in node.get("sdks", ())))
+        return cls(
+            python=tuple(node.get("python", ())),
+            sdks=tuple(Sdk(s["env"], tuple(s.get("version_files", ()))) for s in node.get("sdks", ())),
+        )
 
 
 class ToolVersions:
@@ -125,12 +127,20 @@ def check_tools(recipe_data: dict) -> list[tuple[tuple, str]]:
     """Mistakes in a recipe's ``tools:`` the schema cannot see, as (key path, message) pairs."""
     tools = recipe_data.get("tools") or {}
     kind = recipe_data.get("kind")
-    problems = [(("tools", stage), f"a {kind} recipe declares tools for {', '.join(STAGES[kind])}, not {stage!r}")
-                for stage in tools if stage not in STAGES.get(kind, ())]
+    problems = [
+        (("tools", stage), f"a {kind} recipe declares tools for {', '.join(STAGES[kind])}, not {stage!r}")
+        for stage in tools
+        if stage not in STAGES.get(kind, ())
+    ]
     entries = recipe_data.get("backends") or {}
-    problems += [(("tools", "quantize", name), f"tools for {name!r}, which is not an entry of 'backends' "
-                                                f"({', '.join(entries) or 'none'})")
-                 for name in (tools.get("quantize") or {}) if name not in entries]
+    problems += [
+        (
+            ("tools", "quantize", name),
+            f"tools for {name!r}, which is not an entry of 'backends' ({', '.join(entries) or 'none'})",
+        )
+        for name in (tools.get("quantize") or {})
+        if name not in entries
+    ]
     return problems
 
 
@@ -140,7 +150,6 @@ def stage_tools(recipe_data: dict, stage: str, entry: str | None = None) -> Tool
     if entry is not None:
         node = node.get(entry) or {}
     return ToolSet.from_data(node)
-
 
 
 def toolchain_versions(version=None) -> dict:

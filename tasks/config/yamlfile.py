@@ -36,19 +36,21 @@ PLAIN_TAGS = {_YAML_TAG + t for t in ("str", "int", "float", "bool", "null", "ti
 
 # PyYAML's wording for the commonest mistakes, said plainly.
 _SYNTAX_HINTS = (
-    ("found character '\\t' that cannot start any token",
-     "tab character; YAML must be indented with spaces"),
-    ("expected <block end>",
-     "bad indentation: this line does not line up with the lines above it"),
-    ("mapping values are not allowed here",
-     "unexpected ':' (bad indentation, or a value containing ': ' that needs quotes)"),
-    ("but found another document",
-     "a second YAML document ('---'); the file must hold a single document"),
+    ("found character '\\t' that cannot start any token", "tab character; YAML must be indented with spaces"),
+    ("expected <block end>", "bad indentation: this line does not line up with the lines above it"),
+    (
+        "mapping values are not allowed here",
+        "unexpected ':' (bad indentation, or a value containing ': ' that needs quotes)",
+    ),
+    ("but found another document", "a second YAML document ('---'); the file must hold a single document"),
     ("found unexpected end of stream", "the file ends inside it"),
 )
 # Unclosed brackets and quotes are reported on the line where they were opened.
-_UNCLOSED = {"while parsing a flow sequence": "'['", "while parsing a flow mapping": "'{'",
-             "while scanning a quoted scalar": "quote"}
+_UNCLOSED = {
+    "while parsing a flow sequence": "'['",
+    "while parsing a flow mapping": "'{'",
+    "while scanning a quoted scalar": "quote",
+}
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -66,7 +68,7 @@ def format_path(path: KeyPath) -> str:
 
 
 def _show_tag(tag: str) -> str:
-    return "!!" + tag[len(_YAML_TAG):] if tag.startswith(_YAML_TAG) else tag
+    return "!!" + tag[len(_YAML_TAG) :] if tag.startswith(_YAML_TAG) else tag
 
 
 @dataclass
@@ -87,8 +89,7 @@ class LoadedYaml:
         return self.lines.get((), 1)
 
     def error(self, path: KeyPath, message: str) -> PipelineError:
-        return PipelineError(message, file=self.file, line=self.line_of(path),
-                             key=format_path(tuple(path)))
+        return PipelineError(message, file=self.file, line=self.line_of(path), key=format_path(tuple(path)))
 
 
 class _Builder:
@@ -99,8 +100,7 @@ class _Builder:
         self.count = 0
 
     def fail(self, node: yaml.Node, path: KeyPath, message: str) -> PipelineError:
-        return PipelineError(message, file=self.file, line=node.start_mark.line + 1,
-                             key=format_path(path))
+        return PipelineError(message, file=self.file, line=node.start_mark.line + 1, key=format_path(path))
 
     def check_tag(self, node: yaml.Node, path: KeyPath) -> None:
         if node.tag not in PLAIN_TAGS:
@@ -111,10 +111,12 @@ class _Builder:
         if self.count > MAX_NODES:
             # Blame the top-level key being expanded, not a random leaf deep inside it.
             top = path[:1]
-            raise PipelineError(f"document expands to more than {MAX_NODES} values "
-                                "(YAML aliases nested into an alias bomb?)",
-                                file=self.file, line=self.lines.get(top, node.start_mark.line + 1),
-                                key=format_path(top))
+            raise PipelineError(
+                f"document expands to more than {MAX_NODES} values (YAML aliases nested into an alias bomb?)",
+                file=self.file,
+                line=self.lines.get(top, node.start_mark.line + 1),
+                key=format_path(top),
+            )
         if len(path) > MAX_DEPTH:  # only reachable through aliases; the parse walk caught the rest
             raise self.fail(node, path[:1], f"nested more than {MAX_DEPTH} levels deep")
         self.lines.setdefault(path, node.start_mark.line + 1)
@@ -132,8 +134,11 @@ class _Builder:
                 # rather than becoming True or 1.0 and then "True" or "1.0".
                 key = key_node.value
                 if key in out:
-                    raise self.fail(key_node, path + (key,),
-                                    f"duplicate key {key!r} (first defined on line {self.lines[path + (key,)]})")
+                    raise self.fail(
+                        key_node,
+                        path + (key,),
+                        f"duplicate key {key!r} (first defined on line {self.lines[path + (key,)]})",
+                    )
                 self.lines[path + (key,)] = key_node.start_mark.line + 1
                 out[key] = self.build(value_node, path + (key,))
             return out
@@ -214,8 +219,9 @@ def _syntax_error(name: str, text: str, exc: yaml.MarkedYAMLError) -> PipelineEr
         problem = f"{opener} is never closed ({problem}{found})"
         mark = context_mark
     path, _, _ = _walk_events(text, mark.index if mark else None)
-    return PipelineError(f"YAML syntax error: {problem}", file=name,
-                         line=mark.line + 1 if mark else None, key=format_path(path))
+    return PipelineError(
+        f"YAML syntax error: {problem}", file=name, line=mark.line + 1 if mark else None, key=format_path(path)
+    )
 
 
 def load_yaml(path: Path, display_name: str | None = None) -> LoadedYaml:
@@ -232,12 +238,13 @@ def load_yaml(path: Path, display_name: str | None = None) -> LoadedYaml:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[:exc.start].count(b"\n") + 1
+        line = raw[: exc.start].count(b"\n") + 1
         raise PipelineError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x})", file=name, line=line) from None
     where, line, too_deep = _walk_events(text)
     if too_deep:  # name the top-level key: the full path would be 32 levels of [0][0]...
-        raise PipelineError(f"nested more than {MAX_DEPTH} levels deep", file=name, line=line,
-                            key=format_path(where[:1]))
+        raise PipelineError(
+            f"nested more than {MAX_DEPTH} levels deep", file=name, line=line, key=format_path(where[:1])
+        )
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
@@ -245,8 +252,7 @@ def load_yaml(path: Path, display_name: str | None = None) -> LoadedYaml:
     except yaml.YAMLError as exc:
         raise PipelineError(f"YAML error: {str(exc).splitlines()[0]}", file=name) from None
     if node is None:
-        raise PipelineError("expected a mapping, got an empty file", file=name, line=1,
-                            key=format_path(()))
+        raise PipelineError("expected a mapping, got an empty file", file=name, line=1, key=format_path(()))
     builder = _Builder(name)
     data = builder.build(node, ())
     return LoadedYaml(data=data, file=name, lines=builder.lines)

@@ -10,8 +10,7 @@ class PipelineError(Exception):
     traceback.
     """
 
-    def __init__(self, message: str, *, file: str | None = None,
-                 line: int | None = None, key: str | None = None):
+    def __init__(self, message: str, *, file: str | None = None, line: int | None = None, key: str | None = None):
         self.message = message
         self.file = file
         self.line = line

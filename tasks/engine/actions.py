@@ -42,8 +42,9 @@ def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = 
         return upstream_entries(plan, stage, subject, store, host, rebuild)
 
     def build(workdir: Path, upstream: dict):
-        return load_callable(stage.builder)(BuildRequest(plan=plan, subject=subject, upstream=upstream,
-                                                         workdir=workdir))
+        return load_callable(stage.builder)(
+            BuildRequest(plan=plan, subject=subject, upstream=upstream, workdir=workdir)
+        )
 
     accept = judges_current_program(plan, stage, subject, store, host, rebuild) if stage.judges else None
     return run_cached(spec, store, build, inputs=inputs, accept=accept)

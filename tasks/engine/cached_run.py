@@ -22,15 +22,14 @@ import shutil
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from tasks.core.digest import sha256_file
 from tasks.core.text import first_line
 from tasks.engine.log_capture import output_to
 from tasks.store.local import ENTRY_MANIFEST, Store, materialize
-from tasks.store.records import (DONE, PROGRAM_SHA256, STORED, TaskSpec, read_state, recorded_program_sha256,
-                                 write_state)
+from tasks.store.records import DONE, PROGRAM_SHA256, STORED, TaskSpec, read_state, recorded_program_sha256, write_state
 from tasks.store.results import Blocked, Rejected, Skip
 
 
@@ -49,8 +48,9 @@ def is_up_to_date(spec: TaskSpec, store: Store) -> bool:
             return False
     if spec.keep_entry or None in spec.outputs.values():
         entry = record.get("entry") or {}
-        if ENTRY_MANIFEST not in entry or not all(_same_stat(store.entry_dir(spec.key) / name, meta)
-                                            for name, meta in entry.items()):
+        if ENTRY_MANIFEST not in entry or not all(
+            _same_stat(store.entry_dir(spec.key) / name, meta) for name, meta in entry.items()
+        ):
             return False
     if spec.judges is not None:
         judged = (record.get("info") or {}).get(PROGRAM_SHA256)
@@ -75,13 +75,23 @@ def _materialize_all(task: TaskSpec, blobs: dict) -> dict:
         materialize(blobs[name], target)
         st = target.stat()
         # sha256: what the release checks a file against before packing it (size and mtime can lie).
-        outputs[name] = {"path": str(target), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                         "sha256": sha256_file(target)}
+        outputs[name] = {
+            "path": str(target),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "sha256": sha256_file(target),
+        }
     return outputs
 
 
-def run_cached(task: TaskSpec, store: Store, build: Callable, *, inputs: Callable | None = None,
-               accept: Callable[[dict], str | None] | None = None) -> bool:
+def run_cached(
+    task: TaskSpec,
+    store: Store,
+    build: Callable,
+    *,
+    inputs: Callable | None = None,
+    accept: Callable[[dict], str | None] | None = None,
+) -> bool:
     """doit action body. Outcomes go to the state record; False only when even that failed.
 
     ``build(workdir)`` makes the outputs; with ``inputs``, ``build(workdir, inputs())``:
@@ -97,9 +107,16 @@ def run_cached(task: TaskSpec, store: Store, build: Callable, *, inputs: Callabl
         if hit is not None:
             blobs, info = hit
             outputs = _materialize_all(task, blobs)
-            write_state(task, info.get("status", "ok"), info=info, reason=info.get("reason", ""),
-                         cached=True, elapsed=time.monotonic() - start, outputs=outputs,
-                         entry=store.entry_record(task.key))
+            write_state(
+                task,
+                info.get("status", "ok"),
+                info=info,
+                reason=info.get("reason", ""),
+                cached=True,
+                elapsed=time.monotonic() - start,
+                outputs=outputs,
+                entry=store.entry_record(task.key),
+            )
             return True
         workdir = store.new_workdir()
         try:
@@ -129,8 +146,7 @@ def _from_working_tree(task: TaskSpec, store: Store) -> tuple[dict, dict] | None
     try:
         if any(sha256_file(task.outputs[name]) != sha for name, sha in blobs.items()):
             return None
-        return store.put(task.key, {name: task.outputs[name] for name in blobs}, record.get("info") or {},
-                         expect=blobs)
+        return store.put(task.key, {name: task.outputs[name] for name in blobs}, record.get("info") or {}, expect=blobs)
     except Exception:  # noqa: BLE001  (changed under us, unreadable: build it instead)
         return None
 
@@ -143,8 +159,9 @@ def _trusted(task: TaskSpec, store: Store, info: dict, accept) -> bool:
     except Exception:  # noqa: BLE001  (what it judged is not here: the build says why, e.g. Blocked)
         return False
     if why:
-        print(f"etforge: {task.name}: not using its stored result: {why}; running it again",
-              file=sys.stderr, flush=True)
+        print(
+            f"etforge: {task.name}: not using its stored result: {why}; running it again", file=sys.stderr, flush=True
+        )
         store.reject(task.key)
         return False
     return True
@@ -169,20 +186,32 @@ def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path,
         task.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(task.log_file, "a", encoding="utf-8") as log:
             log.write(traceback.format_exc())
-        write_state(task, "failed", reason=first_line(exc), elapsed=time.monotonic() - start,
-                     log=task.log_file)
+        write_state(task, "failed", reason=first_line(exc), elapsed=time.monotonic() - start, log=task.log_file)
         return True
     info = {**result.info, "status": result.status, "reason": result.reason}
     if result.status == "failed":
         # Show the evidence (e.g. numerics.json) but never cache a failure.
         outputs = _materialize_all(task, result.files)
-        write_state(task, "failed", info=info, reason=result.reason,
-                     elapsed=time.monotonic() - start, outputs=outputs, log=task.log_file)
+        write_state(
+            task,
+            "failed",
+            info=info,
+            reason=result.reason,
+            elapsed=time.monotonic() - start,
+            outputs=outputs,
+            log=task.log_file,
+        )
         return True
     stored, info = store.put(task.key, result.files, info)  # the stored info: another writer may have won
     outputs = _materialize_all(task, stored)
-    write_state(task, info.get("status", result.status), info=info, reason=info.get("reason", ""),
-                 elapsed=time.monotonic() - start, outputs=outputs, log=task.log_file,
-                 entry=store.entry_record(task.key))
+    write_state(
+        task,
+        info.get("status", result.status),
+        info=info,
+        reason=info.get("reason", ""),
+        elapsed=time.monotonic() - start,
+        outputs=outputs,
+        log=task.log_file,
+        entry=store.entry_record(task.key),
+    )
     return True
-

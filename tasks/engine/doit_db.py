@@ -90,8 +90,10 @@ def set_aside_if_unreadable(path: Path) -> str | None:
         Path(f"{path}-journal").unlink(missing_ok=True)
     except OSError as exc:
         return f"etforge: warning: doit's database {path} is unreadable ({problem}) and cannot be moved: {exc}"
-    return (f"etforge: warning: doit's database {path} was unreadable ({problem}); moved it to "
-            f"{aside.name} and starting afresh (etforge's state records keep every task up to date)")
+    return (
+        f"etforge: warning: doit's database {path} was unreadable ({problem}); moved it to "
+        f"{aside.name} and starting afresh (etforge's state records keep every task up to date)"
+    )
 
 
 def _problem(conn: sqlite3.Connection) -> str | None:
@@ -121,6 +123,8 @@ def close(dep_manager, path: Path) -> str | None:
         dep_manager.close()
     except (OSError, sqlite3.Error) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        return (f"etforge: error: cannot write {path}: {why}; "
-                "the previous database is intact and the next run finishes the job")
+        return (
+            f"etforge: error: cannot write {path}: {why}; "
+            "the previous database is intact and the next run finishes the job"
+        )
     return None

@@ -51,8 +51,8 @@ from doit.exceptions import TaskError, TaskFailed
 from doit.runner import ERROR, FAILURE, SUCCESS, JobTask, JobTaskPickle, MRunner
 from doit.task import DelayedLoaded
 
-from tasks.engine import runlock
 from tasks.core.console import say
+from tasks.engine import runlock
 from tasks.engine.lifecycle import RunLifecycle
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -72,9 +72,11 @@ def install(lifecycle: RunLifecycle) -> None:
 
 def runner_classes(lifecycle: RunLifecycle) -> dict:
     bound = {"lifecycle": lifecycle}
-    return {"Runner": type("EtforgeRunner", (LifecycleMixin, OneWorkerRunner), bound),
-            "MRunner": type("EtforgeMRunner", (LifecycleMixin, WorkerRunner), bound),
-            "MThreadRunner": ThreadsRefused}
+    return {
+        "Runner": type("EtforgeRunner", (LifecycleMixin, OneWorkerRunner), bound),
+        "MRunner": type("EtforgeMRunner", (LifecycleMixin, WorkerRunner), bound),
+        "MThreadRunner": ThreadsRefused,
+    }
 
 
 USAGE_ERROR = 3  # doit's code for an error before any task runs
@@ -83,8 +85,10 @@ USAGE_ERROR = 3  # doit's code for an error before any task runs
 class ThreadsRefused:
     """``-P thread``: refused with one line before anything runs (see the module docstring)."""
 
-    THREADS_REFUSED = ("etforge: error: -P thread is not supported (torch.export is not thread-safe and each "
-                       "task's log is a process-wide redirect); use -P process")
+    THREADS_REFUSED = (
+        "etforge: error: -P thread is not supported (torch.export is not thread-safe and each "
+        "task's log is a process-wide redirect); use -P process"
+    )
 
     def __init__(self, *args, **kwargs):
         pass
@@ -153,10 +157,12 @@ def describe_exit(exitcode: int | None) -> str:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        hint = {"SIGKILL": " (the OOM killer, or kill -9)",
-                "SIGABRT": " (aborted by native code, e.g. `terminate called ...`)",
-                "SIGSEGV": " (a crash in native code)",
-                "SIGXFSZ": " (the file-size limit)"}.get(name, "")
+        hint = {
+            "SIGKILL": " (the OOM killer, or kill -9)",
+            "SIGABRT": " (aborted by native code, e.g. `terminate called ...`)",
+            "SIGSEGV": " (a crash in native code)",
+            "SIGXFSZ": " (the file-size limit)",
+        }.get(name, "")
         if name in ("SIGABRT", "SIGXFSZ") and _file_size_limit() is not None:
             # torch's file writer aborts when a write fails with EFBIG
             hint = f" (a file-size limit of {_file_size_limit()} bytes is set: `ulimit -f`)"
@@ -184,6 +190,7 @@ class _PipeReporter:
 
         def forward(task):
             self.conn.send({"name": task.name, "reporter": method_name})
+
         return forward
 
     def complete_run(self):
@@ -191,10 +198,11 @@ class _PipeReporter:
 
 
 class _Worker:
-    def __init__(self, runner: "WorkerRunner"):
+    def __init__(self, runner: WorkerRunner):
         self.conn, child_conn = FORK.Pipe(duplex=True)
-        self.process = FORK.Process(target=runner.worker_main,
-                               args=(child_conn, os.getpid(), runner.reporter.__class__))
+        self.process = FORK.Process(
+            target=runner.worker_main, args=(child_conn, os.getpid(), runner.reporter.__class__)
+        )
         self.process.start()
         child_conn.close()  # only the worker writes to its end: its death closes the pipe
         self.node = None  # the ExecNode it is running
@@ -370,5 +378,6 @@ class OneWorkerRunner(WorkerRunner):
     """A sequential run: doit's Runner arguments, one worker process."""
 
     def __init__(self, dep_manager, reporter, continue_=False, always_execute=False, stream=None):
-        super().__init__(dep_manager, reporter, continue_=continue_, always_execute=always_execute,
-                         stream=stream, num_process=1)
+        super().__init__(
+            dep_manager, reporter, continue_=continue_, always_execute=always_execute, stream=stream, num_process=1
+        )

@@ -48,8 +48,12 @@ def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
         path = pipeline_path(get_var, initial_workdir)
         digests = digest_cache_for(path)
         plan = resolve(path, digests)
-        cells = select(plan, model=get_var("model", None), backend=get_var("backend", None),
-                       quantization=get_var("quant", None) or get_var("quantization", None))
+        cells = select(
+            plan,
+            model=get_var("model", None),
+            backend=get_var("backend", None),
+            quantization=get_var("quant", None) or get_var("quantization", None),
+        )
         if get_var("shard", None):
             cells = shard(plan, cells, get_var("shard", None))
         ensure_writable(plan)
@@ -105,17 +109,20 @@ def check_links(plan: Plan) -> None:
             continue
         target = os.readlink(link)
         if not link.exists():
-            raise PipelineError(f"{link} is a symlink to {target}, which does not exist: "
-                                "create that directory or remove the link")
+            raise PipelineError(
+                f"{link} is a symlink to {target}, which does not exist: create that directory or remove the link"
+            )
         if not link.is_dir():
             continue
         try:
             link.resolve().relative_to(root)
         except ValueError:
             if not plan.artifacts_allow_outside:
-                raise PipelineError(f"{link} is a symlink to {target}, outside the project directory {root}: "
-                                    "etforge does not write through it (set `artifacts: {allow_outside: true}` "
-                                    f"in {plan.display} to follow it)") from None
+                raise PipelineError(
+                    f"{link} is a symlink to {target}, outside the project directory {root}: "
+                    "etforge does not write through it (set `artifacts: {allow_outside: true}` "
+                    f"in {plan.display} to follow it)"
+                ) from None
 
 
 def stage_options(stage: Stage, get_var) -> dict:
@@ -125,9 +132,11 @@ def stage_options(stage: Stage, get_var) -> dict:
 
 def task_creator(selection: Selection, stage: Stage, get_var):
     """A doit task creator (``task_<stage>`` in dodo.py) yielding the stage's task dicts."""
+
     def create():
-        yield from stage_tasks(selection.plan, stage, selection.cells, selection.store, selection.host,
-                               stage_options(stage, get_var))
+        yield from stage_tasks(
+            selection.plan, stage, selection.cells, selection.store, selection.host, stage_options(stage, get_var)
+        )
 
     create.__doc__ = stage.doc
     create.__name__ = f"task_{stage.name}"

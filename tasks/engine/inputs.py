@@ -9,7 +9,7 @@ and log, and the task goes on; the same run heals the store.
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from tasks.store.local import Store
 from tasks.store.records import PROGRAM, PROGRAM_SHA256, TaskSpec, current
@@ -47,8 +47,11 @@ def stored(store: Store, upstream: TaskSpec, rebuild: Callable[[], bool]) -> Ent
         with store.lock(upstream.key):
             hit = store.get(upstream.key)
             if hit is None:
-                print(f"etforge: {upstream.name}: its cache entry is missing or corrupt; running it again",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"etforge: {upstream.name}: its cache entry is missing or corrupt; running it again",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 rebuild()
                 require(upstream)
                 hit = store.get(upstream.key)
@@ -70,6 +73,7 @@ def upstream_entries(plan, stage, subject, store: Store, host, rebuild: Rebuild)
 def judges_current_program(plan, stage, subject, store: Store, host, rebuild: Rebuild):
     """``accept`` of a stored verdict (validation, benchmark): it counts only for the program stored
     under the judged export's current key (a forged or stale entry judged other bytes)."""
+
     def accept(info: dict) -> str | None:
         relation, up, up_subject = next(u for u in upstream_of(plan, stage, subject) if u[0] == stage.judges)
         export = spec_of(plan, up, up_subject, host)
@@ -77,8 +81,9 @@ def judges_current_program(plan, stage, subject, store: Store, host, rebuild: Re
         current_sha = store.blob_sha256(export.key, PROGRAM)
         judged = info.get(PROGRAM_SHA256)
         if judged is None or judged != current_sha:
-            return (f"it judged program sha256 {str(judged)[:12]}, but {export.name}'s program is "
-                    f"{str(current_sha)[:12]}")
+            return (
+                f"it judged program sha256 {str(judged)[:12]}, but {export.name}'s program is {str(current_sha)[:12]}"
+            )
         return None
 
     return accept

@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from tasks.core.console import say
 from tasks.engine import doit_db, runlock

@@ -18,10 +18,10 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, TextIO
-
+from typing import TextIO
 
 HELD_BY = "held by pid "
 
@@ -60,8 +60,10 @@ def acquire(lock_file: Path, say: Callable[[str], None]) -> RunLock:
         fcntl.lockf(handle, fcntl.LOCK_EX)
     previous = _recorded_pid(handle)
     if previous is not None and previous != os.getpid():
-        say(f"etforge: took over the run lock of {checkout} from pid {previous}, "
-            "which ended without releasing it (killed); cleaning up after it")
+        say(
+            f"etforge: took over the run lock of {checkout} from pid {previous}, "
+            "which ended without releasing it (killed); cleaning up after it"
+        )
     try:
         handle.seek(0)
         handle.truncate()

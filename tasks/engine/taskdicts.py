@@ -21,18 +21,27 @@ from tasks.store.stages import STAGE, Stage, holds, task_name, upstream_of
 def doc_fields(plan, stage: Stage, subject) -> dict:
     """What a task's ``task_doc`` may name."""
     layout = layout_of(plan)
-    fields = {"files": ", ".join(blob for blob, *_ in stage.outputs),
-              "manifest_dir": layout.manifest_dir.relative_to(plan.root),
-              "report": layout.report_path.relative_to(plan.root),
-              "archive": layout.archive_path(f"{plan.name}-{plan.version}").relative_to(plan.root)}
+    fields = {
+        "files": ", ".join(blob for blob, *_ in stage.outputs),
+        "manifest_dir": layout.manifest_dir.relative_to(plan.root),
+        "report": layout.report_path.relative_to(plan.root),
+        "archive": layout.archive_path(f"{plan.name}-{plan.version}").relative_to(plan.root),
+    }
     if stage.subject == "model":
         fields["model"] = subject.name
     elif subject is not None:
         cell = subject
         sibling = plan.fp32_sibling(cell)
-        fields.update(model=cell.model.name, backend=cell.backend.name, scheme=cell.quant.name, cell=cell.name,
-                      pte=layout.pte_path(cell).name, sibling=sibling.name if sibling else "",
-                      method=getattr(cell.transform, "method", ""), ref=getattr(cell.transform, "ref", ""))
+        fields.update(
+            model=cell.model.name,
+            backend=cell.backend.name,
+            scheme=cell.quant.name,
+            cell=cell.name,
+            pte=layout.pte_path(cell).name,
+            sibling=sibling.name if sibling else "",
+            method=getattr(cell.transform, "method", ""),
+            ref=getattr(cell.transform, "ref", ""),
+        )
     return fields
 
 
@@ -61,15 +70,17 @@ def stage_tasks(plan, stage: Stage, cells, store, host: dict, options: dict | No
     for subject in subjects(plan, stage, cells):
         spec = spec_of(plan, stage, subject, host)
         basename, sub = spec.name.split(":", 1)
-        tasks.append({
-            "basename": basename,
-            "name": sub,
-            "doc": stage.task_doc.format(**doc_fields(plan, stage, subject)),
-            "actions": [(run_stage, [plan, stage.name, subject, store, host])],
-            "uptodate": [(is_up_to_date, [spec, store])],
-            "task_dep": list(dict.fromkeys(_deps(plan, stage, subject))),
-            "verbosity": 2,  # builders send their own output to the task's log file
-        })
+        tasks.append(
+            {
+                "basename": basename,
+                "name": sub,
+                "doc": stage.task_doc.format(**doc_fields(plan, stage, subject)),
+                "actions": [(run_stage, [plan, stage.name, subject, store, host])],
+                "uptodate": [(is_up_to_date, [spec, store])],
+                "task_dep": list(dict.fromkeys(_deps(plan, stage, subject))),
+                "verbosity": 2,  # builders send their own output to the task's log file
+            }
+        )
     return tasks
 
 
@@ -87,4 +98,3 @@ def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict) ->
         task["actions"] = [(run_uncached, [plan, stage.name, cells, host], options)]
         task["uptodate"] = [False]
     return task
-

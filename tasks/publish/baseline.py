@@ -59,9 +59,15 @@ def baseline_deltas(current: dict, baseline: dict) -> list:
         if now is None or then is None:
             continue
         a, b = _host_id_of(current[name]), _host_id_of(baseline[name])
-        rows.append({"cell": name, "baseline_p50_ms": then, "current_p50_ms": now,
-                     "change_pct": round((now - then) / then * 100.0, 2),
-                     "same_host": (a == b) if a and b else None})
+        rows.append(
+            {
+                "cell": name,
+                "baseline_p50_ms": then,
+                "current_p50_ms": now,
+                "change_pct": round((now - then) / then * 100.0, 2),
+                "same_host": (a == b) if a and b else None,
+            }
+        )
     return rows
 
 
@@ -75,8 +81,11 @@ def compare_with_baseline(current: dict, baseline: dict, threshold_pct: float) -
     """
     if isinstance(threshold_pct, bool) or not isinstance(threshold_pct, (int, float)) or threshold_pct < 0:
         raise ValueError(f"threshold_pct: expected a number >= 0, got {threshold_pct!r}")
-    return [{**row, "threshold_pct": threshold_pct, "regression": True}
-            for row in baseline_deltas(current, baseline) if row["change_pct"] > threshold_pct]
+    return [
+        {**row, "threshold_pct": threshold_pct, "regression": True}
+        for row in baseline_deltas(current, baseline)
+        if row["change_pct"] > threshold_pct
+    ]
 
 
 def baseline_document(results: dict, **meta) -> dict:

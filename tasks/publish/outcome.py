@@ -64,8 +64,19 @@ SHIPS = ("ok", "provisional", "on-device")
 FAILS_RUN = ("failed", "unexpectedly-passing")
 PENDING = ("blocked", "not built", "not validated")  # no current verdict yet
 # Every status, in the order tables list their counts.
-STATUSES = ("ok", "provisional", "on-device", "failed", "unexpectedly-passing", "expected-failure",
-            "skipped", "blocked", "not built", "not validated", "rejected")
+STATUSES = (
+    "ok",
+    "provisional",
+    "on-device",
+    "failed",
+    "unexpectedly-passing",
+    "expected-failure",
+    "skipped",
+    "blocked",
+    "not built",
+    "not validated",
+    "rejected",
+)
 METRICS = ("sqnr_db", "cosine", "max_abs_error", "top1_agreement", "top5_agreement")
 TOLERANCES = ("rtol", "atol", "tolerance_rule", "test_cases", "not_checked_on_device")
 
@@ -147,6 +158,7 @@ def rejected_outcome(rejected: RejectedCell) -> CellOutcome:
 
 # ---------------------------------------------------------------- reading records
 
+
 def finite(value):
     """``value`` when it is a finite number (not a bool), else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -181,15 +193,20 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> 
     einfo = _info(export) if export and export.get("status") == "ok" else {}
     facts: dict = {}
     if einfo:
-        facts.update(program=layout_of(plan).pte_path(cell), size_bytes=finite(einfo.get("size_bytes")),
-                     sha256=einfo.get("sha256"), lowering_s=finite(einfo.get("lowering_s")),
-                     delegates=tuple(einfo.get("delegates", cell.backend.delegates)),
-                     executorch_version=einfo.get("executorch_version"),
-                     data_file=layout_of(plan).ptd_path(cell) if einfo.get("data_sha256") else None,
-                     data_sha256=einfo.get("data_sha256"), data_size=finite(einfo.get("data_size_bytes")),
-                     input_dtypes=tuple(einfo.get("input_dtypes") or ()),
-                     delegated_ops=finite(einfo.get("delegated_ops")),
-                     non_delegated_ops=finite(einfo.get("non_delegated_ops")))
+        facts.update(
+            program=layout_of(plan).pte_path(cell),
+            size_bytes=finite(einfo.get("size_bytes")),
+            sha256=einfo.get("sha256"),
+            lowering_s=finite(einfo.get("lowering_s")),
+            delegates=tuple(einfo.get("delegates", cell.backend.delegates)),
+            executorch_version=einfo.get("executorch_version"),
+            data_file=layout_of(plan).ptd_path(cell) if einfo.get("data_sha256") else None,
+            data_sha256=einfo.get("data_sha256"),
+            data_size=finite(einfo.get("data_size_bytes")),
+            input_dtypes=tuple(einfo.get("input_dtypes") or ()),
+            delegated_ops=finite(einfo.get("delegated_ops")),
+            non_delegated_ops=finite(einfo.get("non_delegated_ops")),
+        )
         if isinstance(einfo.get("llm_metadata"), dict):
             facts["llm_metadata"] = dict(einfo["llm_metadata"])
     capture = by_kind.get("capture")
@@ -197,8 +214,9 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> 
         facts["outputs"] = tuple(o for o in _info(capture).get("outputs") or () if isinstance(o, dict))
         methods = _info(capture).get("methods")
         if isinstance(methods, dict):
-            facts["method_outputs"] = {m: list(v.get("outputs") or []) for m, v in methods.items()
-                                       if isinstance(v, dict)}
+            facts["method_outputs"] = {
+                m: list(v.get("outputs") or []) for m, v in methods.items() if isinstance(v, dict)
+            }
     gate = by_kind.get("sizegate")
     if gate:
         facts["size_vs_fp32"] = finite(_info(gate).get("size_vs_fp32"))
@@ -237,9 +255,9 @@ def cell_outcome(plan: Plan, cell: Cell, host: dict | None = None) -> CellOutcom
 
 def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, evidence: Evidence) -> CellOutcome:
     """The outcome before ``matrix.expected_failures`` is applied."""
+
     def out(status, reason="", **kw):
-        return CellOutcome(cell=cell.name, status=status, reason=" ".join(str(reason).split()),
-                           evidence=evidence, **kw)
+        return CellOutcome(cell=cell.name, status=status, reason=" ".join(str(reason).split()), evidence=evidence, **kw)
 
     for name, record, _ in records:
         # A failure under the current key counts, unless it names other bytes than this program
@@ -264,9 +282,12 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
         return out("not validated", f"run `doit {task_name(STAGE['validate'], cell)}`")
     if not _bound(validate, export_sha):
         judged = _judged(validate)
-        return out("not validated", f"the verdict on record judged another program "
-                                    f"(sha256 {judged[:12] if judged else 'not recorded'}, "
-                                    f"this one is {str(export_sha)[:12]})")
+        return out(
+            "not validated",
+            f"the verdict on record judged another program "
+            f"(sha256 {judged[:12] if judged else 'not recorded'}, "
+            f"this one is {str(export_sha)[:12]})",
+        )
     notes = [n for n in (layers_note(cell.quant.name, evidence.layers or {}),) if n]
     if str(evidence.calibration or "").startswith("random"):
         notes.append("random calibration data (name some in pipeline.yaml)")
@@ -289,8 +310,10 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
 def _validation_data_hint(model) -> str:
     """How a provisional cell becomes ok: name data, where the model can take it."""
     if model.multi_method or any(i.dims for i in model.inputs):
-        return ("(validation data files for dynamic-shape and multi-method models are not supported "
-                "yet: the cell stays provisional)")
+        return (
+            "(validation data files for dynamic-shape and multi-method models are not supported "
+            "yet: the cell stays provisional)"
+        )
     return f"(name data under models.{model.name}.validation in pipeline.yaml)"
 
 
@@ -310,21 +333,45 @@ def _with_expectation(entry: ExpectedFailure | None, natural: CellOutcome) -> Ce
         return natural
     declared = f"expected to fail: {entry.reason} ({entry.link})"
     if natural.status == "failed":
-        return CellOutcome(cell=natural.cell, status="expected-failure", reason=f"{declared}; {natural.reason}",
-                           log=natural.log, task=natural.task, evidence=natural.evidence, expected=entry)
+        return CellOutcome(
+            cell=natural.cell,
+            status="expected-failure",
+            reason=f"{declared}; {natural.reason}",
+            log=natural.log,
+            task=natural.task,
+            evidence=natural.evidence,
+            expected=entry,
+        )
     if natural.status == "on-device":
-        return CellOutcome(cell=natural.cell, status="expected-failure",
-                           reason=f"{declared}; not checked on this host", evidence=natural.evidence, expected=entry)
+        return CellOutcome(
+            cell=natural.cell,
+            status="expected-failure",
+            reason=f"{declared}; not checked on this host",
+            evidence=natural.evidence,
+            expected=entry,
+        )
     if natural.status in ("ok", "provisional"):
-        return CellOutcome(cell=natural.cell, status="unexpectedly-passing",
-                           reason=f"passed ({natural.status}) but {entry.where} declares it an expected failure "
-                                  f"({entry.reason}); remove that entry",
-                           evidence=natural.evidence, expected=entry)
-    return CellOutcome(cell=natural.cell, status=natural.status, reason=natural.reason, log=natural.log,
-                       task=natural.task, evidence=natural.evidence, expected=entry)
+        return CellOutcome(
+            cell=natural.cell,
+            status="unexpectedly-passing",
+            reason=f"passed ({natural.status}) but {entry.where} declares it an expected failure "
+            f"({entry.reason}); remove that entry",
+            evidence=natural.evidence,
+            expected=entry,
+        )
+    return CellOutcome(
+        cell=natural.cell,
+        status=natural.status,
+        reason=natural.reason,
+        log=natural.log,
+        task=natural.task,
+        evidence=natural.evidence,
+        expected=entry,
+    )
 
 
 # ---------------------------------------------------------------- views shared by the manifests and the release
+
 
 def verdict(o: CellOutcome) -> dict:
     """How a shipped variant was checked, as the manifests, index.json and provenance.json say it:
@@ -333,10 +380,14 @@ def verdict(o: CellOutcome) -> dict:
     ev = o.evidence
     out = {"status": o.status, "inputs": ev.validated_on, "samples": ev.samples}
     if o.status == "on-device" or ev.bundle is not None:
-        out.update(checked="on device", bundle=ev.bundle.name if ev.bundle else None,
-                   bundle_sha256=ev.bundle_sha256, rtol=finite(ev.tolerances.get("rtol")),
-                   atol=finite(ev.tolerances.get("atol")),
-                   not_checked_on_device=list(ev.tolerances.get("not_checked_on_device") or []))
+        out.update(
+            checked="on device",
+            bundle=ev.bundle.name if ev.bundle else None,
+            bundle_sha256=ev.bundle_sha256,
+            rtol=finite(ev.tolerances.get("rtol")),
+            atol=finite(ev.tolerances.get("atol")),
+            not_checked_on_device=list(ev.tolerances.get("not_checked_on_device") or []),
+        )
     else:
         out.update(checked="here", exact=ev.exact, **{k: ev.metrics.get(k) for k in METRICS if k in ev.metrics})
         out.setdefault("sqnr_db", None)  # null with exact: identical outputs (infinite SQNR)
@@ -355,4 +406,3 @@ def listing_reason(o: CellOutcome, layout: ArtifactLayout) -> str:
     if o.status == "unexpectedly-passing":
         return f"passes, but {o.expected.where} declares it an expected failure; remove that entry"
     return o.reason
-

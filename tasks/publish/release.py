@@ -61,8 +61,9 @@ FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
 # separate processes (sequential and `-n 2`), for fp32 and every scheme the default
 # pipeline gives them. Core ML needs tasks/coreml_reproducible.py, OpenVINO a fresh
 # interpreter per lowering (tasks.build.partitioners.FRESH_PROCESS).
-REPRODUCIBLE_RECIPES = frozenset({"xnnpack", "portable", "coreml", "vulkan", "openvino",
-                                  "arm_tosa", "arm_vgf", "ethos_u55", "ethos_u85"})
+REPRODUCIBLE_RECIPES = frozenset(
+    {"xnnpack", "portable", "coreml", "vulkan", "openvino", "arm_tosa", "arm_vgf", "ethos_u55", "ethos_u85"}
+)
 # Recipes whose lowering is still not byte-reproducible, each with the reason. Empty:
 # every recipe that lowers here is reproducible.
 NONDETERMINISTIC_RECIPES: dict = {}
@@ -92,10 +93,17 @@ def bench_path(plan) -> Path:
 def git_revision(root: Path) -> str:
     """HEAD of the project's checkout (with -dirty when pipeline inputs differ), or 'unknown'."""
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
         return rev + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -110,8 +118,14 @@ def programs(plan, shipped: list) -> list:
         ev, cell = o.evidence, by_name[o.cell]
         out.append((f"models/{ev.program.name}", ev.program, ev.sha256, task_name(STAGE["export"], cell)))
         if ev.data_sha256:  # one entry per distinct .ptd: programs() callers dedupe by archive name
-            out.append((f"models/{data_file_name(ev.data_sha256)}", ev.data_file, ev.data_sha256,
-                        task_name(STAGE["export"], cell)))
+            out.append(
+                (
+                    f"models/{data_file_name(ev.data_sha256)}",
+                    ev.data_file,
+                    ev.data_sha256,
+                    task_name(STAGE["export"], cell),
+                )
+            )
         if o.status == "on-device":
             out.append((f"models/{ev.bundle.name}", ev.bundle, ev.bundle_sha256, task_name(STAGE["validate"], cell)))
     return out
@@ -121,16 +135,19 @@ def read_verified(plan, path: Path, recorded: str | None, task: str) -> bytes:
     """The file's bytes, when their sha256 is the one its current record names."""
     shown = _shown(plan, path)
     if not recorded:
-        raise ReleaseRefused(f"{shown} has no recorded sha256 (its record predates them); "
-                             f"delete it and run `doit {task}`")
+        raise ReleaseRefused(
+            f"{shown} has no recorded sha256 (its record predates them); delete it and run `doit {task}`"
+        )
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise ReleaseRefused(f"cannot read {shown}: {exc.strerror}; run `doit {task}`") from None
     actual = hashlib.sha256(data).hexdigest()
     if actual != recorded:
-        raise ReleaseRefused(f"{shown} differs from its record (sha256 {actual[:16]}..., "
-                             f"{task} recorded {recorded[:16]}...); delete it and run `doit {task}`")
+        raise ReleaseRefused(
+            f"{shown} differs from its record (sha256 {actual[:16]}..., "
+            f"{task} recorded {recorded[:16]}...); delete it and run `doit {task}`"
+        )
     return data
 
 
@@ -161,14 +178,18 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
         "toolchain": plan.toolchain,
         "pipeline": {"file": plan.file.name, "sha256": sha256_file(plan.file)},
         "files": {name: {"sha256": meta["sha256"], "size": meta["size"]} for name, meta in sorted(files.items())},
-        "cells": [{**by_name[o.cell].canonical(),
-                   "status": o.status,
-                   "sha256": o.evidence.sha256,
-                   "size_bytes": o.evidence.size_bytes,
-                   "delegated_ops": o.evidence.delegated_ops,
-                   "non_delegated_ops": o.evidence.non_delegated_ops,
-                   "verdict": outcome.verdict(o)}
-                  for o in shipped],
+        "cells": [
+            {
+                **by_name[o.cell].canonical(),
+                "status": o.status,
+                "sha256": o.evidence.sha256,
+                "size_bytes": o.evidence.size_bytes,
+                "delegated_ops": o.evidence.delegated_ops,
+                "non_delegated_ops": o.evidence.non_delegated_ops,
+                "verdict": outcome.verdict(o),
+            }
+            for o in shipped
+        ],
         "failures": failures,
         "not_shipped": not_shipped,
         "byte_reproducible": {r: byte_reproducible(r) for r in recipes},
@@ -201,7 +222,8 @@ def _listed(plan, o) -> dict:
 
 
 def build_release(plan, cells, allow_failures: bool, host: dict | None = None, strict: bool = False) -> dict:
-    from tasks.publish.manifests import context as manifest, render
+    from tasks.publish.manifests import context as manifest
+    from tasks.publish.manifests import render
     from tasks.publish.report.page import render_report
 
     results = outcome.outcomes(plan, cells, host)
@@ -209,8 +231,10 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     if failing and not allow_failures:
         listed = "; ".join(f"{o.cell}: {o.status}: {outcome.listing_reason(o, layout_of(plan))}" for o in failing[:3])
         more = f" (+{len(failing) - 3} more)" if len(failing) > 3 else ""
-        raise ReleaseRefused(f"{len(failing)} cell(s) failed their gates: {listed}{more}; "
-                             "fix them or run `doit release allow_failures=1`")
+        raise ReleaseRefused(
+            f"{len(failing)} cell(s) failed their gates: {listed}{more}; "
+            "fix them or run `doit release allow_failures=1`"
+        )
     pending = [o for o in results if o.status in outcome.PENDING]
     if pending:
         listed = "; ".join(f"{o.cell}: {o.status} ({o.reason})" for o in pending[:3])
@@ -218,9 +242,11 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
         raise ReleaseRefused(f"{len(pending)} cell(s) have no current verdict: {listed}{more}")
     provisional = [o.cell for o in results if o.status == "provisional"]
     if strict and provisional:
-        raise ReleaseRefused(f"strict=1: {len(provisional)} cell(s) are provisional (validated only on seeded "
-                             f"random inputs): {', '.join(provisional)}; name validation data for their models "
-                             "in pipeline.yaml")
+        raise ReleaseRefused(
+            f"strict=1: {len(provisional)} cell(s) are provisional (validated only on seeded "
+            f"random inputs): {', '.join(provisional)}; name validation data for their models "
+            "in pipeline.yaml"
+        )
     shipped = [o for o in results if o.ships]
     if not shipped:
         raise ReleaseRefused("no cell built a program to release")
@@ -263,8 +289,12 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
 
         for name in sorted(payload):
             add(name, payload[name])
-        add("provenance.json", (json.dumps(provenance(plan, shipped, failures, not_shipped, files), indent=2,
-                                           sort_keys=True) + "\n").encode("utf-8"))
+        add(
+            "provenance.json",
+            (
+                json.dumps(provenance(plan, shipped, failures, not_shipped, files), indent=2, sort_keys=True) + "\n"
+            ).encode("utf-8"),
+        )
         sums = "".join(f"{files[n]['sha256']}  {n}\n" for n in sorted(files))
         (staging / "SHA256SUMS").write_text(sums, encoding="utf-8")
         archive = _tar_bytes(staging, release_name(plan))
@@ -279,8 +309,12 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     atomic_write_bytes(archive_path(plan), archive)
     bench = {o.cell: o.evidence.benchmark for o in results if o.evidence.benchmark}
     atomic_write_text(bench_path(plan), canonical_json({c: bench[c] for c in sorted(bench)}) + "\n")
-    return {"archive": str(archive_path(plan)), "sha256": hashlib.sha256(archive).hexdigest(),
-            "files": len(files), "failures": [f["cell"] for f in failures]}
+    return {
+        "archive": str(archive_path(plan)),
+        "sha256": hashlib.sha256(archive).hexdigest(),
+        "files": len(files),
+        "failures": [f["cell"] for f in failures],
+    }
 
 
 def remove_previous(plan) -> list:
@@ -322,18 +356,29 @@ def run_release(plan, cells, host: dict, allow_failures: bool, strict: bool = Fa
         sys.stderr.write(f"etforge: release {'refused' if refused else 'failed'}: {reason}\n")
         removed = remove_previous(plan)
         if removed:
-            sys.stderr.write(f"etforge: removed the previous release of {release_name(plan)} "
-                             f"({', '.join(removed)}): it does not match this checkout\n")
+            sys.stderr.write(
+                f"etforge: removed the previous release of {release_name(plan)} "
+                f"({', '.join(removed)}): it does not match this checkout\n"
+            )
         try:
             _record(plan, "failed", reason)
         except OSError:
             pass
         return False
-    _record(plan, "ok", info={"archive": result["archive"], "sha256": result["sha256"],
-                              "allow_failures": allow_failures, "failures": result["failures"]})
+    _record(
+        plan,
+        "ok",
+        info={
+            "archive": result["archive"],
+            "sha256": result["sha256"],
+            "allow_failures": allow_failures,
+            "failures": result["failures"],
+        },
+    )
     print(f"etforge: released {result['archive']} ({result['files']} files, sha256 {result['sha256']})")
     if result["failures"]:
-        print(f"etforge: allow_failures=1: packed without {len(result['failures'])} failing cell(s) "
-              f"({', '.join(result['failures'])}); provenance.json lists them")
+        print(
+            f"etforge: allow_failures=1: packed without {len(result['failures'])} failing cell(s) "
+            f"({', '.join(result['failures'])}); provenance.json lists them"
+        )
     return True
-

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from tasks.config.model import Cell, Plan
 from tasks.publish import baseline, outcome
 from tasks.publish.outcome import CellOutcome
-from tasks.config.model import Cell, Plan
 
 
 def human_size(n) -> str:
@@ -32,7 +32,8 @@ def outcome_row(o: CellOutcome) -> dict:
         note += f" (log: {o.log})"
     p50 = ev.latency_p50_ms
     return {
-        "cell": o.cell, "status": o.status,
+        "cell": o.cell,
+        "status": o.status,
         "size": human_size(ev.size_bytes),
         "sqnr_db": sqnr_text(o),
         "validated_on": ev.validated_on or "-",
@@ -71,8 +72,10 @@ def add_baseline_flags(plan: Plan, outcomes: list, rows: list) -> None:
     for row in rows:
         flag = by_cell.get(row["cell"])
         if flag:
-            text = (f"REGRESSION: p50 {flag['current_p50_ms']:.3f} ms is {flag['change_pct']:+.0f}% vs baseline "
-                    f"{flag['baseline_p50_ms']:.3f} ms" + (" (different host)" if flag.get("same_host") is False else ""))
+            text = (
+                f"REGRESSION: p50 {flag['current_p50_ms']:.3f} ms is {flag['change_pct']:+.0f}% vs baseline "
+                f"{flag['baseline_p50_ms']:.3f} ms" + (" (different host)" if flag.get("same_host") is False else "")
+            )
             row["note"] = "; ".join(filter(None, [row["note"], text]))
 
 
@@ -84,8 +87,15 @@ def table(plan: Plan, results: list) -> list:
 
 
 def render(rows: list) -> str:
-    columns = [("cell", "cell"), ("status", "status"), ("size", "size"), ("sqnr_db", "SQNR dB"),
-               ("p50_ms", "p50 ms"), ("time", "lower"), ("note", "")]
+    columns = [
+        ("cell", "cell"),
+        ("status", "status"),
+        ("size", "size"),
+        ("sqnr_db", "SQNR dB"),
+        ("p50_ms", "p50 ms"),
+        ("time", "lower"),
+        ("note", ""),
+    ]
     widths = {k: max([len(title)] + [len(str(r[k])) for r in rows]) for k, title in columns}
     lines = ["  ".join(title.ljust(widths[k]) for k, title in columns).rstrip()]
     lines.append("  ".join("-" * widths[k] for k, _ in columns[:-1]))

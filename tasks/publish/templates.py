@@ -12,18 +12,29 @@ from __future__ import annotations
 from tasks.core.paths import TEMPLATE_DIR
 from tasks.publish import literals
 
-FILTERS = {"dart": literals.dart_string, "dart_double": literals.dart_double, "cmake": literals.cmake_string,
-           "yaml": literals.yaml_string, "comment": literals.comment, "cstr": literals.c_string,
-           "ccomment": literals.c_comment, "cdouble": literals.c_double}
+FILTERS = {
+    "dart": literals.dart_string,
+    "dart_double": literals.dart_double,
+    "cmake": literals.cmake_string,
+    "yaml": literals.yaml_string,
+    "comment": literals.comment,
+    "cstr": literals.c_string,
+    "ccomment": literals.c_comment,
+    "cdouble": literals.c_double,
+}
 
 
 def environment():
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)), undefined=jinja2.StrictUndefined,
-                             autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",),
-                                                                 default_for_string=False, default=False),
-                             keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        autoescape=jinja2.select_autoescape(enabled_extensions=("html.j2",), default_for_string=False, default=False),
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
     env.filters.update(FILTERS)
     return env
 

@@ -71,8 +71,10 @@ def check_manifest(manifest) -> dict:
         if not safe_blob_name(name):
             raise CorruptEntry(f"{ENTRY_MANIFEST} names a blob outside its entry: {_shown(name)}")
         if not _blob_meta(meta):
-            raise CorruptEntry(f'{ENTRY_MANIFEST}: {_shown(name)} needs a "sha256" (64 lowercase hex digits) '
-                               'and a "size" (an integer >= 0)')
+            raise CorruptEntry(
+                f'{ENTRY_MANIFEST}: {_shown(name)} needs a "sha256" (64 lowercase hex digits) '
+                'and a "size" (an integer >= 0)'
+            )
     if not isinstance(manifest.get("info", {}), dict):
         raise CorruptEntry(f'{ENTRY_MANIFEST}: "info" is not an object')
     if not isinstance(manifest.get("key", ""), str):
@@ -84,8 +86,9 @@ def _blob_meta(meta) -> bool:
     if not isinstance(meta, dict):
         return False
     sha, size = meta.get("sha256"), meta.get("size")
-    return (isinstance(sha, str) and SHA256_HEX.fullmatch(sha) is not None
-            and type(size) is int and size >= 0)  # type(): True is an int too
+    return (
+        isinstance(sha, str) and SHA256_HEX.fullmatch(sha) is not None and type(size) is int and size >= 0
+    )  # type(): True is an int too
 
 
 def _shown(name) -> str:
@@ -96,6 +99,12 @@ def _shown(name) -> str:
 
 def safe_blob_name(name) -> bool:
     """A blob name that stays inside its entry directory."""
-    return (isinstance(name, str) and name not in ("", ENTRY_MANIFEST, SIGNATURE) and "/" not in name
-            and "\\" not in name and "\0" not in name and ".." not in name
-            and not name.startswith("."))
+    return (
+        isinstance(name, str)
+        and name not in ("", ENTRY_MANIFEST, SIGNATURE)
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+        and ".." not in name
+        and not name.startswith(".")
+    )

@@ -51,14 +51,19 @@ FACTS = {
     "transform": lambda plan, cell, host: cell.transform.canonical(),
     "calibration": lambda plan, cell, host: cell.model.calibration if cell.transform.calibrated else None,
     "quantizer_code": lambda plan, cell, host: _named_code(
-        plan, [cell.transform.ref] if cell.transform.method in FACTORY_METHODS else []),
+        plan, [cell.transform.ref] if cell.transform.method in FACTORY_METHODS else []
+    ),
     "backend": lambda plan, cell, host: cell.backend.canonical(),
     # The names a program embeds (tasks/build/program_meta.py): part of the .pte's bytes.
-    "embedded_metadata": lambda plan, cell, host: {"model": cell.model.name, "backend": cell.backend.name,
-                                                   "scheme": cell.quant.name},
+    "embedded_metadata": lambda plan, cell, host: {
+        "model": cell.model.name,
+        "backend": cell.backend.name,
+        "scheme": cell.quant.name,
+    },
     "coverage_gate": lambda plan, cell, host: cell.backend.min_coverage,
     "partitioner_code": lambda plan, cell, host: _named_code(
-        plan, [m.partitioner for m in cell.backend.members if m.partitioner]),
+        plan, [m.partitioner for m in cell.backend.members if m.partitioner]
+    ),
     "size_gate": lambda plan, cell, host: cell.size_gate,
     "thresholds": lambda plan, cell, host: cell.thresholds,
     "host_runnable": lambda plan, cell, host: cell.backend.host_runnable,
@@ -90,17 +95,26 @@ def key_of(plan, stage: Stage, subject, host: dict | None = None, fresh: bool = 
 
 
 def _key(plan, stage: Stage, subject, host: dict | None) -> str:
-    return digest({
-        "stage": stage.name,
-        "facts": {name: FACTS[name](plan, subject, host) for name in stage.key_inputs},
-        "upstream": {relation: key_of(plan, up, up_subject, host)
-                     for relation, up, up_subject in upstream_of(plan, stage, subject)},
-        "code": plan.code.of(stage.code),
-    })
+    return digest(
+        {
+            "stage": stage.name,
+            "facts": {name: FACTS[name](plan, subject, host) for name in stage.key_inputs},
+            "upstream": {
+                relation: key_of(plan, up, up_subject, host)
+                for relation, up, up_subject in upstream_of(plan, stage, subject)
+            },
+            "code": plan.code.of(stage.code),
+        }
+    )
 
 
 def content_key(plan, stage: Stage, content) -> str:
     """The key of a matrix-wide stage: a digest of what it renders, its templates and its code."""
-    return digest({"stage": stage.name, "content": content,
-                   "templates": {t: sha256_file(TEMPLATE_DIR / t) for t in stage.templates},
-                   "code": plan.code.of(stage.code)})
+    return digest(
+        {
+            "stage": stage.name,
+            "content": content,
+            "templates": {t: sha256_file(TEMPLATE_DIR / t) for t in stage.templates},
+            "code": plan.code.of(stage.code),
+        }
+    )

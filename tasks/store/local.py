@@ -144,8 +144,11 @@ class Store:
             try:
                 read_entry(staging)
             except (CorruptEntry, ValueError, KeyError, OSError) as exc:
-                self._remote_damaged(key, f"remote cache {self.remote.name()}: entry {key[:12]} is damaged: "
-                                          f"{one_line(exc) or type(exc).__name__}")
+                self._remote_damaged(
+                    key,
+                    f"remote cache {self.remote.name()}: entry {key[:12]} is damaged: "
+                    f"{one_line(exc) or type(exc).__name__}",
+                )
                 return False
             self._install(staging, key)
             return True
@@ -381,6 +384,10 @@ def open_store(plan) -> Store:
     if not remote.read_only and store.has_pending():
         uploaded = store.upload_pending()
         if uploaded:
-            print(f"etforge: remote cache {remote.name()}: uploaded {uploaded} entr{'y' if uploaded == 1 else 'ies'} "
-                  "an earlier run could not", file=sys.stderr, flush=True)
+            print(
+                f"etforge: remote cache {remote.name()}: uploaded {uploaded} entr{'y' if uploaded == 1 else 'ies'} "
+                "an earlier run could not",
+                file=sys.stderr,
+                flush=True,
+            )
     return store

@@ -68,14 +68,14 @@ def meta_span(pte) -> tuple[int, int] | None:
 def read_meta(pte: bytes) -> dict | None:
     """The metadata a .pte carries, or None when it has none (a program etforge did not make)."""
     span = meta_span(pte)
-    return None if span is None else json.loads(pte[span[0]:span[1]].decode("ascii"))
+    return None if span is None else json.loads(pte[span[0] : span[1]].decode("ascii"))
 
 
 def without_meta(pte: bytes) -> bytes:
     """The program with its metadata blanked (same length): what two cells' programs share when
     they differ only in the names they carry (a scheme that changed nothing)."""
     span = meta_span(pte)
-    return pte if span is None else pte[:span[0]] + b" " * (span[1] - span[0]) + pte[span[1]:]
+    return pte if span is None else pte[: span[0]] + b" " * (span[1] - span[0]) + pte[span[1] :]
 
 
 def required_data_sha256(meta: dict | None) -> str | None:

@@ -34,7 +34,7 @@ class TaskSpec:
     state_file: Path
     log_file: Path
     keep_entry: bool = False  # other tasks read this task's store entry: up to date only while it is there
-    judges: "TaskSpec | None" = None  # the export whose program.pte this task's verdict is about
+    judges: TaskSpec | None = None  # the export whose program.pte this task's verdict is about
 
 
 def read_state(path: Path) -> dict | None:
@@ -53,13 +53,33 @@ def current(spec: TaskSpec) -> dict | None:
     return None
 
 
-def write_state(spec: TaskSpec, status: str, *, key: str | None = None, info=None, reason="", cached=False,
-                elapsed=0.0, outputs=None, log=None, entry=None) -> None:
+def write_state(
+    spec: TaskSpec,
+    status: str,
+    *,
+    key: str | None = None,
+    info=None,
+    reason="",
+    cached=False,
+    elapsed=0.0,
+    outputs=None,
+    log=None,
+    entry=None,
+) -> None:
     """Write the task's record atomically (``key``: instead of the spec's, e.g. "" for a task that
     could not compute its key and so is never up to date)."""
-    record = {"task": spec.name, "key": spec.key if key is None else key, "status": status, "reason": reason,
-              "cached": cached, "elapsed_s": round(elapsed, 3), "info": info or {},
-              "outputs": outputs or {}, "entry": entry or {}, "log": str(log) if log else None}
+    record = {
+        "task": spec.name,
+        "key": spec.key if key is None else key,
+        "status": status,
+        "reason": reason,
+        "cached": cached,
+        "elapsed_s": round(elapsed, 3),
+        "info": info or {},
+        "outputs": outputs or {},
+        "entry": entry or {},
+        "log": str(log) if log else None,
+    }
     atomic_write_text(spec.state_file, canonical_json(record))
 
 

@@ -42,15 +42,26 @@ from pathlib import Path
 
 from tasks.core.text import one_line
 from tasks.store.entries import ENTRY_MANIFEST, KEY_PATTERN, SIGNATURE, CorruptEntry, parse_manifest
-from tasks.store.remote_dir import (DirEntry, UnsafePath, copy_into, dir_fds, discard_dir, open_dir, set_aside,
-                                    write_into)
+from tasks.store.remote_dir import (
+    DirEntry,
+    UnsafePath,
+    copy_into,
+    dir_fds,
+    discard_dir,
+    open_dir,
+    set_aside,
+    write_into,
+)
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # Protocols whose implementation lives in a separate package: (package, pip name).
 _EXTERNAL = {
-    "s3": ("s3fs", "s3fs"), "s3a": ("s3fs", "s3fs"),
-    "gs": ("gcsfs", "gcsfs"), "gcs": ("gcsfs", "gcsfs"),
-    "abfs": ("adlfs", "adlfs"), "az": ("adlfs", "adlfs"),
+    "s3": ("s3fs", "s3fs"),
+    "s3a": ("s3fs", "s3fs"),
+    "gs": ("gcsfs", "gcsfs"),
+    "gcs": ("gcsfs", "gcsfs"),
+    "abfs": ("adlfs", "adlfs"),
+    "az": ("adlfs", "adlfs"),
 }
 _LOCAL = ("file", "local")  # fsspec's LocalFileSystem: a shared directory
 MANIFEST_LIMIT = 4 << 20  # a manifest is a few KB; one this large is damage and is never read whole
@@ -79,8 +90,9 @@ def _redact(url: str) -> str:
 
 
 class RemoteStore:
-    def __init__(self, url: str, read_only: bool = False, storage_options: dict | None = None,
-                 secret: bytes | None = None):
+    def __init__(
+        self, url: str, read_only: bool = False, storage_options: dict | None = None, secret: bytes | None = None
+    ):
         if not isinstance(url, str) or not url.strip():
             raise RemoteError("remote cache: empty URL")
         url = url.strip()
@@ -99,8 +111,7 @@ class RemoteStore:
         self._pid = None
         pkg = _EXTERNAL.get(self.protocol)
         if pkg and importlib.util.find_spec(pkg[0]) is None:  # no import, just a lookup
-            raise RemoteError(f"remote cache {self._name()}: {self.protocol}:// needs {pkg[0]}: "
-                              f"pip install {pkg[1]}")
+            raise RemoteError(f"remote cache {self._name()}: {self.protocol}:// needs {pkg[0]}: pip install {pkg[1]}")
 
     def __repr__(self) -> str:
         return f"RemoteStore({self._name()!r}, read_only={self.read_only}, signed={self.secret is not None})"
@@ -134,8 +145,9 @@ class RemoteStore:
         try:
             st = os.stat(self._dir)
         except FileNotFoundError:
-            raise RemoteError(f"remote cache {self._name()}: no such directory (is the share mounted?); "
-                              "etforge does not create it") from None
+            raise RemoteError(
+                f"remote cache {self._name()}: no such directory (is the share mounted?); etforge does not create it"
+            ) from None
         except OSError as exc:
             raise self._error("cannot open", exc) from exc
         if not stat.S_ISDIR(st.st_mode):
@@ -226,8 +238,9 @@ class RemoteStore:
                 raw, manifest = found
                 problem = self._signature_problem(entry, raw)
                 if problem:
-                    raise UntrustedEntry(f"remote cache {self._name()}: entry {key[:12]} {problem}; "
-                                         "treating it as a miss")
+                    raise UntrustedEntry(
+                        f"remote cache {self._name()}: entry {key[:12]} {problem}; treating it as a miss"
+                    )
                 dest.mkdir(parents=True, exist_ok=True)
                 for name, meta in sorted(manifest["files"].items()):
                     target = dest / name
@@ -407,7 +420,7 @@ def _remove(paths: list[Path]) -> None:
 def _local_path(url: str) -> str:
     """The directory of a plain path or file:// URL, as fsspec's LocalFileSystem takes it."""
     match = _SCHEME.match(url)
-    return os.path.abspath(url[match.end():] if match else url)
+    return os.path.abspath(url[match.end() :] if match else url)
 
 
 def remote_from_url(url: str | None, read_only: bool = False, secret: bytes | None = None) -> RemoteStore | None:

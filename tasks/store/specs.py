@@ -1,10 +1,10 @@
 """Task specs from the stage table: which tasks exist for a selection, their keys and their files.
 
-    spec_of(plan, "export", cell)               one task's TaskSpec (a cell stands for its model too)
-    cell_specs(plan, cell, host)                every task whose record a cell's outcome reads, in order
-    run_specs(plan, cells, host)                every task of a selection: (name -> spec, name -> cell)
-    subjects(plan, stage, cells)                the subjects a stage has tasks for
-    cells_of_tasks(plan, task_names, cells)     the cells those tasks belong to
+spec_of(plan, "export", cell)               one task's TaskSpec (a cell stands for its model too)
+cell_specs(plan, cell, host)                every task whose record a cell's outcome reads, in order
+run_specs(plan, cells, host)                every task of a selection: (name -> spec, name -> cell)
+subjects(plan, stage, cells)                the subjects a stage has tasks for
+cells_of_tasks(plan, task_names, cells)     the cells those tasks belong to
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ def spec_of(plan, stage, subject=None, host: dict | None = None, key: str | None
     if stage.subject == "pipeline":
         name = task_name(stage)
         outputs = {blob: layout.output(where, None, blob) for blob, where, *_ in stage.outputs}
-        return TaskSpec(name=name, key=key, outputs=outputs, state_file=layout.state_file(name),
-                        log_file=layout.log_path(name))
+        return TaskSpec(
+            name=name, key=key, outputs=outputs, state_file=layout.state_file(name), log_file=layout.log_path(name)
+        )
     if stage.subject == "model" and hasattr(subject, "model"):
         subject = subject.model
     name = task_name(stage, subject)
@@ -39,12 +40,19 @@ def spec_of(plan, stage, subject=None, host: dict | None = None, key: str | None
         outputs[blob] = None if where is None else layout.output(where, subject, blob)
     judges = None
     if stage.judges:
-        judged, judged_subject = next((up, s) for rel, up, s in upstream_of(plan, stage, subject)
-                                      if rel == stage.judges)
+        judged, judged_subject = next(
+            (up, s) for rel, up, s in upstream_of(plan, stage, subject) if rel == stage.judges
+        )
         judges = spec_of(plan, judged, judged_subject, host)
-    return TaskSpec(name=name, key=key_of(plan, stage, subject, host), outputs=outputs,
-                    state_file=layout.state_file(name), log_file=layout.log_path(name),
-                    keep_entry=stage.keep_entry, judges=judges)
+    return TaskSpec(
+        name=name,
+        key=key_of(plan, stage, subject, host),
+        outputs=outputs,
+        state_file=layout.state_file(name),
+        log_file=layout.log_path(name),
+        keep_entry=stage.keep_entry,
+        judges=judges,
+    )
 
 
 def applies(plan, stage, cell, selected=None) -> bool:
@@ -67,8 +75,11 @@ def subjects(plan, stage, cells) -> list:
             continue
         subject = subject_of(stage, cell)
         first = unique.setdefault(task_name(stage, subject), subject)
-        if stage.subject == "graph" and first is not subject and \
-                key_of(plan, stage, first, fresh=True) != key_of(plan, stage, subject, fresh=True):
+        if (
+            stage.subject == "graph"
+            and first is not subject
+            and key_of(plan, stage, first, fresh=True) != key_of(plan, stage, subject, fresh=True)
+        ):
             raise RuntimeError(f"{task_name(stage, subject)} names two quantizer configs ({first.name}, {cell.name})")
     return list(unique.values())
 
@@ -110,8 +121,11 @@ def cells_of_tasks(plan, task_names, cells=None) -> tuple:
     pool = plan.cells if cells is None else tuple(cells)
     out = []
     for cell in pool:
-        own = {task_name(stage, subject_of(stage, cell)) for stage in STAGES
-               if stage.subject != "pipeline" and (stage.subject != "graph" or cell.transform is not None)}
+        own = {
+            task_name(stage, subject_of(stage, cell))
+            for stage in STAGES
+            if stage.subject != "pipeline" and (stage.subject != "graph" or cell.transform is not None)
+        }
         if own & names:
             out.append(cell)
     return tuple(out)

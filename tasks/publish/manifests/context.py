@@ -49,9 +49,15 @@ from tasks.publish import outcome
 from tasks.publish.manifests import cpp_header
 from tasks.publish.manifests.interface import cell_interface
 from tasks.publish.manifests.llm import llm_spec
+from tasks.publish.manifests.naming import (
+    DART_RESERVED,
+    cmake_identifier,
+    dart_identifier,
+    data_file_name,
+    fallback_order,
+    unique,
+)
 from tasks.publish.manifests.program_check import check_program
-from tasks.publish.manifests.naming import (DART_RESERVED, cmake_identifier, dart_identifier, data_file_name,
-                                            fallback_order, unique)
 from tasks.store.layout import layout_of
 
 # Delegate id (as recorded in a program) -> (target of an ExecuTorch source build,
@@ -104,9 +110,12 @@ def options_for(plan: Plan) -> dict:
         path, message = problems[0]
         raise ManifestError(f"manifests.{'.'.join(str(p) for p in path)}: {message}".replace(".:", ":"))
     platforms = {**defaults.PLATFORM_ORDER, **(raw.get("platforms") or {})}
-    return {**defaults.MANIFEST_OPTIONS, **{k: raw[k] for k in defaults.MANIFEST_OPTIONS if k in raw},
-            "platforms": {p: list(platforms[p]) for p in sorted(platforms)},
-            "models": raw.get("models") or {}}
+    return {
+        **defaults.MANIFEST_OPTIONS,
+        **{k: raw[k] for k in defaults.MANIFEST_OPTIONS if k in raw},
+        "platforms": {p: list(platforms[p]) for p in sorted(platforms)},
+        "models": raw.get("models") or {},
+    }
 
 
 def _input_size(model, config: dict):
@@ -127,10 +136,14 @@ def _data_file(ev, layout, options: dict) -> dict | None:
     if not ev.data_sha256:
         return None
     name = data_file_name(ev.data_sha256)
-    return {"file": name, "sha256": ev.data_sha256, "size": int(ev.data_size or 0),
-            "path": layout.shown(ev.data_file),  # the cell's own copy, relative to artifacts/<pipeline>/
-            "asset": f"{options['assets_dir'].strip('/')}/{name}",
-            "remote_url": _join_url(options["base_url"], name)}
+    return {
+        "file": name,
+        "sha256": ev.data_sha256,
+        "size": int(ev.data_size or 0),
+        "path": layout.shown(ev.data_file),  # the cell's own copy, relative to artifacts/<pipeline>/
+        "asset": f"{options['assets_dir'].strip('/')}/{name}",
+        "remote_url": _join_url(options["base_url"], name),
+    }
 
 
 def shared_data_files(variants: list) -> list:
@@ -146,8 +159,9 @@ def shared_data_files(variants: list) -> list:
     by_name: dict = {}
     for entry in by_sha.values():
         if entry["file"] in by_name:  # two sha256 with one 16-digit prefix: never silently merge them
-            raise ManifestError(f"the .ptd files {by_name[entry['file']]} and {entry['sha256']} would both ship "
-                                f"as {entry['file']}")
+            raise ManifestError(
+                f"the .ptd files {by_name[entry['file']]} and {entry['sha256']} would both ship as {entry['file']}"
+            )
         by_name[entry["file"]] = entry["sha256"]
     return list(by_sha.values())
 
@@ -169,17 +183,26 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         if result.ships:
             built.append((cell, result))
         else:
-            excluded.append({"cell": cell.name, "status": result.status,
-                             "reason": one_line(outcome.listing_reason(result, layout_of(plan)))})
+            excluded.append(
+                {
+                    "cell": cell.name,
+                    "status": result.status,
+                    "reason": one_line(outcome.listing_reason(result, layout_of(plan))),
+                }
+            )
     models_of_cells = {c.model.name for c in cells}
-    excluded += [{"cell": r.name, "status": "rejected", "reason": one_line(r.reason)} for r in plan.rejected
-                 if r.model in models_of_cells]
+    excluded += [
+        {"cell": r.name, "status": "rejected", "reason": one_line(r.reason)}
+        for r in plan.rejected
+        if r.model in models_of_cells
+    ]
 
     names = [c.name for c, _ in built]
     model_names = list(dict.fromkeys(c.model.name for c, _ in built))
     dart_models = unique(model_names, dart_identifier, DART_RESERVED)
-    dart_variants = unique(names, lambda n: dart_identifier(n.replace("/", "_")),
-                            DART_RESERVED | set(dart_models.values()))
+    dart_variants = unique(
+        names, lambda n: dart_identifier(n.replace("/", "_")), DART_RESERVED | set(dart_models.values())
+    )
     cmake_variants = unique(names, lambda n: cmake_identifier(n.replace("/", "_")))
     cmake_models = unique(model_names, cmake_identifier)
 
@@ -192,49 +215,54 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         description = BACKEND_DESCRIPTIONS.get(cell.backend.primary.recipe, cell.backend.name)
         if len(cell.backend.members) > 1:
             description += " with fallback to " + ", ".join(m.recipe for m in cell.backend.members[1:])
-        variants.append({
-            "id": cell.name,
-            "dart_id": dart_variants[cell.name],
-            "cmake_id": cmake_variants[cell.name],
-            "model": cell.model.name,
-            "backend": cell.backend.name,
-            "recipe": cell.backend.primary.recipe,
-            "quantization": cell.quant.name,
-            "file": file_name,
-            "path": layout.shown(layout.pte_path(cell)),  # relative to artifacts/<pipeline>/
-            "asset": f"{options['assets_dir'].strip('/')}/{file_name}",
-            "remote_url": _join_url(options["base_url"], file_name),
-            "sha256": ev.sha256,  # the export record's: the release packs only a file with this hash
-            "size": int(ev.size_bytes),
-            "delegates": delegates,
-            "backend_targets": [DELEGATE_TARGETS[d][0] for d in delegates
-                                if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][0]],
-            "package_targets": [DELEGATE_TARGETS[d][1] for d in delegates
-                                if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][1]],
-            "executorch_version": ev.executorch_version or plan.toolchain.get("executorch") or "",
-            "inputs": io["inputs"],  # the first method's: name, shape, dtype[, range][, dynamic]
-            "outputs": io["outputs"],  # named by pytree path (tasks/config/io_spec.py)
-            # every method with its inputs and outputs (one, forward, unless the model declares several)
-            "methods": io["methods"],
-            "cmake_methods": unique([m["name"] for m in io["methods"]], cmake_identifier),
-            # a decoder-only LLM: its methods, runner metadata and KV cache (manifests/llm.py); else None
-            "llm": llm_spec(cell, ev),
-            "description": description,
-            "verdict": outcome.verdict(result),
-            # external weights: the one .ptd the program needs (shared by the cells with the same weights)
-            "data_file": _data_file(ev, layout, options),
-            # A weight-group scheme's layers: how many it quantized, which it kept in float and why.
-            "layers": ({k: ev.layers.get(k) for k in ("quantized", "float", "kept_float")}
-                       if ev.layers else None),
-        })
+        variants.append(
+            {
+                "id": cell.name,
+                "dart_id": dart_variants[cell.name],
+                "cmake_id": cmake_variants[cell.name],
+                "model": cell.model.name,
+                "backend": cell.backend.name,
+                "recipe": cell.backend.primary.recipe,
+                "quantization": cell.quant.name,
+                "file": file_name,
+                "path": layout.shown(layout.pte_path(cell)),  # relative to artifacts/<pipeline>/
+                "asset": f"{options['assets_dir'].strip('/')}/{file_name}",
+                "remote_url": _join_url(options["base_url"], file_name),
+                "sha256": ev.sha256,  # the export record's: the release packs only a file with this hash
+                "size": int(ev.size_bytes),
+                "delegates": delegates,
+                "backend_targets": [
+                    DELEGATE_TARGETS[d][0] for d in delegates if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][0]
+                ],
+                "package_targets": [
+                    DELEGATE_TARGETS[d][1] for d in delegates if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][1]
+                ],
+                "executorch_version": ev.executorch_version or plan.toolchain.get("executorch") or "",
+                "inputs": io["inputs"],  # the first method's: name, shape, dtype[, range][, dynamic]
+                "outputs": io["outputs"],  # named by pytree path (tasks/config/io_spec.py)
+                # every method with its inputs and outputs (one, forward, unless the model declares several)
+                "methods": io["methods"],
+                "cmake_methods": unique([m["name"] for m in io["methods"]], cmake_identifier),
+                # a decoder-only LLM: its methods, runner metadata and KV cache (manifests/llm.py); else None
+                "llm": llm_spec(cell, ev),
+                "description": description,
+                "verdict": outcome.verdict(result),
+                # external weights: the one .ptd the program needs (shared by the cells with the same weights)
+                "data_file": _data_file(ev, layout, options),
+                # A weight-group scheme's layers: how many it quantized, which it kept in float and why.
+                "layers": ({k: ev.layers.get(k) for k in ("quantized", "float", "kept_float")} if ev.layers else None),
+            }
+        )
         problem = check_program(cell.name, ev.program, variants[-1])  # what the program says of itself
         if problem:
             raise ManifestError(problem)
     by_file: dict = {}
     for v in variants:
         if v["file"] in by_file:
-            raise ManifestError(f"{by_file[v['file']]} and {v['id']} would both ship as {v['file']}; "
-                                "rename a model or backend in pipeline.yaml")
+            raise ManifestError(
+                f"{by_file[v['file']]} and {v['id']} would both ship as {v['file']}; "
+                "rename a model or backend in pipeline.yaml"
+            )
         by_file[v["file"]] = v["id"]
 
     data_files = shared_data_files(variants)
@@ -243,23 +271,26 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         own = [v for v in variants if v["model"] == name]
         config = options["models"].get(name) or {}
         platforms = {**options["platforms"], **(config.get("platforms") or {})}
-        fallback = {p: [v["id"] for v, _ in fallback_order(own, platforms[p], chains_by_recipe=True)]
-                    for p in sorted(platforms)}
+        fallback = {
+            p: [v["id"] for v, _ in fallback_order(own, platforms[p], chains_by_recipe=True)] for p in sorted(platforms)
+        }
         for v in own:
             v["platforms"] = sorted(p for p, ids in fallback.items() if v["id"] in ids and p != "default")
         labels_file = config.get("labels_file")
-        models.append({
-            "name": name,
-            "dart_id": dart_models[name],
-            "cmake_id": cmake_models[name],
-            "variants": [v["id"] for v in own],
-            "fallback": fallback,
-            "category": config.get("category", name),
-            "input_size": _input_size(plan.models[name], config),
-            "labels_file": labels_file,
-            "labels_url": config.get("labels_url") or (_join_url(options["base_url"], labels_file)
-                                                       if labels_file else None),
-        })
+        models.append(
+            {
+                "name": name,
+                "dart_id": dart_models[name],
+                "cmake_id": cmake_models[name],
+                "variants": [v["id"] for v in own],
+                "fallback": fallback,
+                "category": config.get("category", name),
+                "input_size": _input_size(plan.models[name], config),
+                "labels_file": labels_file,
+                "labels_url": config.get("labels_url")
+                or (_join_url(options["base_url"], labels_file) if labels_file else None),
+            }
+        )
     delegates = sorted({d for v in variants for d in v["delegates"]})
     for d in delegates:
         if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", d):
@@ -277,8 +308,12 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         "excluded": excluded,
         "delegate_targets": {d: [t for t in DELEGATE_TARGETS.get(d, (None, None))[::-1] if t] for d in delegates},
         # The C++ runner's header, in the desktop Linux fallback order of the Dart manifest.
-        "cpp_header": cpp_header.header_context(plan, cells, order=tuple(options["platforms"].get(
-            "linux", defaults.PLATFORM_ORDER["linux"])), outcomes=results),
+        "cpp_header": cpp_header.header_context(
+            plan,
+            cells,
+            order=tuple(options["platforms"].get("linux", defaults.PLATFORM_ORDER["linux"])),
+            outcomes=results,
+        ),
     }
 
 

@@ -61,8 +61,10 @@ def _check_order(plan, order) -> list:
         if not backend:
             raise HeaderError(f"fallback order entry {entry!r}: expected a backend name")
         if quant and quant not in plan.quantizations:
-            raise HeaderError(f"fallback order entry {entry!r}: unknown quantization {quant!r}; "
-                              f"declared: {', '.join(plan.quantizations)}")
+            raise HeaderError(
+                f"fallback order entry {entry!r}: unknown quantization {quant!r}; "
+                f"declared: {', '.join(plan.quantizations)}"
+            )
     return entries
 
 
@@ -72,8 +74,16 @@ def _data_file(cell, ev, layout: str) -> str:
     return data_file_name(ev.data_sha256) if layout == "flat" else f"{cell.model.name}/{cell.stem}.ptd"
 
 
-def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree",
-                   append_unlisted: bool = True, host: dict | None = None, outcomes=None) -> dict:
+def header_context(
+    plan,
+    cells=None,
+    order=DEFAULT_ORDER,
+    *,
+    layout: str = "tree",
+    append_unlisted: bool = True,
+    host: dict | None = None,
+    outcomes=None,
+) -> dict:
     """Everything the header is rendered from (plain JSON-serializable data).
 
     ``cells``: the cells to consider (default: every cell of the plan);
@@ -91,52 +101,65 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
     for cell in cells:
         result = (outcomes or {}).get(cell.name) or outcome.cell_outcome(plan, cell, host)
         if not result.ships:
-            excluded.append({"cell": cell.name,
-                             "reason": f"{result.status}: {outcome.listing_reason(result, layout_of(plan))}"})
+            excluded.append(
+                {"cell": cell.name, "reason": f"{result.status}: {outcome.listing_reason(result, layout_of(plan))}"}
+            )
             continue
         ev = result.evidence
         io = cell_interface(cell, ev)  # what index.json, the Dart and the CMake show (interface.py)
         stem = f"{cell.stem}.pte"
         verdict = outcome.verdict(result)
-        variants.append({
-            "id": cell.name,
-            "model": cell.model.name,
-            "backend": cell.backend.name,
-            "recipe": cell.backend.primary.recipe,
-            "chain": [m.recipe for m in cell.backend.members] if len(cell.backend.members) > 1 else [],
-            "quantization": cell.quant.name,
-            "file": stem if layout == "flat" else f"{cell.model.name}/{stem}",
-            "sha256": str(ev.sha256),
-            "size": int(ev.size_bytes),
-            "delegates": [str(d) for d in ev.delegates],
-            # The first method's inputs and outputs (the same lists as methods[0]'s).
-            "inputs": io["inputs"],
-            # -1: unknown (no current capture record); the runner then takes the program's count.
-            "num_outputs": len(io["outputs"]) if io["outputs_known"] else -1,
-            "outputs": io["outputs"],
-            # Every method: name, inputs, outputs (empty: unknown, num_outputs -1 in C++).
-            "methods": io["methods"],
-            "llm": llm_spec(cell, ev),  # a decoder-only LLM's methods, metadata and KV cache, else None
-            "verdict": verdict["status"],
-            "validated_on": verdict["inputs"] or "",
-            # +inf: identical to eager; None (NaN in C++): not measured here
-            "sqnr_db": math.inf if verdict.get("exact") else verdict.get("sqnr_db"),
-            "max_abs_error": verdict.get("max_abs_error"),
-            "bundle_file": verdict.get("bundle") or "",
-            "bundle_sha256": verdict.get("bundle_sha256") or "",
-            # external weights: the .ptd to load it with ("" when inline), spelled like ``file``
-            # (tree: the cell's copy beside its .pte; flat: the shared name models.cmake installs)
-            "data_file": _data_file(cell, ev, layout),
-            "data_sha256": ev.data_sha256 or "",
-            "rtol": verdict.get("rtol"),
-            "atol": verdict.get("atol"),
-        })
-    excluded += [{"cell": r.name, "reason": f"rejected: {one_line(r.reason, C_COMMENT_LIMIT)}"} for r in plan.rejected
-                 if cells is plan.cells or any(c.model.name == r.model for c in cells)]
+        variants.append(
+            {
+                "id": cell.name,
+                "model": cell.model.name,
+                "backend": cell.backend.name,
+                "recipe": cell.backend.primary.recipe,
+                "chain": [m.recipe for m in cell.backend.members] if len(cell.backend.members) > 1 else [],
+                "quantization": cell.quant.name,
+                "file": stem if layout == "flat" else f"{cell.model.name}/{stem}",
+                "sha256": str(ev.sha256),
+                "size": int(ev.size_bytes),
+                "delegates": [str(d) for d in ev.delegates],
+                # The first method's inputs and outputs (the same lists as methods[0]'s).
+                "inputs": io["inputs"],
+                # -1: unknown (no current capture record); the runner then takes the program's count.
+                "num_outputs": len(io["outputs"]) if io["outputs_known"] else -1,
+                "outputs": io["outputs"],
+                # Every method: name, inputs, outputs (empty: unknown, num_outputs -1 in C++).
+                "methods": io["methods"],
+                "llm": llm_spec(cell, ev),  # a decoder-only LLM's methods, metadata and KV cache, else None
+                "verdict": verdict["status"],
+                "validated_on": verdict["inputs"] or "",
+                # +inf: identical to eager; None (NaN in C++): not measured here
+                "sqnr_db": math.inf if verdict.get("exact") else verdict.get("sqnr_db"),
+                "max_abs_error": verdict.get("max_abs_error"),
+                "bundle_file": verdict.get("bundle") or "",
+                "bundle_sha256": verdict.get("bundle_sha256") or "",
+                # external weights: the .ptd to load it with ("" when inline), spelled like ``file``
+                # (tree: the cell's copy beside its .pte; flat: the shared name models.cmake installs)
+                "data_file": _data_file(cell, ev, layout),
+                "data_sha256": ev.data_sha256 or "",
+                "rtol": verdict.get("rtol"),
+                "atol": verdict.get("atol"),
+            }
+        )
+    excluded += [
+        {"cell": r.name, "reason": f"rejected: {one_line(r.reason, C_COMMENT_LIMIT)}"}
+        for r in plan.rejected
+        if cells is plan.cells or any(c.model.name == r.model for c in cells)
+    ]
     models = []
     for name in dict.fromkeys(v["model"] for v in variants):
-        own = [{**v, "listed": listed} for v, listed in fallback_order(
-            [v for v in variants if v["model"] == name], order, chains_by_recipe=False, append_unlisted=append_unlisted)]
+        own = [
+            {**v, "listed": listed}
+            for v, listed in fallback_order(
+                [v for v in variants if v["model"] == name],
+                order,
+                chains_by_recipe=False,
+                append_unlisted=append_unlisted,
+            )
+        ]
         if own:
             models.append({"name": name, "variants": own})
     return {
@@ -155,15 +178,22 @@ def header_context(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree
 
 # ---------------------------------------------------------------- rendering
 
+
 def render_context(context: dict) -> str:
     return templates.render(TEMPLATE, **context)
 
 
-def render_header(plan, cells=None, order=DEFAULT_ORDER, *, layout: str = "tree",
-                  append_unlisted: bool = True, host: dict | None = None) -> str:
+def render_header(
+    plan,
+    cells=None,
+    order=DEFAULT_ORDER,
+    *,
+    layout: str = "tree",
+    append_unlisted: bool = True,
+    host: dict | None = None,
+) -> str:
     """The text of etforge_models.h for ``cells`` (default: all) of ``plan``; see header_context."""
-    return render_context(header_context(plan, cells, order, layout=layout, append_unlisted=append_unlisted,
-                                         host=host))
+    return render_context(header_context(plan, cells, order, layout=layout, append_unlisted=append_unlisted, host=host))
 
 
 def write_header(plan, path: Path, cells=None, order=DEFAULT_ORDER, **kwargs) -> Path:
@@ -183,13 +213,14 @@ def main(argv=None) -> int:
     """python -m tasks.publish.manifests.cpp_header [pipeline.yaml] [-o PATH] [--order a,b,...] [--layout tree|flat]"""
     import argparse
 
-    from tasks.core.errors import PipelineError
     from tasks.config.resolve import resolve
+    from tasks.core.errors import PipelineError
 
-    parser = argparse.ArgumentParser(prog="python -m tasks.publish.manifests.cpp_header", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tasks.publish.manifests.cpp_header", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("pipeline", nargs="?", default="pipeline.yaml")
-    parser.add_argument("-o", "--output", help="write here (default: artifacts/<pipeline>/manifests/"
-                                               f"{HEADER_NAME})")
+    parser.add_argument("-o", "--output", help=f"write here (default: artifacts/<pipeline>/manifests/{HEADER_NAME})")
     parser.add_argument("--order", default=",".join(DEFAULT_ORDER), help="fallback order, comma-separated")
     parser.add_argument("--layout", choices=LAYOUTS, default="tree")
     parser.add_argument("--listed-only", action="store_true", help="leave out variants the order does not name")
@@ -199,8 +230,14 @@ def main(argv=None) -> int:
 
         plan = resolve(Path(args.pipeline))
         out = Path(args.output) if args.output else layout_of(plan).manifest_dir / HEADER_NAME
-        write_header(plan, out, order=[e.strip() for e in args.order.split(",") if e.strip()],
-                     layout=args.layout, append_unlisted=not args.listed_only, host=host_fingerprint())
+        write_header(
+            plan,
+            out,
+            order=[e.strip() for e in args.order.split(",") if e.strip()],
+            layout=args.layout,
+            append_unlisted=not args.listed_only,
+            host=host_fingerprint(),
+        )
     except (PipelineError, HeaderError) as exc:
         print(f"etforge: error: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, PipelineError) else 1

@@ -27,5 +27,9 @@ def cell_interface(cell, evidence) -> dict:
         dtypes = [i.dtype for i in cell.model.inputs]
     outputs = list(evidence.outputs)
     methods = describe_io(cell.model, outputs, dtypes, evidence.method_outputs)["methods"]
-    return {"inputs": methods[0]["inputs"], "outputs": methods[0]["outputs"], "methods": methods,
-            "outputs_known": bool(outputs)}
+    return {
+        "inputs": methods[0]["inputs"],
+        "outputs": methods[0]["outputs"],
+        "methods": methods,
+        "outputs_known": bool(outputs),
+    }

@@ -38,9 +38,14 @@ def kv_cache(metadata: dict, dtype: str) -> dict:
     batch = int(metadata.get("get_max_batch_size", 1))
     custom = bool(metadata.get("use_sdpa_with_kv_cache"))
     tensor = [batch, context, heads, head_dim] if custom else [batch, heads, context, head_dim]
-    return {"bytes": 2 * layers * batch * context * heads * head_dim * DTYPE_BYTES[dtype], "dtype": dtype,
-            "layout": "BSHD" if custom else "BHSD", "layers": layers, "tensor_shape": tensor,
-            "shape": [2, layers, *tensor]}
+    return {
+        "bytes": 2 * layers * batch * context * heads * head_dim * DTYPE_BYTES[dtype],
+        "dtype": dtype,
+        "layout": "BSHD" if custom else "BHSD",
+        "layers": layers,
+        "tensor_shape": tensor,
+        "shape": [2, layers, *tensor],
+    }
 
 
 def llm_spec(cell, evidence) -> dict | None:
@@ -49,8 +54,11 @@ def llm_spec(cell, evidence) -> dict | None:
     if not is_llm(cell.model) or not isinstance(metadata, dict) or not metadata:
         return None
     names = sorted(metadata)
-    return {"methods": [FORWARD, *names], "metadata": {name: metadata[name] for name in names},
-            "kv_cache": kv_cache(metadata, cache_dtype(cell))}
+    return {
+        "methods": [FORWARD, *names],
+        "metadata": {name: metadata[name] for name in names},
+        "kv_cache": kv_cache(metadata, cache_dtype(cell)),
+    }
 
 
 def metadata_ints(value) -> list:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 
-DART_RESERVED = frozenset("""
+DART_RESERVED = frozenset(
+    """
     abstract as assert async await base break case catch class const continue covariant default
     deferred do dynamic else enum export extends extension external factory false final finally
     for Function get hide if implements import in interface is late library mixin new null of on
@@ -16,7 +17,8 @@ DART_RESERVED = frozenset("""
     true try type typedef var void when while with yield
     pipeline pipelineVersion executorchVersion models variants assets hashCode runtimeType
     toString noSuchMethod int double num bool
-""".split())  # keywords, EtforgeModels' own members, and the lowercase types its body names
+""".split()
+)  # keywords, EtforgeModels' own members, and the lowercase types its body names
 
 
 def data_file_name(sha256: str) -> str:

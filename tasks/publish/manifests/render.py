@@ -33,30 +33,32 @@ def index_document(context: dict) -> dict:
     entries = []
     for v in context["variants"]:
         m = models[v["model"]]
-        entries.append({
-            "name": v["file"],
-            "modelName": v["model"],
-            "category": m["category"],
-            "backend": v["backend"],
-            "quantization": v["quantization"],
-            "hash": v["sha256"],
-            "size": v["size"],
-            "sizeMB": round(v["size"] / (1024 * 1024), 2),
-            "inputSize": m["input_size"],
-            "remoteUrl": v["remote_url"],
-            "labelsFile": m["labels_file"],
-            "labelsRemoteUrl": m["labels_url"],
-            "backendDescription": v["description"],
-            "platforms": v["platforms"],
-            "delegates": v["delegates"],
-            "verdict": v["verdict"],
-            "layers": v.get("layers"),
-            "inputs": v["inputs"],  # name, shape, dtype[, range] (tasks/config/io_spec.py)
-            "outputs": v["outputs"],  # name, pytree path, shape, dtype
-            "methods": v["methods"],  # [{name, inputs, outputs}]; the two above are the first method's
-            # external weights: the name of the one .ptd (in dataFiles) to load it with, or null
-            "dataFile": v["data_file"]["file"] if v["data_file"] else None,
-        })
+        entries.append(
+            {
+                "name": v["file"],
+                "modelName": v["model"],
+                "category": m["category"],
+                "backend": v["backend"],
+                "quantization": v["quantization"],
+                "hash": v["sha256"],
+                "size": v["size"],
+                "sizeMB": round(v["size"] / (1024 * 1024), 2),
+                "inputSize": m["input_size"],
+                "remoteUrl": v["remote_url"],
+                "labelsFile": m["labels_file"],
+                "labelsRemoteUrl": m["labels_url"],
+                "backendDescription": v["description"],
+                "platforms": v["platforms"],
+                "delegates": v["delegates"],
+                "verdict": v["verdict"],
+                "layers": v.get("layers"),
+                "inputs": v["inputs"],  # name, shape, dtype[, range] (tasks/config/io_spec.py)
+                "outputs": v["outputs"],  # name, pytree path, shape, dtype
+                "methods": v["methods"],  # [{name, inputs, outputs}]; the two above are the first method's
+                # external weights: the name of the one .ptd (in dataFiles) to load it with, or null
+                "dataFile": v["data_file"]["file"] if v["data_file"] else None,
+            }
+        )
         if v.get("llm"):  # a decoder-only LLM: methods, metadata values, KV cache (manifests/llm.py)
             entries[-1]["llm"] = v["llm"]
     return {
@@ -68,9 +70,18 @@ def index_document(context: dict) -> dict:
         "baseUrl": context["options"]["base_url"],
         "models": entries,
         # Each .ptd once, named by its sha256, with the programs that need it.
-        "dataFiles": [{"name": d["file"], "hash": d["sha256"], "size": d["size"],
-                       "sizeMB": round(d["size"] / (1024 * 1024), 2), "remoteUrl": d["remote_url"],
-                       "path": d["path"], "programs": d["programs"]} for d in context["data_files"]],
+        "dataFiles": [
+            {
+                "name": d["file"],
+                "hash": d["sha256"],
+                "size": d["size"],
+                "sizeMB": round(d["size"] / (1024 * 1024), 2),
+                "remoteUrl": d["remote_url"],
+                "path": d["path"],
+                "programs": d["programs"],
+            }
+            for d in context["data_files"]
+        ],
         "labels": [],
         "backends": {v["backend"]: {"description": v["description"]} for v in context["variants"]},
         "excluded": context["excluded"],
@@ -99,5 +110,6 @@ def write_manifests(context: dict, directory: Path) -> dict:
 def manifest_stage(context: dict, workdir: Path) -> BuildResult:
     """The manifest stage's builder: every file rendered into ``workdir``."""
     files = write_manifests(context, workdir)
-    return BuildResult(files=files, info={"variants": len(context["variants"]),
-                                          "excluded": [e["cell"] for e in context["excluded"]]})
+    return BuildResult(
+        files=files, info={"variants": len(context["variants"]), "excluded": [e["cell"] for e in context["excluded"]]}
+    )

@@ -27,7 +27,7 @@ def nice_step(span: float, target: int = 5) -> float:
         return 1.0
     exp = math.floor(math.log10(raw))
     for m in (1, 2, 2.5, 5, 10):
-        step = m * 10 ** exp
+        step = m * 10**exp
         if step >= raw:
             return step
     return 10 ** (exp + 1)
@@ -59,14 +59,25 @@ def bar_chart(title: str, rows: list, metric: str, backends: list, schemes: list
     plot_w, plot_h = width - left - right, height - top - bottom
     values = {r["cell"]: (r["size_bytes"] if metric == "size" else r["p50_ms"]) for r in rows}
     present = [v for v in values.values() if v is not None]
-    chart = {"title": title, "metric": metric, "width": width, "height": height,
-             "plot": {"x": left, "y": top, "w": plot_w, "h": plot_h},
-             "bars": [], "missing": [], "groups": [], "yticks": [], "ylabel": "", "empty": not present}
+    chart = {
+        "title": title,
+        "metric": metric,
+        "width": width,
+        "height": height,
+        "plot": {"x": left, "y": top, "w": plot_w, "h": plot_h},
+        "bars": [],
+        "missing": [],
+        "groups": [],
+        "yticks": [],
+        "ylabel": "",
+        "empty": not present,
+    }
     if not present:
         chart["height"] = 90  # nothing to draw: a short note, not an empty frame
         chart["plot"] = {"x": left, "y": top, "w": plot_w, "h": 90 - top - 14}
-        chart["empty_text"] = ("no benchmark results for this model" if metric == "latency"
-                               else "no program was built for this model")
+        chart["empty_text"] = (
+            "no benchmark results for this model" if metric == "latency" else "no program was built for this model"
+        )
         return chart
     if metric == "size":
         unit, div = _size_unit(max(present))
@@ -85,8 +96,7 @@ def bar_chart(title: str, rows: list, metric: str, backends: list, schemes: list
     bar_w = min(40.0, group_w * 0.8 / max(len(schemes), 1))
     for gi, backend in enumerate(backends):
         gx = left + gi * group_w
-        chart["groups"].append({"x": _r(gx + group_w / 2), "text": backend,
-                                "sep": _r(gx) if gi else None})
+        chart["groups"].append({"x": _r(gx + group_w / 2), "text": backend, "sep": _r(gx) if gi else None})
         x0 = gx + (group_w - bar_w * len(schemes)) / 2
         for si, scheme in enumerate(schemes):
             row = by_slot.get((backend, scheme))
@@ -95,19 +105,28 @@ def bar_chart(title: str, rows: list, metric: str, backends: list, schemes: list
             x = x0 + si * bar_w
             value = values[row["cell"]]
             if value is None:
-                chart["missing"].append({"x": _r(x + bar_w / 2), "y": _r(top + plot_h - 4),
-                                         "cell": row["cell"], "status": row["status"]})
+                chart["missing"].append(
+                    {"x": _r(x + bar_w / 2), "y": _r(top + plot_h - 4), "cell": row["cell"], "status": row["status"]}
+                )
                 continue
             h = max(value / div / top_value * plot_h, 1.0)
             label = row["size_text"] if metric == "size" else row["latency_text"]
-            chart["bars"].append({
-                "x": _r(x + 1), "y": _r(top + plot_h - h), "w": _r(bar_w - 2), "h": _r(h),
-                "cell": row["cell"], "status": row["status"], "colour": colours[scheme],
-                "label": label.replace(" ms", "") if metric == "latency" else label.split(" ")[0],
-                "show_label": bar_w >= 22, "label_y": _r(top + plot_h - h - 4),
-                "title": f"{row['cell']}: {label} ({row['status']})",
-                "regression": bool(row["regression"]) and metric == "latency",
-            })
+            chart["bars"].append(
+                {
+                    "x": _r(x + 1),
+                    "y": _r(top + plot_h - h),
+                    "w": _r(bar_w - 2),
+                    "h": _r(h),
+                    "cell": row["cell"],
+                    "status": row["status"],
+                    "colour": colours[scheme],
+                    "label": label.replace(" ms", "") if metric == "latency" else label.split(" ")[0],
+                    "show_label": bar_w >= 22,
+                    "label_y": _r(top + plot_h - h - 4),
+                    "title": f"{row['cell']}: {label} ({row['status']})",
+                    "regression": bool(row["regression"]) and metric == "latency",
+                }
+            )
     return chart
 
 
@@ -120,8 +139,7 @@ def marker_path(shape: str, x: float, y: float, s: float = 5.5) -> str:
     if shape in ("triangle", "triangle-down"):
         d = s * 1.3 * (1 if shape == "triangle" else -1)
         return f"M{_r(x)},{_r(y - d)}L{_r(x + abs(d))},{_r(y + d * 0.8)}L{_r(x - abs(d))},{_r(y + d * 0.8)}z"
-    return (f"M{_r(x - s)},{_r(y)}a{s},{s} 0 1,0 {_r(2 * s)},0"
-            f"a{s},{s} 0 1,0 {_r(-2 * s)},0z")
+    return f"M{_r(x - s)},{_r(y)}a{s},{s} 0 1,0 {_r(2 * s)},0a{s},{s} 0 1,0 {_r(-2 * s)},0z"
 
 
 def _overlaps(a: tuple, b: tuple) -> bool:
@@ -135,10 +153,18 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
     plot_w, plot_h = width - left - right, height - top - bottom
     candidates = [r for r in rows if r["quantized"] and r["status"] != "rejected"]
     points = [r for r in candidates if r["sqnr_db"] is not None and r["size_bytes"] is not None]
-    chart = {"width": width, "height": height, "plot": {"x": left, "y": top, "w": plot_w, "h": plot_h},
-             "points": [], "xticks": [], "yticks": [], "xlabel": "", "ylabel": "SQNR vs eager (dB)",
-             "empty": not points,
-             "omitted": [r["cell"] for r in candidates if r not in points]}
+    chart = {
+        "width": width,
+        "height": height,
+        "plot": {"x": left, "y": top, "w": plot_w, "h": plot_h},
+        "points": [],
+        "xticks": [],
+        "yticks": [],
+        "xlabel": "",
+        "ylabel": "SQNR vs eager (dB)",
+        "empty": not points,
+        "omitted": [r["cell"] for r in candidates if r not in points],
+    }
     if not points:
         return chart
     sizes = [r["size_bytes"] for r in points]
@@ -150,9 +176,10 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
 
         def sx(v):
             return left + (math.log10(v) - lo) / (hi - lo) * plot_w
+
         for k in range(4):  # 1, 2, 5, 10, ... 500 of B, KB, MB, GB
             for m in (1, 2, 5, 10, 20, 50, 100, 200, 500):
-                v = m * 1024 ** k
+                v = m * 1024**k
                 if lo <= math.log10(v) <= hi:
                     chart["xticks"].append({"x": _r(sx(v)), "text": _size_text(v)})
     else:
@@ -164,10 +191,10 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
 
         def sx(v):
             return left + (v / div - x_lo) / (x_hi - x_lo) * plot_w
+
         for i in range(int(round((x_hi - x_lo) / step)) + 1):
             v = x_lo + i * step
-            chart["xticks"].append({"x": _r(left + (v - x_lo) / (x_hi - x_lo) * plot_w),
-                                    "text": _tick_text(v, step)})
+            chart["xticks"].append({"x": _r(left + (v - x_lo) / (x_hi - x_lo) * plot_w), "text": _tick_text(v, step)})
     ys = [r["sqnr_db"] for r in points]
     yspan = max(ys) - min(ys) or 10.0
     ystep = nice_step(yspan * 1.3, 5)
@@ -176,6 +203,7 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
 
     def sy(v):
         return top + plot_h - (v - y_lo) / (y_hi - y_lo) * plot_h
+
     for i in range(int(round((y_hi - y_lo) / ystep)) + 1):
         v = y_lo + i * ystep
         chart["yticks"].append({"y": _r(sy(v)), "text": _tick_text(v, ystep)})
@@ -186,8 +214,9 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
     for r, (px, py) in sorted(zip(points, marks), key=lambda item: (item[1][1], item[1][0])):
         text = r["cell"]
         w, h = len(text) * CHAR_W, 13
-        options = [(9, -3), (-9 - w, -3)] + [(dx, dy) for dy in (-14, 12, -26, 24, -38, 36)
-                                              for dx in (9, -w / 2, -9 - w)]
+        options = [(9, -3), (-9 - w, -3)] + [
+            (dx, dy) for dy in (-14, 12, -26, 24, -38, 36) for dx in (9, -w / 2, -9 - w)
+        ]
         chosen = None
         for dx, dy in options:
             box = (px + dx, py + dy - h + 3, px + dx + w, py + dy + 3)
@@ -200,12 +229,19 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
             chosen = (9, -3, (px + 9, py - h, px + 9 + w, py + 3))
         dx, dy, box = chosen
         placed.append(box)
-        chart["points"].append({
-            "cell": r["cell"], "status": r["status"], "colour": colours[r["quant"]],
-            "quant": r["quant"], "backend": r["backend"],
-            "path": marker_path(markers[r["backend"]], px, py), "label": text,
-            "lx": _r(px + dx), "ly": _r(py + dy),
-            "title": f"{r['cell']}: SQNR {r['sqnr_text']} dB, {r['size_text']} ({r['status']})",
-        })
+        chart["points"].append(
+            {
+                "cell": r["cell"],
+                "status": r["status"],
+                "colour": colours[r["quant"]],
+                "quant": r["quant"],
+                "backend": r["backend"],
+                "path": marker_path(markers[r["backend"]], px, py),
+                "label": text,
+                "lx": _r(px + dx),
+                "ly": _r(py + dy),
+                "title": f"{r['cell']}: SQNR {r['sqnr_text']} dB, {r['size_text']} ({r['status']})",
+            }
+        )
     chart["points"].sort(key=lambda p: p["cell"])
     return chart

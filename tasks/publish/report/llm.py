@@ -9,10 +9,16 @@ from __future__ import annotations
 import math
 
 # (column heading, info key, unit) in table order
-COLUMNS = (("load", "llm_load_ms", "ms"), ("prompt", "llm_prompt_len", "tokens"),
-           ("prefill", "llm_prefill_tok_s", "tok/s"), ("time to first token", "llm_ttft_ms", "ms"),
-           ("decode", "llm_decode_tok_s", "tok/s"), ("decode step p50", "llm_decode_step_p50_ms", "ms"),
-           ("peak RSS", "llm_peak_rss_mb", "MB"), ("added by the program", "llm_peak_rss_delta_mb", "MB"))
+COLUMNS = (
+    ("load", "llm_load_ms", "ms"),
+    ("prompt", "llm_prompt_len", "tokens"),
+    ("prefill", "llm_prefill_tok_s", "tok/s"),
+    ("time to first token", "llm_ttft_ms", "ms"),
+    ("decode", "llm_decode_tok_s", "tok/s"),
+    ("decode step p50", "llm_decode_step_p50_ms", "ms"),
+    ("peak RSS", "llm_peak_rss_mb", "MB"),
+    ("added by the program", "llm_peak_rss_delta_mb", "MB"),
+)
 
 
 def _text(value, unit: str) -> str:
@@ -32,6 +38,11 @@ def llm_rows(rows: list, bench: dict) -> list:
         info = bench.get(row["cell"])
         if not isinstance(info, dict) or "llm_decode_tok_s" not in info:
             continue
-        out.append({"cell": row["cell"], "figures": [_text(info.get(key), unit) for _, key, unit in COLUMNS],
-                    "title": f"{info.get('llm_decode_steps')} decode steps; medians over generations"})
+        out.append(
+            {
+                "cell": row["cell"],
+                "figures": [_text(info.get(key), unit) for _, key, unit in COLUMNS],
+                "title": f"{info.get('llm_decode_steps')} decode steps; medians over generations",
+            }
+        )
     return out

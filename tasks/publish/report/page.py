@@ -19,19 +19,28 @@ from pathlib import Path
 from tasks.core.atomic import atomic_write_text
 from tasks.publish import baseline, outcome, summary, templates
 from tasks.publish.outcome import finite as _num
-from tasks.publish.report.llm import COLUMNS as LLM_COLUMNS, llm_rows
 from tasks.publish.report.charts import BACKEND_MARKERS, SCHEME_COLOURS, bar_chart, marker_path, scatter_chart
+from tasks.publish.report.llm import COLUMNS as LLM_COLUMNS
+from tasks.publish.report.llm import llm_rows
 from tasks.store.results import BuildResult
 
 TEMPLATE = "report.html.j2"
 STATUS_ORDER = outcome.STATUSES
 # Status -> badge style in the template; the rest look neutral.
-BADGES = {"ok": "ok", "provisional": "provisional", "on-device": "on-device", "failed": "failed",
-          "unexpectedly-passing": "unexpected", "expected-failure": "expected", "skipped": "skipped",
-          "rejected": "rejected"}
+BADGES = {
+    "ok": "ok",
+    "provisional": "provisional",
+    "on-device": "on-device",
+    "failed": "failed",
+    "unexpectedly-passing": "unexpected",
+    "expected-failure": "expected",
+    "skipped": "skipped",
+    "rejected": "rejected",
+}
 
 
 # --------------------------------------------------------------------------- formatting
+
 
 def format_ms(value) -> str:
     if value is None:
@@ -55,6 +64,7 @@ def format_fraction(value) -> str:
 
 # --------------------------------------------------------------------------- rows
 
+
 def _flags_by_cell(baseline_flags) -> dict:
     """Regression flags (cell names, or dicts with a "cell" key) -> cell -> one-line text."""
     out: dict = {}
@@ -66,8 +76,12 @@ def _flags_by_cell(baseline_flags) -> dict:
             continue
         text = next((str(flag[k]) for k in ("message", "reason", "note") if flag.get(k)), None)
         if text is None:
-            pct = _num(next((flag[k] for k in ("change_pct", "slower_pct", "delta_pct", "regression_pct", "pct")
-                             if k in flag), None))
+            pct = _num(
+                next(
+                    (flag[k] for k in ("change_pct", "slower_pct", "delta_pct", "regression_pct", "pct") if k in flag),
+                    None,
+                )
+            )
             base = _num(flag.get("baseline_p50_ms"))
             text = "slower than the baseline"
             if pct is not None:
@@ -83,8 +97,12 @@ def _flags_by_cell(baseline_flags) -> dict:
 
 
 # (label, keys tried in order) for the latency cell's tooltip
-BENCH_DETAILS = (("p90", ("p90_ms", "latency_p90_ms")), ("trimmed mean", ("trimmed_mean_ms", "latency_trimmed_mean_ms")),
-                 ("min", ("min_ms", "latency_min_ms")), ("load", ("load_ms",)))
+BENCH_DETAILS = (
+    ("p90", ("p90_ms", "latency_p90_ms")),
+    ("trimmed mean", ("trimmed_mean_ms", "latency_trimmed_mean_ms")),
+    ("min", ("min_ms", "latency_min_ms")),
+    ("load", ("load_ms",)),
+)
 
 
 def _bench_title(result: dict) -> str:
@@ -116,29 +134,50 @@ def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict)
     coverage = ev.coverage
     sqnr = _num(ev.metrics.get("sqnr_db"))
     top1, top5 = _num(ev.metrics.get("top1_agreement")), _num(ev.metrics.get("top5_agreement"))
-    accuracy_title = "; ".join(f"{k}: {v:.6g}" for k, v in
-                               (("cosine", _num(ev.metrics.get("cosine"))),
-                                ("max abs error", _num(ev.metrics.get("max_abs_error"))))
-                               if v is not None)
+    accuracy_title = "; ".join(
+        f"{k}: {v:.6g}"
+        for k, v in (
+            ("cosine", _num(ev.metrics.get("cosine"))),
+            ("max abs error", _num(ev.metrics.get("max_abs_error"))),
+        )
+        if v is not None
+    )
     if ev.validated_on:
-        accuracy_title = "; ".join(filter(None, [f"validated on {ev.validated_on}"
-                                                 + (f" ({ev.samples} samples)" if ev.samples else ""),
-                                                 accuracy_title]))
+        accuracy_title = "; ".join(
+            filter(
+                None,
+                [
+                    f"validated on {ev.validated_on}" + (f" ({ev.samples} samples)" if ev.samples else ""),
+                    accuracy_title,
+                ],
+            )
+        )
     timing = bench.get(cell.name) if isinstance(bench.get(cell.name), dict) else {}
     p50 = baseline.p50_of(timing)
     return {
-        "cell": cell.name, "model": cell.model.name, "backend": cell.backend.name,
-        "quant": cell.quant.name, "quantized": cell.transform is not None,
-        "status": result.status, "note": summary.outcome_row(result)["note"],
-        "size_bytes": size, "size_text": summary.human_size(size),
-        "sqnr_db": sqnr, "sqnr_text": summary.sqnr_text(result), "accuracy_title": accuracy_title,
-        "top1": top1, "top1_text": format_fraction(top1), "top5_text": format_fraction(top5),
+        "cell": cell.name,
+        "model": cell.model.name,
+        "backend": cell.backend.name,
+        "quant": cell.quant.name,
+        "quantized": cell.transform is not None,
+        "status": result.status,
+        "note": summary.outcome_row(result)["note"],
+        "size_bytes": size,
+        "size_text": summary.human_size(size),
+        "sqnr_db": sqnr,
+        "sqnr_text": summary.sqnr_text(result),
+        "accuracy_title": accuracy_title,
+        "top1": top1,
+        "top1_text": format_fraction(top1),
+        "top5_text": format_fraction(top5),
         "random_inputs": bool(ev.metrics) and str(ev.validated_on or "").startswith("random"),
-        "p50_ms": p50, "latency_text": format_ms(p50), "bench_title": _bench_title(timing),
+        "p50_ms": p50,
+        "latency_text": format_ms(p50),
+        "bench_title": _bench_title(timing),
         "regression": flags.get(cell.name),
-        "coverage": coverage, "coverage_text": format_fraction(coverage),
-        "coverage_title": (f"{delegated} delegated, {non_delegated} not delegated"
-                           if coverage is not None else ""),
+        "coverage": coverage,
+        "coverage_text": format_fraction(coverage),
+        "coverage_title": (f"{delegated} delegated, {non_delegated} not delegated" if coverage is not None else ""),
     }
 
 
@@ -150,12 +189,29 @@ def rejected_data(rejected) -> dict:
         row = summary.rejected_row(rejected)
         model, backend, quant = rejected.model, rejected.backend, rejected.quantization
     return {
-        "cell": row["cell"], "model": model, "backend": backend, "quant": quant, "quantized": False,
-        "status": "rejected", "note": row.get("note", ""),
-        "size_bytes": None, "size_text": "-", "sqnr_db": None, "sqnr_text": "-", "accuracy_title": "",
-        "top1": None, "top1_text": "-", "top5_text": "-", "random_inputs": None,
-        "p50_ms": None, "latency_text": "-", "bench_title": "", "regression": None,
-        "coverage": None, "coverage_text": "-", "coverage_title": "",
+        "cell": row["cell"],
+        "model": model,
+        "backend": backend,
+        "quant": quant,
+        "quantized": False,
+        "status": "rejected",
+        "note": row.get("note", ""),
+        "size_bytes": None,
+        "size_text": "-",
+        "sqnr_db": None,
+        "sqnr_text": "-",
+        "accuracy_title": "",
+        "top1": None,
+        "top1_text": "-",
+        "top5_text": "-",
+        "random_inputs": None,
+        "p50_ms": None,
+        "latency_text": "-",
+        "bench_title": "",
+        "regression": None,
+        "coverage": None,
+        "coverage_text": "-",
+        "coverage_title": "",
     }
 
 
@@ -166,15 +222,24 @@ def _order(plan):
     big = 1 << 20
 
     def key(row):
-        return (models.get(row["model"], big), row["model"], backends.get(row["backend"], big),
-                row["backend"], quants.get(row["quant"], big), row["quant"])
+        return (
+            models.get(row["model"], big),
+            row["model"],
+            backends.get(row["backend"], big),
+            row["backend"],
+            quants.get(row["quant"], big),
+            row["quant"],
+        )
+
     return key
 
 
 # --------------------------------------------------------------------------- page
 
-def build_context(plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None,
-                  host: dict | None = None) -> dict:
+
+def build_context(
+    plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None, host: dict | None = None
+) -> dict:
     """``host``: read the cells' benchmark records too (a failed benchmark fails its cell)."""
     bench = bench or {}
     flags = _flags_by_cell(baseline_flags)
@@ -195,8 +260,14 @@ def build_context(plan, cells, rejected, bench: dict | None = None, baseline_fla
         built = [r for r in model_rows if r["status"] != "rejected"]
         backends = [b for b in present_backends if any(r["backend"] == b for r in built)]
         schemes = [q for q in present_quants if any(r["quant"] == q for r in built)]
-        charts = [bar_chart(f"{model}: latency p50", built, "latency", backends, schemes, colours),
-                  bar_chart(f"{model}: program size", built, "size", backends, schemes, colours)] if built else []
+        charts = (
+            [
+                bar_chart(f"{model}: latency p50", built, "latency", backends, schemes, colours),
+                bar_chart(f"{model}: program size", built, "size", backends, schemes, colours),
+            ]
+            if built
+            else []
+        )
         models.append({"name": model, "rows": model_rows, "charts": charts})
 
     counts = {}
@@ -207,14 +278,21 @@ def build_context(plan, cells, rejected, bench: dict | None = None, baseline_fla
     known = {r["cell"] for r in rows}
     scatter = scatter_chart(rows, colours, markers)
     return {
-        "name": plan.name, "version": plan.version,
-        "rows": rows, "models": models, "status_counts": status_counts,
+        "name": plan.name,
+        "version": plan.version,
+        "rows": rows,
+        "models": models,
+        "status_counts": status_counts,
         "scheme_legend": [{"name": q, "colour": c} for q, c in colours.items()],
         "scatter": scatter,
-        "scatter_schemes": [{"name": q, "colour": c} for q, c in colours.items()
-                            if any(p["quant"] == q for p in scatter["points"])],
-        "scatter_backends": [{"name": b, "path": marker_path(m, 8, 8, 5)} for b, m in markers.items()
-                             if any(p["backend"] == b for p in scatter["points"])],
+        "scatter_schemes": [
+            {"name": q, "colour": c} for q, c in colours.items() if any(p["quant"] == q for p in scatter["points"])
+        ],
+        "scatter_backends": [
+            {"name": b, "path": marker_path(m, 8, 8, 5)}
+            for b, m in markers.items()
+            if any(p["backend"] == b for p in scatter["points"])
+        ],
         "llm_columns": [heading for heading, _, _ in LLM_COLUMNS],
         "llm_rows": llm_rows(rows, bench),  # the benchmark's LLM figures (tasks/publish/report/llm.py)
         "has_bench": any(r["p50_ms"] is not None for r in rows),
@@ -228,13 +306,21 @@ def build_context(plan, cells, rejected, bench: dict | None = None, baseline_fla
     }
 
 
-def render_report(plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None,
-                  host: dict | None = None) -> str:
+def render_report(
+    plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None, host: dict | None = None
+) -> str:
     return templates.render(TEMPLATE, **build_context(plan, cells, rejected, bench, baseline_flags, host))
 
 
-def write_report(plan, cells, rejected, out_path: Path, bench: dict | None = None,
-                 baseline_flags: list | None = None, host: dict | None = None) -> None:
+def write_report(
+    plan,
+    cells,
+    rejected,
+    out_path: Path,
+    bench: dict | None = None,
+    baseline_flags: list | None = None,
+    host: dict | None = None,
+) -> None:
     """Write the HTML report for ``cells`` (and the ``rejected`` combinations) to ``out_path``.
 
     ``bench`` maps a cell name to its benchmark results: {"p50_ms": ..., ...}, the
@@ -249,6 +335,7 @@ def write_report(plan, cells, rejected, out_path: Path, bench: dict | None = Non
 
 # ---------------------------------------------------------------- the report stage
 
+
 def benchmark_results(plan, cells, host: dict) -> dict:
     """Cell name -> benchmark info of the cells benchmarked here (their outcomes' evidence)."""
     return {o.cell: o.evidence.benchmark for o in outcome.outcomes(plan, cells, host) if o.evidence.benchmark}
@@ -258,8 +345,9 @@ def report_content(plan, cells, host: dict) -> dict:
     """What the report stage renders (its digest is the key): the page's context for the selected cells."""
     models = {c.model.name for c in cells}
     bench = benchmark_results(plan, cells, host)
-    return build_context(plan, cells, [r for r in plan.rejected if r.model in models], bench,
-                         baseline.regressions(plan, bench), host)
+    return build_context(
+        plan, cells, [r for r in plan.rejected if r.model in models], bench, baseline.regressions(plan, bench), host
+    )
 
 
 def report_stage(context: dict, workdir: Path) -> BuildResult:
