@@ -47,7 +47,7 @@ quantization: [{schemes}]
 def naive_model(pipeline: Path, model_name: str, out_dir: Path) -> None:
     """One typical export script run: every cell of one model, each from a fresh torch.export."""
     sys.path.insert(0, str(REPO))
-    from tasks.config.resolve import resolve
+    from etforge.config.resolve import resolve
 
     plan = resolve(pipeline)
     for cell in (c for c in plan.cells if c.model.name == model_name):
@@ -62,10 +62,10 @@ def naive_cell(plan, cell, out_dir: Path) -> None:
     import torch
     from executorch.exir import to_edge_transform_and_lower
 
-    from tasks.build.lower import partitioners_for
-    from tasks.build.model_loading import build_model, example_inputs
-    from tasks.build.samples import calibration_batches
-    from tasks.core.dotted_path import load_callable
+    from etforge.builders.lower import partitioners_for
+    from etforge.builders.model_loading import build_model, example_inputs
+    from etforge.builders.samples import calibration_batches
+    from etforge.core.dotted_path import load_callable
 
     model = build_model(cell.model, plan.root)
     inputs = example_inputs(cell.model, plan.seed)
@@ -124,7 +124,7 @@ def main() -> int:
     pipeline = project / "pipeline.yaml"
     pipeline.write_text(PIPELINE.format(backends=backends, schemes=", ".join(args.schemes.split(","))))
     sys.path.insert(0, str(REPO))
-    from tasks.config.resolve import resolve
+    from etforge.config.resolve import resolve
 
     plan = resolve(pipeline)
     models = list(plan.models)

@@ -120,8 +120,8 @@ def save_checkpoint(directory: Path) -> str:
     import torch
 
     sys.path.insert(0, str(REPO))
-    from tasks.build.hf_models import import_transformers
-    from tasks.config.hf_source import checkpoint_digest
+    from etforge.builders.hf_models import import_transformers
+    from etforge.config.hf_source import checkpoint_digest
 
     tf = import_transformers()
     torch.manual_seed(SEED)

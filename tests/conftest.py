@@ -84,7 +84,7 @@ class Project:
         """Start doit without waiting for it (see doit_concurrently)."""
         env = {**os.environ, "ETFORGE_PIPELINE": str(self.pipeline), **(extra_env or {})}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args],
+            [sys.executable, "-m", "etforge", *args],
             cwd=self.root,
             env=env,
             stdout=subprocess.PIPE,
@@ -263,7 +263,7 @@ def make_bucket(endpoint: str, bucket: str) -> None:
 def start_doit(project, *args):
     env = {**os.environ, "ETFORGE_PIPELINE": str(project.pipeline)}
     return subprocess.Popen(
-        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args],
+        [sys.executable, "-m", "etforge", *args],
         cwd=project.root,
         env=env,
         stdout=subprocess.PIPE,
@@ -288,7 +288,7 @@ def wait_for_line(proc, needle: str, timeout: float = 300) -> str:
 
 def assert_nothing_half_done(project) -> None:
     """Every state record that claims success matches its outputs, and every store entry verifies."""
-    from tasks.store.entries import read_entry
+    from etforge.cache.entries import read_entry
 
     cache = project.root / "artifacts" / "cache"
     for entry in cache.glob("??/*"):

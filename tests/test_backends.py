@@ -100,7 +100,7 @@ def test_importing_the_factories_imports_no_backend():
     import subprocess
 
     code = (
-        "import sys, tasks.build.partitioners, tasks.build.quantizers; "
+        "import sys, etforge.builders.partitioners, etforge.builders.quantizers; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch', 'coremltools')))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -124,7 +124,7 @@ def test_sdk_gated_recipe_is_unmet_here_and_its_hint_names_the_missing_piece(nam
 
 
 def test_host_checker_agrees_with_recipe_needs():
-    host = pytest.importorskip("tasks.config.requirements")
+    host = pytest.importorskip("etforge.config.requirements")
     for name in SDK_GATED:
         assert host.missing_requirement(recipe(name)["needs"]), name
     for name in FP32_LOWERABLE + INT8_ONLY:
@@ -133,7 +133,7 @@ def test_host_checker_agrees_with_recipe_needs():
 
 def test_qnn_factory_refuses_without_sdk_and_never_imports_qualcomm(monkeypatch):
     monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
-    from tasks.build import partitioners as P
+    from etforge.builders import partitioners as P
 
     with pytest.raises(RuntimeError, match="QNN_SDK_ROOT"):
         P.qnn(defaults(recipe("qnn")))
@@ -219,8 +219,8 @@ def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
     import executorch.kernels.quantized  # noqa: F401  (q/dq ops left outside the delegate)
     import torch
 
-    from tasks.build.quantize import pt2e_quantize
-    from tasks.build.quantizers import ethos_u_int8
+    from etforge.builders.quantize import pt2e_quantize
+    from etforge.builders.quantizers import ethos_u_int8
 
     model, x, _, program = cnn
     options = defaults(recipe(name))
@@ -235,7 +235,7 @@ def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
 def test_fallback_chain_coreml_then_xnnpack(cnn):
     from executorch.exir import to_edge_transform_and_lower
 
-    from tasks.build.gates import delegation_coverage
+    from etforge.builders.gates import delegation_coverage
 
     _, _, _, program = cnn
     edge = to_edge_transform_and_lower(program, partitioner=partitioners("coreml") + partitioners("xnnpack"))
@@ -322,9 +322,9 @@ def test_the_coverage_gate_passes_a_fully_delegated_program(coverage_run):
 
 
 def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(coverage_run):
-    from tasks.build.gates import delegation_gate
-    from tasks.config.resolve import resolve
-    from tasks.store.specs import spec_of
+    from etforge.builders.gates import delegation_gate
+    from etforge.config.resolve import resolve
+    from etforge.pipeline.specs import spec_of
 
     project, _ = coverage_run
     before = resolve(project.pipeline)

@@ -17,15 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.build.benchmark import (
+from etforge.builders.benchmark import (
     BENCH,
     build_benchmark,
     current_thread_count,
     prepare_inputs,
     resolve_options,
 )
-from tasks.build.timing_stats import summarize
-from tasks.publish.baseline import BASELINE_FORMAT, compare_with_baseline, load_baseline, write_baseline
+from etforge.builders.timing_stats import summarize
+from etforge.publish.baseline import BASELINE_FORMAT, compare_with_baseline, load_baseline, write_baseline
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "bench_agreement.py"

@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from conftest import REPO, copy_project, make_project
 
-from tasks.config.resolve import resolve
-from tasks.publish import literals
-from tasks.publish.manifests import cpp_header
-from tasks.store.records import read_state
-from tasks.store.specs import spec_of
+from etforge.cache.records import read_state
+from etforge.config.resolve import resolve
+from etforge.pipeline.specs import spec_of
+from etforge.publish import literals
+from etforge.publish.manifests import cpp_header
 
 MODELS = {"linreg": (1, 4), "cnn": (1, 3, 8, 8)}
 BACKENDS = ("xnnpack", "portable")

@@ -16,7 +16,6 @@ import pytest
 from conftest import (
     DATABASE_DAMAGE,
     LINREG_PIPELINE,
-    REPO,
     Project,
     assert_nothing_half_done,
     copy_project,
@@ -27,7 +26,7 @@ from conftest import (
     wait_for_line,
 )
 
-from tasks.store.entries import read_entry
+from etforge.cache.entries import read_entry
 
 
 # Mid-lowering and mid-verdict run by default; between tasks and mid-capture in `make test-all`.
@@ -83,14 +82,14 @@ def test_shards_split_the_matrix_without_overlap(tmp_path):
     project = make_project(tmp_path / "proj")
     shards = []
     for k in (1, 2, 3):
-        listed = project.doit("list", "--all", f"shard={k}/3").stdout
+        listed = project.doit("list", "--all", "--shard", f"{k}/3").stdout
         shards.append({line.split()[0] for line in listed.splitlines() if line.startswith("export:")})
     everything = {
         line.split()[0] for line in project.doit("list", "--all").stdout.splitlines() if line.startswith("export:")
     }
     assert set().union(*shards) == everything
     assert sum(len(s) for s in shards) == len(everything)
-    bad = project.doit("list", "shard=4/3")
+    bad = project.doit("list", "--shard", "4/3")
     assert bad.returncode == 3 and "expected k/n with 1 <= k <= n" in bad.stderr
 
 
@@ -299,7 +298,7 @@ def test_a_damaged_doit_database_costs_one_warning_and_no_rebuild(built_tiny, tm
 
 def doit_with_file_limit(project: Project, kilobytes: int, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "ETFORGE_PIPELINE": str(project.pipeline)}
-    command = " ".join([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *args])
+    command = " ".join([sys.executable, "-m", "etforge", *args])
     return subprocess.run(
         ["bash", "-c", f"ulimit -f {kilobytes}; exec {command}"],
         cwd=project.root,

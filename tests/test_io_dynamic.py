@@ -54,7 +54,7 @@ def test_dynamic_model_is_validated_at_min_interior_and_max(built):
 
 
 def test_backends_without_dynamic_shapes_are_rejected_at_plan_time(tmp_path, monkeypatch):
-    from tasks.config.resolve import resolve
+    from etforge.config.resolve import resolve
 
     project = make_project(tmp_path / "proj", PIPELINE)
     plan = resolve(project.pipeline)
@@ -80,8 +80,8 @@ def test_backends_without_dynamic_shapes_are_rejected_at_plan_time(tmp_path, mon
     ],
 )
 def test_a_bad_dynamic_dim_is_one_line_with_file_line_key(dim, message, tmp_path, monkeypatch):
-    from tasks.config.resolve import resolve
-    from tasks.core.errors import PipelineError
+    from etforge.config.resolve import resolve
+    from etforge.core.errors import PipelineError
 
     text = PIPELINE.replace("[1, {min: 1, max: 64, name: seq}, 16]", f"[1, {dim}, 16]")
     project = make_project(tmp_path / "proj", text)
@@ -93,7 +93,7 @@ def test_a_bad_dynamic_dim_is_one_line_with_file_line_key(dim, message, tmp_path
 
 
 def test_measured_sizes_step_off_powers_of_two():
-    from tasks.config.model import measured_sizes
+    from etforge.config.model import measured_sizes
 
     assert measured_sizes(1, 512) == [1, 257, 512]
     assert measured_sizes(1, 64) == [1, 33, 64]

@@ -1,4 +1,4 @@
-"""Stream IO, point 1: integer and bounded inputs sampled by one generator (tasks/build/samples.py).
+"""Stream IO, point 1: integer and bounded inputs sampled by one generator (tasks/builders/samples.py).
 
 The built project: a model with an nn.Embedding on int64 ids plus an image, lowered to XNNPACK in
 fp32 and in PT2E static int8. Static int8 calibration used to draw normal samples cast to int64
@@ -49,7 +49,7 @@ def rows(project) -> dict:
 
 
 def test_static_int8_calibrates_an_embedding_on_int64_ids(built):
-    from tasks.build.reference import load_reference_samples
+    from etforge.builders.reference import load_reference_samples
 
     table = rows(built)
     for cell in ("tokens/xnnpack/int8", "unranged/xnnpack/fp32", "tokens/xnnpack/fp32"):
@@ -74,8 +74,8 @@ def test_summary_says_when_integer_inputs_took_the_default_range(built):
 
 
 def test_one_generator_honours_dtype_range_and_seed():
-    from tasks.build.samples import load_samples, random_inputs
-    from tasks.config.model import InputSpec, ModelSpec
+    from etforge.builders.samples import load_samples, random_inputs
+    from etforge.config.model import InputSpec, ModelSpec
 
     inputs = (
         InputSpec("ids", (4, 500), "int64", (0, 32000)),
@@ -119,8 +119,8 @@ RANGE_CASES = [
 
 @pytest.mark.parametrize("item,message", RANGE_CASES)
 def test_a_bad_range_is_one_line_with_file_line_key(item, message, tmp_path, monkeypatch):
-    from tasks.config.resolve import resolve
-    from tasks.core.errors import PipelineError
+    from etforge.config.resolve import resolve
+    from etforge.core.errors import PipelineError
 
     text = (
         "name: t\nmodels:\n  m:\n    python: models.linreg:build\n    inputs:\n"
@@ -168,7 +168,7 @@ def test_manifests_and_header_name_outputs_by_their_path(built):
 
 
 def test_output_identifiers_follow_pytree_paths():
-    from tasks.config.io_spec import output_identifiers, output_labels
+    from etforge.config.io_spec import output_identifiers, output_labels
 
     paths = ["", "[0]", "[1][2]", "['boxes']", "['extra'][1][0]", "['a b']"]
     assert output_identifiers(paths) == ["output_0", "output_0_1", "output_1_2", "boxes", "extra_1_0", "a_b"]

@@ -49,7 +49,7 @@ def test_each_method_is_lowered_into_one_program_and_validated(built):
         assert report["passed"] and report["methods"] == ["encode", "decode"]
         assert [(o["method"], o["shape"]) for o in report["outputs"]] == [("encode", [1, 16]), ("decode", [1, 4, 20])]
     pte = built.out / "seq2seq" / "seq2seq_xnnpack_fp32.pte"
-    # the two methods, and etforge's metadata constant methods (tasks/store/program_meta.py)
+    # the two methods, and etforge's metadata constant methods (tasks/program/metadata.py)
     methods = {"encode", "decode", "etforge_meta_json", "etforge_meta_version"}
     assert set(Runtime.get().load_program(pte.read_bytes()).method_names) == methods
     quantized = built.out / "seq2seq" / "seq2seq_xnnpack_8da8w.pte"
@@ -66,8 +66,8 @@ def test_each_method_is_benchmarked(built):
 
 
 def test_plan_rejects_what_several_methods_cannot_do_yet_and_bad_declarations(tmp_path, monkeypatch):
-    from tasks.config.resolve import resolve
-    from tasks.core.errors import PipelineError
+    from etforge.config.resolve import resolve
+    from etforge.core.errors import PipelineError
 
     project = make_project(tmp_path / "proj", PIPELINE)
     plan = resolve(project.pipeline)
@@ -107,8 +107,8 @@ def test_manifests_list_methods_and_their_io(built):
 def test_a_bundled_program_carries_one_verified_suite_per_method(built, tmp_path, monkeypatch):
     """What an on-device cell of a multi-method model ships: each method's samples and eager outputs,
     checked here in the host runtime (the xnnpack program stands in for one this host cannot run)."""
-    from tasks.build.bundle import build_bundled, verify_bundled
-    from tasks.config.resolve import resolve
+    from etforge.builders.bundle import build_bundled, verify_bundled
+    from etforge.config.resolve import resolve
 
     monkeypatch.chdir(built.root)
     cell = next(c for c in resolve(built.pipeline).cells if c.name == "seq2seq/xnnpack/fp32")
@@ -126,7 +126,7 @@ def test_a_bundled_program_carries_one_verified_suite_per_method(built, tmp_path
 
 
 def test_on_device_cells_of_a_multi_method_model_are_planned(tmp_path, monkeypatch):
-    from tasks.config.resolve import resolve
+    from etforge.config.resolve import resolve
 
     project = make_project(tmp_path / "proj", PIPELINE.replace("  portable: {}", "  portable: {}\n  coreml: {}"))
     assert "seq2seq/coreml/fp32" in {c.name for c in resolve(project.pipeline).cells}

@@ -17,12 +17,12 @@ import pytest
 from conftest import REPO, Project, make_project
 
 sys.path.insert(0, str(REPO))
-from tasks.config.code_deps import project_files  # noqa: E402
-from tasks.config.digest_cache import DigestCache  # noqa: E402
-from tasks.config.recipes import load_recipe  # noqa: E402
-from tasks.config.resolve import resolve  # noqa: E402
-from tasks.core.errors import PipelineError  # noqa: E402
-from tasks.store.specs import spec_of  # noqa: E402
+from etforge.config.code_deps import project_files  # noqa: E402
+from etforge.config.digest_cache import DigestCache  # noqa: E402
+from etforge.config.recipes import load_recipe  # noqa: E402
+from etforge.config.resolve import resolve  # noqa: E402
+from etforge.core.errors import PipelineError  # noqa: E402
+from etforge.pipeline.specs import spec_of  # noqa: E402
 
 BENCH = "benchmark: {warmup: 1, iterations: 3, max_seconds: 2}\n"
 # Tasks over the whole matrix: they re-run when what they show changes.

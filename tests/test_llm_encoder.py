@@ -99,8 +99,8 @@ def test_coreml_encoder_ends_on_device(built):
 def test_attention_mask_samples_are_prefixes_of_ones():
     import torch
 
-    from tasks.build.samples import random_inputs
-    from tasks.config.model import InputSpec
+    from etforge.builders.samples import random_inputs
+    from etforge.config.model import InputSpec
 
     inputs = (
         InputSpec("input_ids", (4, 16), "int64", (3, 512)),

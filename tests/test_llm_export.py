@@ -58,7 +58,7 @@ RUNNER_METHODS = {
 
 
 def _checkpoint_sha(directory: Path) -> str:
-    from tasks.config.hf_source import checkpoint_digest
+    from etforge.config.hf_source import checkpoint_digest
 
     return checkpoint_digest(
         {
@@ -73,7 +73,7 @@ def _save_checkpoint(directory: Path) -> None:
     """A tiny Llama checkpoint (safetensors + config.json), seeded: what a user would have on disk."""
     import torch
 
-    from tasks.build.hf_models import import_transformers
+    from etforge.builders.hf_models import import_transformers
 
     tf = import_transformers()
     torch.manual_seed(7)
@@ -210,7 +210,7 @@ def test_changed_checkpoint_weight_rebuilds_only_that_model(built, tmp_path):
 
 
 def test_llm_verdict_fails_on_nan():
-    from tasks.build.llm_numerics import llm_verdict
+    from etforge.builders.llm_numerics import llm_verdict
 
     nan = float("nan")
     metrics = {

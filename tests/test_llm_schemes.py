@@ -78,7 +78,7 @@ def test_coreml_llm_cell_lowers_without_custom_ops_and_ends_on_device(built):
 
 
 def _plan(tmp_path, dynamic: str, backends: str, schemes: str):
-    from tasks.config.resolve import resolve
+    from etforge.config.resolve import resolve
 
     text = f"name: t\nmodels:\n{MODEL.replace('DYNAMIC', dynamic)}backends: {backends}\nquantization: {schemes}\n"
     return resolve(make_project(tmp_path / "p", text).pipeline)
@@ -124,7 +124,7 @@ def test_same_scheme_gate_fails_a_doctored_or_nan_metric():
     import numpy as np
     import torch
 
-    from tasks.build.llm_numerics import LLM_THRESHOLDS, compare_same_scheme, llm_verdict
+    from etforge.builders.llm_numerics import LLM_THRESHOLDS, compare_same_scheme, llm_verdict
 
     thresholds = LLM_THRESHOLDS["8da4w"]
     healthy = {

@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tasks.config.resolve import resolve  # noqa: E402
-from tasks.core.errors import PipelineError  # noqa: E402
+from etforge.config.resolve import resolve  # noqa: E402
+from etforge.core.errors import PipelineError  # noqa: E402
 
 # Line numbers matter: the typo tests point at them.
 LLM = """\

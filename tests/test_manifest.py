@@ -20,19 +20,19 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SMALL_PIPELINE, Project, copy_project, make_project
+from conftest import SMALL_PIPELINE, Project, copy_project, make_project
 
-from tasks.config.manifest_options import check_options
-from tasks.config.model import Plan
-from tasks.config.resolve import resolve
-from tasks.engine.actions import matrix_up_to_date, run_matrix_stage
-from tasks.publish.manifests import context as manifest
-from tasks.publish.manifests import naming, render
-from tasks.store.keys import content_key
-from tasks.store.layout import layout_of
-from tasks.store.local import Store
-from tasks.store.specs import spec_of
-from tasks.store.stages import STAGE
+from etforge.cache.store import Store
+from etforge.config.manifest_options import check_options
+from etforge.config.model import Plan
+from etforge.config.resolve import resolve
+from etforge.engine.actions import matrix_up_to_date, run_matrix_stage
+from etforge.pipeline.keys import content_key
+from etforge.pipeline.layout import layout_of
+from etforge.pipeline.specs import spec_of
+from etforge.pipeline.stages import STAGE
+from etforge.publish.manifests import context as manifest
+from etforge.publish.manifests import naming, render
 
 MODELS = ("linreg", "cnn")
 BACKENDS = ("xnnpack", "portable")
@@ -223,8 +223,8 @@ def fake_export(plan, cell, status="ok", reason="", **info):
 def write_program_meta(plan, cell, input_dtypes) -> None:
     """A stand-in .pte holding only the metadata string a real one carries (what `doit manifest`
     reads back and checks, tasks/publish/manifests/program_check.py)."""
-    from tasks.config.io_spec import describe_io
-    from tasks.store.program_meta import encode
+    from etforge.config.io_spec import describe_io
+    from etforge.program.metadata import encode
 
     meta = {
         "model": cell.model.name,
@@ -301,8 +301,8 @@ def test_a_changed_plan_rewrites_the_manifests_without_exporting(copy):
 def test_no_op_manifest_run_does_not_import_torch_or_executorch(copy):
     code = (
         "import sys\n"
-        "from doit.doit_cmd import DoitMain\n"
-        f"rc = DoitMain().run(['-f', {str(REPO / 'dodo.py')!r}, 'manifest'])\n"
+        "from etforge.app.cli import main\n"
+        "rc = main(['manifest'])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch'))\n"
         "print('HEAVY', heavy, 'RC', rc)\n"
     )

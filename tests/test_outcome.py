@@ -26,11 +26,11 @@ import pytest
 from conftest import Project, make_project
 from test_manifest import dart_constants, parse_dart, syntax_errors
 
-from tasks.config.machine import host_fingerprint
-from tasks.config.resolve import resolve
-from tasks.publish import outcome, release, summary
-from tasks.publish.manifests import context as manifest
-from tasks.store.specs import spec_of
+from etforge.config.machine import host_fingerprint
+from etforge.config.resolve import resolve
+from etforge.pipeline.specs import spec_of
+from etforge.publish import outcome, release, summary
+from etforge.publish.manifests import context as manifest
 
 LINK = "https://github.com/pytorch/executorch/issues/1"
 PIPELINE = f"""\
@@ -231,7 +231,7 @@ def test_every_shipped_variant_carries_its_verdict_in_the_cpp_header(built, tmp_
 def test_an_unexpectedly_passing_cell_fails_the_run_until_its_entry_is_removed(copy):
     declared = PIPELINE + (f'    - {{model: linreg, backend: portable, reason: "thought broken", link: "{LINK}"}}\n')
     copy.write_pipeline(declared)
-    run = copy.doit("model=linreg")
+    run = copy.doit("--models", "linreg")
     assert run.returncode == 1, run.stdout + run.stderr
     assert not {t for t in run.started if t.split(":")[0] in ("capture", "export", "validate")}  # keys unchanged
     assert re.search(
@@ -248,10 +248,10 @@ def test_an_unexpectedly_passing_cell_fails_the_run_until_its_entry_is_removed(c
         e for e in index["excluded"] if e["cell"] == "linreg/portable/fp32"
     ).items()
 
-    refused = copy.doit("release", "model=linreg")
+    refused = copy.doit("release", "--models", "linreg")
     assert refused.returncode != 0
     assert "release refused: 1 cell(s) failed their gates: linreg/portable/fp32: unexpectedly-passing" in refused.stderr
-    allowed = copy.doit("release", "allow_failures=1")
+    allowed = copy.doit("release", "--allow-failures")
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr  # it packed: the run succeeds
     archive = copy.root / "artifacts" / "release" / "t-0.0.1.tar.gz"
     with tarfile.open(archive) as tar:
@@ -271,28 +271,28 @@ def test_an_unexpectedly_passing_cell_fails_the_run_until_its_entry_is_removed(c
     assert not_shipped == {"broken/xnnpack/fp32": "expected-failure"}
 
     copy.write_pipeline(PIPELINE)  # the entry is removed: green again, nothing rebuilt
-    again = copy.doit("model=linreg")
+    again = copy.doit("--models", "linreg")
     assert again.returncode == 0, again.stdout + again.stderr
     assert rows(copy)["linreg/portable/fp32"]["status"] == "provisional"
 
 
 def test_strict_release_refuses_provisional_cells(copy):
-    strict = copy.doit("release", "strict=1", "model=linreg,cnn")
+    strict = copy.doit("release", "--strict", "--models", "linreg,cnn")
     assert strict.returncode != 0
     line = next(line for line in strict.stderr.splitlines() if "release refused" in line)
     assert line == (
-        "etforge: release refused: strict=1: 2 cell(s) are provisional (validated only on seeded "
+        "etforge: release refused: --strict: 2 cell(s) are provisional (validated only on seeded "
         "random inputs): linreg/xnnpack/fp32, linreg/portable/fp32; "
         "name validation data for their models in pipeline.yaml"
     )
     assert not (copy.root / "artifacts" / "release" / "t-0.0.1.tar.gz").exists()
-    assert copy.doit("release", "strict=1", "model=cnn").returncode == 0  # validated on its data: ok
+    assert copy.doit("release", "--strict", "--models", "cnn").returncode == 0  # validated on its data: ok
 
 
 def test_a_same_size_same_mtime_edit_of_a_shipped_program_refuses_the_release(copy):
     release_dir = copy.root / "artifacts" / "release"
     archive = release_dir / "t-0.0.1.tar.gz"
-    assert copy.doit("release", "model=linreg,cnn").returncode == 0 and archive.is_file()
+    assert copy.doit("release", "--models", "linreg,cnn").returncode == 0 and archive.is_file()
     pte = copy.out / "linreg" / "linreg_portable_fp32.pte"
     st = pte.stat()
     data = bytearray(pte.read_bytes())
@@ -300,7 +300,7 @@ def test_a_same_size_same_mtime_edit_of_a_shipped_program_refuses_the_release(co
     pte.write_bytes(bytes(data))
     os.utime(pte, ns=(st.st_atime_ns, st.st_mtime_ns))  # what cp -p or rsync -t leave
     assert (pte.stat().st_size, pte.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
-    edited = copy.doit("release", "model=linreg,cnn")
+    edited = copy.doit("release", "--models", "linreg,cnn")
     assert edited.returncode != 0
     assert re.search(
         r"^etforge: release refused: artifacts/t/linreg/linreg_portable_fp32\.pte differs from its "
@@ -318,7 +318,7 @@ def test_a_same_size_same_mtime_edit_of_a_shipped_program_refuses_the_release(co
 
     pte.unlink()  # what the message says: the program comes back from the store
     assert "restored from cache" in copy.doit("export:linreg/portable/fp32").stdout
-    assert copy.doit("release", "model=linreg,cnn").returncode == 0 and archive.is_file()
+    assert copy.doit("release", "--models", "linreg,cnn").returncode == 0 and archive.is_file()
 
 
 # ---------------------------------------------------------------- stale records
@@ -335,7 +335,7 @@ def test_a_stale_record_is_never_shown_as_the_verdict(copy):
             "    validation: {npz: data/val.npz}\n    thresholds: {fp32: {max_abs_error: 0.0}}\n",
         )
     )
-    run = copy.doit("export", "model=cnn")  # the summary of a real run that did not validate
+    run = copy.doit("export", "--models", "cnn")  # the summary of a real run that did not validate
     assert run.returncode == 0, run.stdout + run.stderr
     assert "validate:" + cell not in run.started
     row = rows(copy)[cell]
@@ -421,7 +421,7 @@ matrix:
     ],
 )
 def test_a_bad_expected_failure_entry_is_a_one_line_error(tmp_path, entry, line, key, message):
-    from tasks.core.errors import PipelineError
+    from etforge.core.errors import PipelineError
 
     path = make_project(tmp_path / "p", ERRORS_BASE + f"    - {entry}\n").pipeline
     with pytest.raises(PipelineError) as error:
@@ -431,7 +431,7 @@ def test_a_bad_expected_failure_entry_is_a_one_line_error(tmp_path, entry, line,
 
 
 def test_an_expected_failure_that_names_no_cell_is_an_error(tmp_path):
-    from tasks.core.errors import PipelineError
+    from etforge.core.errors import PipelineError
 
     path = make_project(tmp_path / "p").pipeline
     path.write_text(

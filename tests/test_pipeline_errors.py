@@ -1,7 +1,7 @@
 """A corpus of malformed and hostile pipeline.yaml files, and the one-line
 error each must produce: ``<file>:<line>: <key path>: <what was expected>``.
 
-Most cases call ``tasks.config.resolve.resolve`` in-process (no torch, milliseconds);
+Most cases call ``etforge.config.resolve.resolve`` in-process (no torch, milliseconds);
 a few run ``doit list`` end to end to check what the user actually sees.
 """
 
@@ -24,10 +24,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tasks.config.recipes import available  # noqa: E402
-from tasks.config.resolve import resolve  # noqa: E402
-from tasks.config.selection import select  # noqa: E402
-from tasks.core.errors import PipelineError  # noqa: E402
+from etforge.config.recipes import available  # noqa: E402
+from etforge.config.resolve import resolve  # noqa: E402
+from etforge.config.selection import select  # noqa: E402
+from etforge.core.errors import PipelineError  # noqa: E402
 
 KNOWN_BACKENDS = ", ".join(available("backend"))
 KNOWN_SCHEMES = ", ".join(available("quantization"))
@@ -795,16 +795,7 @@ def snapshot(directory: Path) -> dict | None:
 def run_doit(project: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "ETFORGE_PIPELINE"}
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "doit",
-            "-f",
-            str(REPO / "dodo.py"),
-            "list",
-            f"pipeline={project / 'pipeline.yaml'}",
-            *args,
-        ],
+        [sys.executable, "-m", "etforge", "list", "--pipeline", str(project / "pipeline.yaml"), *args],
         cwd=project,
         env=env,
         capture_output=True,
@@ -854,34 +845,33 @@ def test_doit_list_prints_one_error_line(case: Case, existing_artifacts: bool, t
     line_no = re.search(r"pipeline\.yaml:(\d+): ", case.expected).group(1)
     assert lines[0].startswith("etforge: error: ")
     assert f"pipeline.yaml:{line_no}:" in lines[0]
-    # doit runs dodo.py from the repo, so the file is shown by its absolute path.
-    assert lines[0] == "etforge: error: " + case.expected.replace("pipeline.yaml", str(project / "pipeline.yaml"), 1)
+    # etforge runs in the project: the file is shown relative to it, as the user named it.
+    assert lines[0] == "etforge: error: " + case.expected
     assert snapshot(project / "artifacts") == before
 
 
 def test_doit_list_unknown_model_on_command_line(tmp_path):
     project = tmp_path / "proj"
     make_project(project, BASE)
-    proc = run_doit(project, "model=nope")
+    proc = run_doit(project, "--models", "nope")
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.returncode == 3
     assert proc.stderr == (
-        f"etforge: error: {project / 'pipeline.yaml'}:2: models: "
-        "unknown model 'nope' on the command line; known: linreg\n"
+        "etforge: error: pipeline.yaml:2: models: unknown model 'nope' on the command line; known: linreg\n"
     )
 
 
 def test_doit_list_unknown_model_names_a_line(tmp_path):
     project = tmp_path / "proj"
     make_project(project, BASE)
-    proc = run_doit(project, "model=nope")
+    proc = run_doit(project, "--models", "nope")
     assert re.fullmatch(r"etforge: error: \S*pipeline\.yaml:2: models: unknown model 'nope'.*\n", proc.stderr)
 
 
 def test_doit_list_unknown_model_writes_nothing(tmp_path):
     project = tmp_path / "proj"
     make_project(project, BASE)
-    proc = run_doit(project, "model=nope")
+    proc = run_doit(project, "--models", "nope")
     assert proc.returncode == 3
     assert not (project / "artifacts").exists()
 
@@ -891,7 +881,7 @@ def test_doit_list_relative_pipeline_path(tmp_path):
     make_project(project, base(("models:", "modles:")))
     env = {k: v for k, v in os.environ.items() if k != "ETFORGE_PIPELINE"}
     proc = subprocess.run(
-        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "list", "pipeline=proj/pipeline.yaml"],
+        [sys.executable, "-m", "etforge", "list", "--pipeline", "proj/pipeline.yaml"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -909,9 +899,9 @@ def test_resolve_does_not_import_torch(tmp_path):
     code = (
         "import sys\n"
         "from pathlib import Path\n"
-        "import tasks.engine.entry\n"
-        "from tasks.config.digest_cache import DigestCache\n"
-        "from tasks.config.resolve import resolve\n"
+        "import etforge.engine.entry\n"
+        "from etforge.config.digest_cache import DigestCache\n"
+        "from etforge.config.resolve import resolve\n"
         # A private digest memo: the repo's artifacts/ is left alone.
         "plan = resolve(Path(sys.argv[1]), digests=DigestCache(Path(sys.argv[2])))\n"
         "assert plan.cells, 'the default pipeline has cells'\n"

@@ -66,8 +66,8 @@ def _sha(path) -> str:
 def _eager(project, x):
     import torch
 
+    from etforge.builders.model_loading import SEED
     from models.mlp import build  # the repository's copy: the project's is the same file
-    from tasks.build.model_loading import SEED
 
     torch.manual_seed(SEED)
     return build().eval()(torch.from_numpy(x)).detach().numpy()
@@ -75,8 +75,8 @@ def _eager(project, x):
 
 @pytest.mark.parametrize("backend", ["xnnpack", "portable"])
 def test_pte_and_ptd_load_and_match_eager(built, backend):
-    from tasks.build.program_io import load_method
-    from tasks.store.program_meta import read_meta
+    from etforge.builders.program_io import load_method
+    from etforge.program.metadata import read_meta
 
     pte = built.out / "mlp_a" / f"mlp_a_{backend}_fp32.pte"
     ptd = pte.with_suffix(".ptd")
@@ -96,8 +96,8 @@ def test_pte_and_ptd_load_and_match_eager(built, backend):
 
 @pytest.mark.parametrize("backend", ["xnnpack", "portable"])
 def test_program_without_its_ptd_is_a_clear_error(built, backend, tmp_path):
-    from tasks.build.program_io import load_method
-    from tasks.store.program_meta import ProgramMetaError
+    from etforge.builders.program_io import load_method
+    from etforge.program.metadata import ProgramMetaError
 
     pte = shutil.copy(built.out / "mlp_a" / f"mlp_a_{backend}_fp32.pte", tmp_path / "lonely.pte")
     with pytest.raises(ProgramMetaError, match=r"keeps its weights in a separate \.ptd .* not given"):
@@ -115,8 +115,8 @@ def test_identical_weights_share_one_ptd(built):
 
 
 def test_metadata_read_back_from_the_program_matches_the_manifest(built):
-    from tasks.build.program_io import load_program
-    from tasks.store.program_meta import META_METHOD, META_VERSION, VERSION_METHOD
+    from etforge.builders.program_io import load_program
+    from etforge.program.metadata import META_METHOD, META_VERSION, VERSION_METHOD
 
     index = json.loads((built.out / "manifests" / "index.json").read_text())
     entries = {e["name"]: e for e in index["models"]}
@@ -213,7 +213,7 @@ def test_cmake_verifies_the_ptd_each_variant_needs(built, tmp_path):
 
 
 def read_meta_of(pte):
-    from tasks.store.program_meta import read_meta
+    from etforge.program.metadata import read_meta
 
     return read_meta(pte.read_bytes())
 
@@ -257,8 +257,8 @@ def test_a_doctored_program_fails_doit_manifest_naming_the_cell_and_field(built,
 
 
 def test_a_renamed_model_reuses_its_capture_and_quantized_graph_and_is_lowered_again(tmp_path):
-    from tasks.config.resolve import resolve
-    from tasks.store.specs import spec_of
+    from etforge.config.resolve import resolve
+    from etforge.pipeline.specs import spec_of
 
     text = (
         "name: t\nmodels:\n  {name}:\n    python: models.linreg:build\n    inputs: [{{shape: [1, 4]}}]\n"
@@ -330,7 +330,7 @@ def _run(runner, models_dir, *args):
 
 
 def test_cpp_runner_loads_the_program_with_its_ptd_and_matches_python(built, runner):
-    from tasks.build.program_io import load_method
+    from etforge.builders.program_io import load_method
 
     done = _run(runner, built.out, "mlp_a")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -391,8 +391,8 @@ def test_cpp_runner_runs_the_first_method_of_a_program_without_forward(built, ru
 def test_the_size_gate_sees_through_the_names_a_program_carries(built):
     from types import SimpleNamespace
 
-    from tasks.build.gates import size_gate
-    from tasks.store.program_meta import without_meta
+    from etforge.builders.gates import size_gate
+    from etforge.program.metadata import without_meta
 
     a, b = (built.out / m / f"{m}_xnnpack_fp32.pte" for m in ("mlp_a", "mlp_b"))
     assert a.read_bytes() != b.read_bytes() and without_meta(a.read_bytes()) == without_meta(b.read_bytes())

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import make_project
 
-from tasks.config.resolve import resolve
-from tasks.core.errors import PipelineError
+from etforge.config.resolve import resolve
+from etforge.core.errors import PipelineError
 
 PIPELINE = """\
 name: t
@@ -154,7 +154,7 @@ def test_changing_one_schemes_options_rebuilds_only_its_graph(built, tmp_path):
             "quantization_options: {int8: {per_channel: false}}",
         )
     )
-    run = copy.doit("model=cnn")
+    run = copy.doit("--models", "cnn")
     assert failed_tasks(run) == {"sizegate:cnn/xnnpack/fp16"}, run.stdout + run.stderr  # failures are never cached
     # Only the int8 graph changed (per-tensor now); capture and the other schemes are reused.
     assert "capture:cnn" not in run.started
@@ -222,7 +222,7 @@ def test_fp16_weights_stored_as_fp32_fail_the_size_gate_with_the_ratio(built):
 def test_a_scheme_with_nothing_to_take_is_rejected_and_the_size_gate_would_say_it(built):
     """8da8w takes linear layers; a model without one is rejected by its quantize task
     (tests/test_schemes_layers.py), before any program is built."""
-    from tasks.build.gates import size_gate
+    from etforge.builders.gates import size_gate
 
     project, _ = built
     assert rows(project)["convnet/xnnpack/8da8w"]["status"] == "rejected"

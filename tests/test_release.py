@@ -99,7 +99,7 @@ def test_a_failed_cell_refuses_the_release_unless_allowed(built_small, tmp_path)
     # The release packs exactly the files the plan names: not what else lies in manifests/.
     (project.out / "manifests" / "stale.dart").write_text("// left over\n")
     (project.out / "manifests" / "elsewhere").symlink_to(project.pipeline)
-    allowed = project.doit("release", "allow_failures=1")
+    allowed = project.doit("release", "--allow-failures")
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr  # it packed: the run succeeds
     assert archive.is_file()
     with tarfile.open(archive) as tar:
@@ -138,7 +138,7 @@ def test_core_ml_programs_are_identical_across_processes_and_hold_a_valid_core_m
 def test_the_core_ml_wrapper_is_restored_after_lowering_even_on_error():
     from executorch.backends.apple.coreml.compiler.coreml_preprocess import CoreMLBackend
 
-    from tasks.build.coreml_reproducible import deterministic_lowering
+    from etforge.builders.coreml_reproducible import deterministic_lowering
 
     original = CoreMLBackend.__dict__["preprocess_model"]
     with pytest.raises(ZeroDivisionError):
@@ -149,8 +149,8 @@ def test_the_core_ml_wrapper_is_restored_after_lowering_even_on_error():
 
 
 def test_every_backend_that_lowers_here_says_whether_its_bytes_are_reproducible():
-    from tasks.config.requirements import missing_requirement
-    from tasks.publish.release import NONDETERMINISTIC_RECIPES, REPRODUCIBLE_RECIPES, byte_reproducible
+    from etforge.config.requirements import missing_requirement
+    from etforge.publish.release import NONDETERMINISTIC_RECIPES, REPRODUCIBLE_RECIPES, byte_reproducible
 
     lowers_here = {
         path.stem

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 
-from tasks.store.entries import ENTRY_MANIFEST as MANIFEST
-from tasks.store.entries import SIGNATURE
-from tasks.store.local import Store
-from tasks.store.remote import DamagedEntry, RemoteError, RemoteStore, UntrustedEntry, remote_from_url
+from etforge.cache.entries import ENTRY_MANIFEST as MANIFEST
+from etforge.cache.entries import SIGNATURE
+from etforge.cache.remote import DamagedEntry, RemoteError, RemoteStore, UntrustedEntry, remote_from_url
+from etforge.cache.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 BUCKET = "etforge-cache"
@@ -308,7 +308,7 @@ def test_missing_backend_package_is_a_clear_error():
 
 def test_importing_and_configuring_does_not_import_fsspec():
     code = (
-        "import sys; from tasks.store.remote import remote_from_url; "
+        "import sys; from etforge.cache.remote import remote_from_url; "
         "r = remote_from_url('s3://b/p', read_only=True); remote_from_url('/tmp/x'); "
         "bad = [m for m in ('fsspec', 's3fs', 'botocore', 'aiobotocore') if m in sys.modules]; "
         "assert not bad, bad"

@@ -31,10 +31,10 @@ from pathlib import Path
 import pytest
 from conftest import LINREG_PIPELINE, copy_project, make_project, state
 
-from tasks.store.entries import ENTRY_MANIFEST as MANIFEST
-from tasks.store.entries import SIGNATURE, read_entry
-from tasks.store.local import Store, signing_key
-from tasks.store.remote import MANIFEST_LIMIT, RemoteStore
+from etforge.cache.entries import ENTRY_MANIFEST as MANIFEST
+from etforge.cache.entries import SIGNATURE, read_entry
+from etforge.cache.remote import MANIFEST_LIMIT, RemoteStore
+from etforge.cache.store import Store, signing_key
 
 OUTSIDE_BYTES = b"etforge test: bytes that live outside the remote cache\n"
 WARNING = "etforge: warning: "

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from conftest import make_project
 
-from tasks.config.model import RejectedCell
-from tasks.config.resolve import resolve
-from tasks.publish import summary
-from tasks.publish.report.charts import bar_chart, scatter_chart
-from tasks.publish.report.page import format_ms, write_report
-from tasks.store.records import read_state
-from tasks.store.specs import spec_of
+from etforge.cache.records import read_state
+from etforge.config.model import RejectedCell
+from etforge.config.resolve import resolve
+from etforge.pipeline.specs import spec_of
+from etforge.publish import summary
+from etforge.publish.report.charts import bar_chart, scatter_chart
+from etforge.publish.report.page import format_ms, write_report
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [

@@ -186,7 +186,7 @@ def test_a_scheme_that_takes_no_layer_is_rejected_with_the_reason_not_failed(bui
 
 def test_a_second_run_keeps_the_rejections_and_executes_nothing(built, tmp_path):
     project = copy_project(built[0], tmp_path / "copy")  # its own summary.json: the others read the first run's
-    again = project.doit("model=narrow")
+    again = project.doit("--models", "narrow")
     assert {t for t in again.started if ":" in t} == set(), again.stdout  # only the report of this selection
     assert rows(project)["narrow/xnnpack/8da4w"]["status"] == "rejected"
     assert again.returncode == 0, again.stdout + again.stderr

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import make_project
 
-from tasks.config.resolve import resolve
-from tasks.core.errors import PipelineError
+from etforge.config.resolve import resolve
+from etforge.core.errors import PipelineError
 
 PIPELINE = """\
 name: t

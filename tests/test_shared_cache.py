@@ -13,7 +13,7 @@ import uuid
 import pytest
 from conftest import LINREG_PIPELINE, aws_test_env, copy_project, free_port, make_bucket, make_project, state
 
-from tasks.core.digest import canonical_json
+from etforge.core.digest import canonical_json
 
 BUCKET = "etforge-ci-cache"
 
@@ -41,7 +41,7 @@ def states(project) -> dict:
 def test_ci_shards_upload_and_a_fresh_checkout_downloads_everything(remote_env, tmp_path):
     for k in (1, 2):  # two CI jobs, each its own machine and empty local cache
         shard = make_project(tmp_path / f"shard{k}")
-        run = shard.doit(f"shard={k}/2", extra_env=remote_env)
+        run = shard.doit("--shard", f"{k}/2", extra_env=remote_env)
         assert run.returncode == 0, run.stdout + run.stderr
     built = {
         p.name: p.read_bytes() for k in (1, 2) for p in (tmp_path / f"shard{k}" / "artifacts" / "t").rglob("*.pte")

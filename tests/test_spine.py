@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, SMALL_PIPELINE, Project, make_project
+from conftest import SMALL_PIPELINE, Project, make_project
 
 MODELS = ("linreg", "cnn")
 BACKENDS = ("xnnpack", "portable")
@@ -115,8 +115,8 @@ def test_second_run_executes_nothing(copy):
 def test_no_op_run_does_not_import_torch_or_executorch(copy):
     code = (
         "import sys\n"
-        "from doit.doit_cmd import DoitMain\n"
-        f"rc = DoitMain().run(['-f', {str(REPO / 'dodo.py')!r}])\n"
+        "from etforge.app.cli import main\n"
+        "rc = main([])\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch'))\n"
         "print('HEAVY', heavy, 'RC', rc)\n"
     )
@@ -235,13 +235,20 @@ def test_missed_threshold_fails_the_cell_with_the_numbers(copy):
 
 
 def test_sub_matrix_from_the_command_line(copy):
-    listed = copy.doit("list", "--all", "model=linreg", "backend=xnnpack").stdout
+    listed = copy.doit("list", "--all", "--models", "linreg", "--backends", "xnnpack").stdout
     assert "export:linreg/xnnpack/fp32" in listed
     assert "export:linreg/portable/fp32" not in listed and "export:cnn" not in listed
+    # The var=value forms of earlier releases still work for one release, saying so.
+    old = copy.doit("list", "--all", "model=linreg", "backend=xnnpack")
+    assert old.stdout == listed
+    assert old.stderr.splitlines() == [
+        "etforge: warning: `model=linreg` is deprecated and goes away in the next release; use `--models linreg`",
+        "etforge: warning: `backend=xnnpack` is deprecated and goes away in the next release; use `--backends xnnpack`",
+    ]
     for pte in copy.out.rglob("*.pte"):
         pte.unlink()
     run = copy.doit("export:cnn/*")
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.started == {"export:cnn/xnnpack/fp32", "export:cnn/portable/fp32"}
-    run = copy.doit("export", "quant=fp32", "backend=portable")
+    run = copy.doit("export", "--schemes", "fp32", "--backends", "portable")
     assert run.started == {"export:linreg/portable/fp32"}

@@ -21,18 +21,21 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-from tasks.core.digest import digest, sha256_file
-from tasks.core.paths import REPO_ROOT
+from etforge.core.digest import digest, sha256_file
+from etforge.core.paths import PACKAGE_DIR, PACKAGE_NAME
 
 
-def module_name(file: Path, root: Path) -> str | None:
-    """``a/b/c.py`` -> ``a.b.c``, ``a/b/__init__.py`` -> ``a.b``; None outside ``root``."""
+def module_name(file: Path, root: Path, package: str | None = None) -> str | None:
+    """``a/b/c.py`` -> ``a.b.c``, ``a/b/__init__.py`` -> ``a.b``; None outside ``root``.
+    ``package``: the import name of ``root`` itself (its files are ``package.a.b``)."""
     try:
         parts = list(file.relative_to(root).with_suffix("").parts)
     except ValueError:
         return None
     if parts and parts[-1] == "__init__":
         parts.pop()
+    if package:
+        parts.insert(0, package)
     return ".".join(parts) or None
 
 
@@ -63,9 +66,12 @@ class ImportGraph:
     digest across runs, so a no-op run parses nothing.
     """
 
-    def __init__(self, root: Path, digests=None):
+    def __init__(self, root: Path, digests=None, package: str | None = None):
         self.root = Path(root).resolve()
-        self.digests = digests  # tasks.config.digest_cache.DigestCache or None
+        self.digests = digests  # etforge.config.digest_cache.DigestCache or None
+        # The import name of ``root`` itself (etforge's code: its directory is tasks/ in a
+        # checkout), or None when ``root`` is a directory on sys.path (a project).
+        self.package = package
         self._edges: dict = {}  # file -> frozenset of project files it imports
         self._found: dict = {}  # (directory, name) -> what _find found there
 
@@ -93,6 +99,8 @@ class ImportGraph:
             if (directory / "__init__.py").is_file():
                 inits.append(directory / "__init__.py")
             directory = directory.parent
+        if self.package and (self.root / "__init__.py").is_file():
+            inits.append(self.root / "__init__.py")
         return inits
 
     def imports_of(self, file: Path) -> frozenset:
@@ -111,7 +119,7 @@ class ImportGraph:
             return []
 
     def _resolve_all(self, file: Path) -> set:
-        name = module_name(file, self.root)
+        name = module_name(file, self.root, self.package)
         package = name if file.name == "__init__.py" else (name or "").rpartition(".")[0]
         found: set = set()
         for level, module, names in self._records(file):
@@ -150,6 +158,12 @@ class ImportGraph:
         """
         files: set = set()
         directory = self.root
+        if self.package:  # only the package's own modules, named without its import name
+            if dotted == self.package:
+                return {self.root / "__init__.py"} if (self.root / "__init__.py").is_file() else files
+            if not dotted.startswith(self.package + "."):
+                return files
+            dotted = dotted[len(self.package) + 1 :]
         parts = dotted.split(".")
         for i, part in enumerate(parts):
             if (directory, part) not in self._found:
@@ -188,16 +202,16 @@ def project_files(entries: Iterable[Path], root: Path, digests=None) -> frozense
 class CodeDigests:
     """The digest of the etforge code that entry modules run: their static import closure.
 
-    How a stage's key covers the code that decides its result (tasks/store/keys.py):
+    How a stage's key covers the code that decides its result (tasks/pipeline/keys.py):
     one way for every stage, instead of file lists or a module hashing itself. File
     digests go through the DigestCache (a stat per file on a no-op run); each closure
     is computed once per process.
     """
 
-    def __init__(self, digests=None, root: Path = REPO_ROOT):
+    def __init__(self, digests=None, root: Path = PACKAGE_DIR, package: str = PACKAGE_NAME):
         self.root = Path(root).resolve()
-        self.digests = digests  # tasks.config.digest_cache.DigestCache or None
-        self._graph = ImportGraph(self.root, digests)
+        self.digests = digests  # etforge.config.digest_cache.DigestCache or None
+        self._graph = ImportGraph(self.root, digests, package)
         self._memo: dict = {}
 
     def files(self, modules: Iterable[str]) -> list:

@@ -1,7 +1,7 @@
 """Every default etforge applies when pipeline.yaml (or a caller) leaves a value out: one place.
 
 Imports nothing. A builder that reads one of these has it in its stage's key
-through the code closure (tasks/store/keys.py), so changing a default rebuilds
+through the code closure (tasks/pipeline/keys.py), so changing a default rebuilds
 what it decides.
 
 Benchmark options were defined twice before (10/100/20 s in the builder,
@@ -34,7 +34,7 @@ SIZE_GATE_OVERHEAD_BYTES = 6144
 
 # ---------------------------------------------------------------- verdicts
 DIVERGENCE_SQNR_DB = 40.0  # first-divergence search of an fp32 cell without an sqnr_db threshold
-# A .bpte's tolerances for a cell with neither max_abs_error nor sqnr_db (tasks/build/bundle.py)
+# A .bpte's tolerances for a cell with neither max_abs_error nor sqnr_db (tasks/builders/bundle.py)
 BUNDLE_RTOL = 1e-3
 BUNDLE_ATOL_PER_PEAK = 1e-5  # atol = this * max(1, largest |expected|)
 
@@ -51,5 +51,5 @@ PLATFORM_ORDER = {
     "windows": ["vulkan", "openvino", "xnnpack", "portable"],
     "default": ["xnnpack", "portable"],
 }
-# The C++ runner's header (python -m tasks.publish.manifests.cpp_header): desktop Linux order.
+# The C++ runner's header (python -m etforge.publish.manifests.cpp_header): desktop Linux order.
 CPP_HEADER_ORDER = tuple(PLATFORM_ORDER["linux"])

@@ -18,8 +18,8 @@ import json
 import time
 from pathlib import Path
 
-from tasks.core.atomic import atomic_write_text
-from tasks.core.digest import canonical_json, sha256_file
+from etforge.core.atomic import atomic_write_text
+from etforge.core.digest import canonical_json, sha256_file
 
 PROJECT_MEMO = Path("artifacts") / ".etforge" / "digests.json"  # relative to the project directory
 # Coarser than the timestamp tick of the file systems a checkout lives on (ext4, xfs, tmpfs:

@@ -16,7 +16,7 @@ checked against the config class read from transformers' source (hf_config_keys)
 installed transformers version joins the key (package metadata), a checkpoint directory
 is pinned by the digest of its files. A ``text-generation`` model's inputs are implied
 (``input_ids [1, prompt_len]``, ``cache_position [prompt_len]``, int64: the static-KV-cache
-forward of tasks/build/llm_export.py); encoders declare theirs.
+forward of tasks/builders/llm_export.py); encoders declare theirs.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import difflib
 import json
 from pathlib import Path
 
-from tasks.config.hf_config_keys import accepted_keys, known_model_types
-from tasks.config.model import InputSpec
-from tasks.core.digest import digest
+from etforge.config.hf_config_keys import accepted_keys, known_model_types
+from etforge.config.model import InputSpec
+from etforge.core.digest import digest
 
 TEXT_GENERATION = "text-generation"
 # Defaults of the `llm:` block (a text-generation model's export and validation).
@@ -247,7 +247,7 @@ def reject_llm_cells(cells: tuple, rejected: tuple, models: dict, backends: dict
     cell a recipe already refused gets the LLM reason where one is known (it says why and what to use)."""
     from dataclasses import replace
 
-    from tasks.config.model import RejectedCell
+    from etforge.config.model import RejectedCell
 
     kept, refused = [], []
     for r in rejected:

@@ -12,7 +12,7 @@ import os
 import platform
 from importlib import metadata
 
-from tasks.core.digest import digest
+from etforge.core.digest import digest
 
 # Versions that change what a .pte costs to run.
 RUNTIME_PACKAGES = ("executorch", "torch")

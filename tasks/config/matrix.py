@@ -7,9 +7,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
-from tasks.config.model import SECTIONS, BackendSpec, Cell, ExpectedFailure, QuantSpec, RejectedCell, Transform
-from tasks.config.tools import ToolVersions, stage_tools
-from tasks.config.yamlfile import LoadedYaml, format_path
+from etforge.config.model import SECTIONS, BackendSpec, Cell, ExpectedFailure, QuantSpec, RejectedCell, Transform
+from etforge.config.tools import ToolVersions, stage_tools
+from etforge.config.yamlfile import LoadedYaml, format_path
 
 
 def scheme_size_gate(quant: QuantSpec, backend: BackendSpec) -> dict | None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.config import defaults, recipes
-from tasks.config.code_deps import CodeDigests
+from etforge.config import defaults, recipes
+from etforge.config.code_deps import CodeDigests
 
 # Matrix dimension -> the pipeline.yaml section that declares its names.
 SECTIONS = {"model": "models", "backend": "backends", "quantization": "quantization"}
@@ -30,7 +30,7 @@ class InputSpec:
     name: str
     shape: tuple
     dtype: str
-    # The values random samples take (tasks/build/samples.py): integers in [lo, hi), hi exclusive;
+    # The values random samples take (tasks/builders/samples.py): integers in [lo, hi), hi exclusive;
     # floats uniform in [lo, hi). None: floats standard normal, integers defaults.INT_INPUT_RANGE.
     range: tuple | None = None
     # Dynamic dims: ((axis, min, max, name), ...); ``shape`` holds each one's max (what the
@@ -300,7 +300,7 @@ class Plan:
     gates: dict
     cache_remote: str | None  # fsspec URL of the shared cache
     cache_read_only: bool
-    benchmark: dict  # the builder's options (tasks/build/benchmark.py), every default filled in
+    benchmark: dict  # the builder's options (tasks/builders/benchmark.py), every default filled in
     benchmark_baseline: str | None  # a results file to flag regressions against (relative to root)
     regression_pct: float  # slower than the baseline by more than this is flagged
     seed: int

@@ -11,10 +11,10 @@ import difflib
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.config import schema
-from tasks.config.tools import check_tools
-from tasks.config.yamlfile import load_yaml
-from tasks.core.paths import RECIPE_DIR
+from etforge.config import schema
+from etforge.config.tools import check_tools
+from etforge.config.yamlfile import load_yaml
+from etforge.core.paths import RECIPE_DIR
 
 RECIPE_ROOT = RECIPE_DIR
 KIND_DIRS = {"backend": "backends", "quantization": "quantization"}

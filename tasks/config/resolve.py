@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.config import defaults, npz_index, recipes, schema
-from tasks.config.code_deps import CodeDigests, ImportGraph
-from tasks.config.digest_cache import DigestCache, digest_cache_for
-from tasks.config.hf_source import reject_llm_cells, resolve_transformers
-from tasks.config.manifest_options import check_options as check_manifest_options
-from tasks.config.matrix import MatrixResolver
-from tasks.config.model import (
+from etforge.config import defaults, npz_index, recipes, schema
+from etforge.config.code_deps import CodeDigests, ImportGraph
+from etforge.config.digest_cache import DigestCache, digest_cache_for
+from etforge.config.hf_source import reject_llm_cells, resolve_transformers
+from etforge.config.manifest_options import check_options as check_manifest_options
+from etforge.config.matrix import MatrixResolver
+from etforge.config.model import (
     INTEGER_DTYPES,
     SECTIONS,
     BackendMember,
@@ -25,11 +25,11 @@ from tasks.config.model import (
     Plan,
     QuantSpec,
 )
-from tasks.config.requirements import missing_requirement
-from tasks.config.selection import cache_settings
-from tasks.config.tools import ToolVersions, stage_tools, toolchain_versions
-from tasks.config.yamlfile import LoadedYaml, load_yaml
-from tasks.core.digest import digest
+from etforge.config.requirements import missing_requirement
+from etforge.config.selection import cache_settings
+from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
+from etforge.config.yamlfile import LoadedYaml, load_yaml
+from etforge.core.digest import digest
 
 MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
 
@@ -416,7 +416,7 @@ def dynamic_refusal(cell) -> str | None:
 
 
 def _reject_dynamic(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
-    from tasks.config.model import RejectedCell
+    from etforge.config.model import RejectedCell
 
     kept, refused = [], list(rejected)
     for cell in cells:

@@ -15,9 +15,9 @@ from functools import cache
 
 import jsonschema
 
-from tasks.config.yamlfile import LoadedYaml, format_path
-from tasks.core.errors import PipelineError
-from tasks.core.paths import SCHEMA_DIR
+from etforge.config.yamlfile import LoadedYaml, format_path
+from etforge.core.errors import PipelineError
+from etforge.core.paths import SCHEMA_DIR
 
 
 @cache

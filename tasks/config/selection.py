@@ -1,8 +1,8 @@
 """Which part of the plan a command line asks for, and what the environment overrides.
 
-model=, backend=, quant=   comma-separated names (select)
-shard=k/n                  a stable split of the cells, the same on every machine (shard)
-pipeline=FILE              or $ETFORGE_PIPELINE, else the checkout's pipeline.yaml (pipeline_path)
+--pipeline FILE               or $ETFORGE_PIPELINE, else pipeline.yaml (pipeline_path)
+--model/--backend/--quant     comma-separated names (select)
+--shard k/n                   a stable split of the cells, the same on every machine (shard)
 $ETFORGE_CACHE_REMOTE, $ETFORGE_CACHE_READ_ONLY   over pipeline.yaml's `cache:` (cache_settings)
 """
 
@@ -11,22 +11,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tasks.config.model import SECTIONS, Plan, cell_dim
-from tasks.core.digest import digest
-from tasks.core.errors import PipelineError
-from tasks.core.paths import REPO_ROOT
+from etforge.config.model import SECTIONS, Plan, cell_dim
+from etforge.core.digest import digest
+from etforge.core.errors import PipelineError
 
 
-def pipeline_path(get_var, initial_workdir: str | None) -> Path:
-    """``doit pipeline=FILE`` wins over $ETFORGE_PIPELINE, then the checkout's pipeline.yaml.
-
-    doit has already changed into dodo.py's directory, so a relative path is
-    taken from the directory doit was started in.
-    """
-    value = get_var("pipeline", None) or os.environ.get("ETFORGE_PIPELINE")
-    if not value:
-        return REPO_ROOT / "pipeline.yaml"
-    return Path(initial_workdir or os.getcwd(), value).absolute()
+def pipeline_path(value: str | None, workdir: str | None = None) -> Path:
+    """``--pipeline FILE`` (or $ETFORGE_PIPELINE), else ``pipeline.yaml``, taken from ``workdir``
+    (the directory the command was started in), default the current one."""
+    return Path(workdir or os.getcwd(), value or "pipeline.yaml").absolute()
 
 
 def select(plan: Plan, model=None, backend=None, quantization=None) -> tuple:
@@ -57,9 +50,7 @@ def shard(plan: Plan, cells: tuple, spec: str) -> tuple:
         if not 1 <= k <= n:
             raise ValueError
     except ValueError:
-        raise PipelineError(
-            f"shard={spec!r} on the command line: expected k/n with 1 <= k <= n, e.g. 2/4", file=plan.display
-        ) from None
+        raise PipelineError(f"--shard {spec!r}: expected k/n with 1 <= k <= n, e.g. 2/4", file=plan.display) from None
     return tuple(c for c in cells if int(digest(c.name)[:8], 16) % n == k - 1)
 
 

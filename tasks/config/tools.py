@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from tasks.core.digest import sha256_file
+from etforge.core.digest import sha256_file
 
 # Bump when the meaning of any cached output changes without its inputs changing.
-# 2: keys derived from the stage table (tasks/store/stages.py), code by import closure.
+# 2: keys derived from the stage table (tasks/pipeline/stages.py), code by import closure.
 SCHEMA_VERSION = 2
 # Distributions every task uses; a backend's or scheme's own tools (coremltools,
 # openvino, an SDK...) are declared in its recipe and join only its tasks' keys.

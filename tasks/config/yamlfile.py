@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from tasks.core.errors import PipelineError
+from etforge.core.errors import PipelineError
 
 # Generous for any real pipeline; stops "billion laughs" alias expansion.
 MAX_NODES = 200_000

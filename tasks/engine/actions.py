@@ -15,16 +15,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tasks.core.dotted_path import load_callable
-from tasks.core.text import first_line
-from tasks.engine.cached_run import is_up_to_date, run_cached
-from tasks.engine.inputs import judges_current_program, upstream_entries
-from tasks.store.keys import content_key
-from tasks.store.local import Store
-from tasks.store.records import write_state
-from tasks.store.results import BuildRequest, Skip
-from tasks.store.specs import spec_of
-from tasks.store.stages import STAGE, holds
+from etforge.cache.records import write_state
+from etforge.cache.store import Store
+from etforge.core.dotted_path import load_callable
+from etforge.core.text import first_line
+from etforge.engine.cached_run import is_up_to_date, run_cached
+from etforge.engine.inputs import judges_current_program, upstream_entries
+from etforge.pipeline.keys import content_key
+from etforge.pipeline.results import BuildRequest, Skip
+from etforge.pipeline.specs import spec_of
+from etforge.pipeline.stages import STAGE, holds
 
 
 def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = None) -> bool:

@@ -25,12 +25,13 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from tasks.core.digest import sha256_file
-from tasks.core.text import first_line
-from tasks.engine.log_capture import output_to
-from tasks.store.local import ENTRY_MANIFEST, Store, materialize
-from tasks.store.records import DONE, PROGRAM_SHA256, STORED, TaskSpec, read_state, recorded_program_sha256, write_state
-from tasks.store.results import Blocked, Rejected, Skip
+from etforge.cache.records import DONE, PROGRAM_SHA256, STORED, read_state, recorded_program_sha256, write_state
+from etforge.cache.store import ENTRY_MANIFEST, Store, materialize
+from etforge.core.digest import sha256_file
+from etforge.core.text import first_line
+from etforge.engine.log_capture import output_to
+from etforge.pipeline.results import Blocked, Rejected, Skip
+from etforge.pipeline.specs import TaskSpec
 
 
 def is_up_to_date(spec: TaskSpec, store: Store) -> bool:

@@ -1,17 +1,17 @@
 """doit's own database: transactional, and never a reason for a run to fail.
 
-etforge uses doit's ``sqlite3`` backend: a commit either lands whole or not at
-all (SQLite's rollback journal), so a kill, a full disk or a file-size limit
-during the write at the end of a run leaves the previous database intact. (doit's
-default JSON backend rewrites its file in place; a backend of our own writing
-JSON by temp file and rename would need registering through a doit config
-file, which ``doit -f path/to/dodo.py`` does not read.)
+etforge registers :class:`EtforgeDB` as a doit BACKEND plugin (tasks/app/cli.py): doit's
+``sqlite3`` backend, whose commit either lands whole or not at all (SQLite's
+rollback journal), so a kill, a full disk or a file-size limit during the write at
+the end of a run leaves the previous database intact, and which reads a row it
+cannot decode as an empty one instead of dying on it.
 
 Losing the database costs nothing: etforge's tasks decide up-to-dateness from
 their own state records (``uptodate`` callables, no ``file_dep``), and doit
 keeps only bookkeeping there (saved values, ``doit ignore`` marks). So a
 database that doit could not read (a damaged file or row, a foreign schema, a
-directory in its place) is moved aside with one warning, before doit opens it.
+directory in its place) is moved aside with one warning, before doit opens it
+(:func:`prepare`, called by the loader).
 """
 
 from __future__ import annotations
@@ -22,11 +22,27 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-BACKEND = "sqlite3"
+from doit.dependency import SqliteDB
+
+BACKEND = "etforge"  # the name EtforgeDB is registered under as a doit BACKEND plugin
 FILE_NAME = ".doit.sqlite3"  # a new name: the JSON file of earlier versions is not SQLite
 LEGACY_FILE_NAME = ".doit.db"
 UNREADABLE = ("SQLITE_CORRUPT", "SQLITE_NOTADB")  # not BUSY/LOCKED: another run may be writing
 TABLE_COLUMNS = [("task_id", "text"), ("task_data", "json")]  # doit.dependency.SqliteDB's table
+
+
+class EtforgeDB(SqliteDB):
+    """doit's SQLite backend; a row that does not decode reads as no data (the task's own state
+    record, not this database, decides whether it is up to date)."""
+
+    desc = "etforge: doit's SQLite database, damage-tolerant"
+
+    def _get_task_data(self, task_id):
+        try:
+            data = super()._get_task_data(task_id)
+        except (ValueError, sqlite3.DatabaseError):  # a row damaged after prepare() checked it
+            return {}
+        return data if isinstance(data, dict) else {}
 
 
 def database_path(artifacts_dir: Path) -> Path:
@@ -45,7 +61,7 @@ def prepare(path: Path) -> str | None:
     """
     warning = set_aside_if_unreadable(path)
     if not path.exists():
-        from doit.dependency import DatabaseException, JSONCodec, SqliteDB
+        from doit.dependency import DatabaseException, JSONCodec
 
         try:
             path.parent.mkdir(parents=True, exist_ok=True)

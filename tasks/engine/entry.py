@@ -1,4 +1,9 @@
-"""What dodo.py needs: find the pipeline file, resolve it, select cells, make the tasks, configure doit."""
+"""What etforge's doit loader needs: resolve the pipeline, select cells, make the tasks, configure doit.
+
+The loader (tasks/app/loader.py) turns the command line into a :class:`Request`; everything
+here is the same for the ``etforge`` command and for ``doit`` in a repository whose
+pyproject.toml names etforge's loader.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +13,33 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.config.digest_cache import digest_cache_for
-from tasks.config.machine import host_fingerprint
-from tasks.config.model import Plan
-from tasks.config.resolve import resolve
-from tasks.config.selection import pipeline_path, select, shard
-from tasks.core.console import say
-from tasks.core.errors import PipelineError
-from tasks.engine import doit_db
-from tasks.engine.taskdicts import stage_tasks
-from tasks.store.layout import ArtifactLayout, layout_of
-from tasks.store.local import Store, open_store
-from tasks.store.remote import RemoteError
-from tasks.store.specs import run_specs
-from tasks.store.stages import STAGES, Stage
+from etforge.cache.remote import RemoteError
+from etforge.cache.store import Store, open_store
+from etforge.config.digest_cache import digest_cache_for
+from etforge.config.machine import host_fingerprint
+from etforge.config.model import Plan
+from etforge.config.resolve import resolve
+from etforge.config.selection import select, shard
+from etforge.core.console import say
+from etforge.core.errors import PipelineError
+from etforge.engine import doit_db
+from etforge.engine.taskdicts import stage_tasks
+from etforge.pipeline.layout import ArtifactLayout, layout_of
+from etforge.pipeline.specs import run_specs
+from etforge.pipeline.stages import STAGES, Stage
+
+REPORTER = "etforge"  # the name etforge's reporter is registered under (tasks/app/cli.py DOIT_PLUGINS)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a command line asks for: the pipeline file and a sub-matrix (comma-separated names)."""
+
+    pipeline: Path
+    model: str | None = None
+    backend: str | None = None
+    quantization: str | None = None
+    shard: str | None = None  # k/n
 
 
 @dataclass(frozen=True)
@@ -29,8 +47,8 @@ class Selection:
     plan: Plan
     cells: tuple  # the cells the command line selected
     store: Store
-    host: dict  # tasks.config.machine.host_fingerprint(): benchmark results are only valid on it
-    specs: dict  # task name -> TaskSpec of every task of the selection (tasks/store/specs.py run_specs)
+    host: dict  # etforge.config.machine.host_fingerprint(): benchmark results are only valid on it
+    specs: dict  # task name -> TaskSpec of every task of the selection (tasks/pipeline/specs.py run_specs)
     cells_by_task: dict  # task name -> the Cell it belongs to (cell tasks only)
 
     @property
@@ -38,24 +56,18 @@ class Selection:
         return layout_of(self.plan)
 
 
-def load_selection(get_var, initial_workdir: str | None = None) -> Selection:
+def load_selection(request: Request) -> Selection:
     """Resolve the pipeline and the command-line sub-matrix, or exit with a one-line error.
 
     Exit code 3 is doit's own code for "error before task execution starts".
     """
     host = host_fingerprint()
     try:
-        path = pipeline_path(get_var, initial_workdir)
-        digests = digest_cache_for(path)
-        plan = resolve(path, digests)
-        cells = select(
-            plan,
-            model=get_var("model", None),
-            backend=get_var("backend", None),
-            quantization=get_var("quant", None) or get_var("quantization", None),
-        )
-        if get_var("shard", None):
-            cells = shard(plan, cells, get_var("shard", None))
+        digests = digest_cache_for(request.pipeline)
+        plan = resolve(request.pipeline, digests)
+        cells = select(plan, model=request.model, backend=request.backend, quantization=request.quantization)
+        if request.shard:
+            cells = shard(plan, cells, request.shard)
         ensure_writable(plan)
         specs, cells_by_task = run_specs(plan, cells, host)  # every key, so the digest memo holds their code
         for stage in STAGES:
@@ -125,26 +137,27 @@ def check_links(plan: Plan) -> None:
                 ) from None
 
 
-def stage_options(stage: Stage, get_var) -> dict:
-    """The stage's command-line flags (``doit release allow_failures=1``) as booleans."""
-    return {name: get_var(name, "0") == "1" for name in stage.options}
+def task_creators(selection: Selection, option_defaults: dict) -> dict:
+    """``{"task_<stage>": creator}`` for every stage, in pipeline order (doit's task-creator namespace).
+
+    ``option_defaults``: stage option name -> its default (``release --allow-failures``), for
+    the deprecated ``allow_failures=1`` form."""
+
+    def creator(stage: Stage):
+        def create():
+            yield from stage_tasks(
+                selection.plan, stage, selection.cells, selection.store, selection.host, option_defaults
+            )
+
+        create.__doc__ = stage.doc
+        create.__name__ = f"task_{stage.name}"
+        return create
+
+    return {f"task_{stage.name}": creator(stage) for stage in STAGES}
 
 
-def task_creator(selection: Selection, stage: Stage, get_var):
-    """A doit task creator (``task_<stage>`` in dodo.py) yielding the stage's task dicts."""
-
-    def create():
-        yield from stage_tasks(
-            selection.plan, stage, selection.cells, selection.store, selection.host, stage_options(stage, get_var)
-        )
-
-    create.__doc__ = stage.doc
-    create.__name__ = f"task_{stage.name}"
-    return create
-
-
-def doit_config(selection: Selection, reporter) -> dict:
-    """DOIT_CONFIG: ``reporter`` is the display (tasks/publish/progress.py), chosen by dodo.py."""
+def doit_config(selection: Selection) -> dict:
+    """DOIT_CONFIG of a run: etforge's database backend and reporter (registered as doit plugins)."""
     database = doit_db.database_path(selection.layout.artifacts_dir)
     try:
         warning = doit_db.prepare(database)  # before doit opens it
@@ -158,6 +171,6 @@ def doit_config(selection: Selection, reporter) -> dict:
         "continue": True,  # one failing cell never stops the others
         "dep_file": str(database),
         "backend": doit_db.BACKEND,
-        "reporter": reporter,
+        "reporter": REPORTER,
         "verbosity": 2,
     }

@@ -11,11 +11,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from tasks.store.local import Store
-from tasks.store.records import PROGRAM, PROGRAM_SHA256, TaskSpec, current
-from tasks.store.results import Blocked, Entry, Rejected, Skip
-from tasks.store.specs import spec_of
-from tasks.store.stages import upstream_of
+from etforge.cache.records import PROGRAM, PROGRAM_SHA256, current
+from etforge.cache.store import Store
+from etforge.pipeline.results import Blocked, Entry, Rejected, Skip
+from etforge.pipeline.specs import TaskSpec, spec_of
+from etforge.pipeline.stages import upstream_of
 
 # rebuild(stage, subject) -> bool: run that upstream task again (tasks/engine/actions.py run_stage)
 Rebuild = Callable[[object, object], bool]
@@ -62,7 +62,7 @@ def stored(store: Store, upstream: TaskSpec, rebuild: Callable[[], bool]) -> Ent
 
 
 def upstream_entries(plan, stage, subject, store: Store, host, rebuild: Rebuild) -> dict:
-    """relation -> Entry of every upstream relation of ``stage`` (tasks/store/stages.py), in order."""
+    """relation -> Entry of every upstream relation of ``stage`` (tasks/pipeline/stages.py), in order."""
     entries = {}
     for relation, up, up_subject in upstream_of(plan, stage, subject):
         spec = spec_of(plan, up, up_subject, host)

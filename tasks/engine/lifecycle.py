@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.core.console import say
-from tasks.engine import doit_db, runlock
-from tasks.store.layout import ArtifactLayout
-from tasks.store.records import record_failure
+from etforge.cache.records import record_failure
+from etforge.core.console import say
+from etforge.engine import doit_db, runlock
+from etforge.pipeline.layout import ArtifactLayout
 
 # tempfile.mkstemp names of tasks/core/atomic.py: ".<target>.<8 random chars>.tmp"
 ATOMIC_TEMP = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
@@ -35,7 +35,7 @@ ATOMIC_TEMP = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")
 @dataclass(frozen=True)
 class RunLifecycle:
     layout: ArtifactLayout
-    specs: dict  # task name -> TaskSpec whose record says how the task ended (tasks/store/specs.py run_specs)
+    specs: dict  # task name -> TaskSpec whose record says how the task ended (tasks/pipeline/specs.py run_specs)
     judge: Callable[[set, set], bool]  # (ran, touched task names) -> True when the run failed
 
     def begin(self) -> runlock.RunLock:

@@ -1,4 +1,4 @@
-"""doit task dicts from the stage table (tasks/store/stages.py), one function for every stage.
+"""doit task dicts from the stage table (tasks/pipeline/stages.py), one function for every stage.
 
 Building the dicts and checking ``uptodate`` only reads records and stats files;
 task actions (tasks/engine/actions.py) import the builders, and the builders
@@ -11,11 +11,11 @@ for the tasks of the stages it lists in ``after``, for the selected cells.
 
 from __future__ import annotations
 
-from tasks.engine.actions import matrix_up_to_date, run_matrix_stage, run_stage, run_uncached
-from tasks.engine.cached_run import is_up_to_date
-from tasks.store.layout import layout_of
-from tasks.store.specs import spec_of, subjects
-from tasks.store.stages import STAGE, Stage, holds, task_name, upstream_of
+from etforge.engine.actions import matrix_up_to_date, run_matrix_stage, run_stage, run_uncached
+from etforge.engine.cached_run import is_up_to_date
+from etforge.pipeline.layout import layout_of
+from etforge.pipeline.specs import spec_of, subjects
+from etforge.pipeline.stages import STAGE, Stage, holds, task_name, upstream_of
 
 
 def doc_fields(plan, stage: Stage, subject) -> dict:
@@ -95,6 +95,17 @@ def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict) ->
         task["actions"] = [(run_matrix_stage, [plan, stage.name, cells, store, host])]
         task["uptodate"] = [(matrix_up_to_date, [plan, stage.name, cells, store, host])]
     else:  # it re-checks its gates every time
-        task["actions"] = [(run_uncached, [plan, stage.name, cells, host], options)]
+        task["actions"] = [(run_uncached, [plan, stage.name, cells, host])]
         task["uptodate"] = [False]
+        # doit task parameters: `etforge release --allow-failures` (doit hands them to the action)
+        task["params"] = [
+            {
+                "name": name,
+                "long": name.replace("_", "-"),
+                "type": bool,
+                "default": bool(options.get(name, False)),
+                "help": text,
+            }
+            for name, text in stage.options
+        ]
     return task

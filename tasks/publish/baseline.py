@@ -14,7 +14,7 @@ import json
 import math
 from pathlib import Path
 
-from tasks.core.atomic import atomic_write_text
+from etforge.core.atomic import atomic_write_text
 
 BASELINE_FORMAT = "etforge-bench-baseline/1"
 

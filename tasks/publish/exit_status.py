@@ -11,21 +11,21 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tasks.config.model import Plan
-from tasks.core.atomic import atomic_write_text
-from tasks.core.console import say
-from tasks.publish import outcome, release, summary
-from tasks.store.layout import layout_of
-from tasks.store.records import read_state
-from tasks.store.specs import cells_of_tasks
-from tasks.store.stages import is_cell_task
+from etforge.cache.records import read_state
+from etforge.config.model import Plan
+from etforge.core.atomic import atomic_write_text
+from etforge.core.console import say
+from etforge.pipeline.layout import layout_of
+from etforge.pipeline.specs import cells_of_tasks
+from etforge.pipeline.stages import is_cell_task
+from etforge.publish import outcome, release, summary
 
 
 @dataclass(frozen=True)
 class ExitStatus:
     plan: Plan
-    host: dict  # tasks.config.machine.host_fingerprint(): benchmark rows are read for it
-    specs: dict  # task name -> TaskSpec (tasks/store/specs.py run_specs)
+    host: dict  # etforge.config.machine.host_fingerprint(): benchmark rows are read for it
+    specs: dict  # task name -> TaskSpec (tasks/pipeline/specs.py run_specs)
     cells_by_task: dict  # task name -> the Cell it belongs to (cell tasks only)
 
     def decide(self, ran: set, touched: set) -> bool:
@@ -61,7 +61,7 @@ def run_failures(plan: Plan, specs: dict, ran, results: list) -> list:
     """What fails this run (non-zero exit when not empty); the one rule for the exit status.
 
     - every cell whose outcome fails the run (failed, unexpectedly-passing), except
-      those a release run in this invocation packed around with ``allow_failures=1``;
+      those a release run in this invocation packed around with ``--allow-failures``;
     - every pipeline-wide task run here (manifest, report, release) whose record
       says failed; a record with another key is an earlier run's and never counts.
     """

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from tasks.core.text import one_line
+from etforge.core.text import one_line
 
 C_COMMENT_LIMIT = 160  # characters of a // comment line in the C++ header
 COMMENT_LIMIT = 200  # characters of a comment line in the Dart, YAML and CMake manifests

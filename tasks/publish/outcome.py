@@ -13,7 +13,7 @@ other key (made before a threshold changed, hand-edited, left by another
 revision) does not exist here: the cell is then "not built" or "not validated",
 never shown with a stale verdict. A verdict (validate, or the benchmark) counts
 only when the sha256 of the program it judged (``program_sha256``) is the
-export's current sha256; one that names none counts for nothing. ``host`` (tasks.config.machine.host_fingerprint()) selects the
+export's current sha256; one that names none counts for nothing. ``host`` (etforge.config.machine.host_fingerprint()) selects the
 benchmark record; without it benchmarks are not read.
 
 The state machine, first rule that applies:
@@ -53,12 +53,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tasks.config.model import Cell, ExpectedFailure, Plan, RejectedCell, default_range_note
-from tasks.publish.baseline import p50_of
-from tasks.store.layout import ArtifactLayout, layout_of
-from tasks.store.records import current
-from tasks.store.specs import cell_specs
-from tasks.store.stages import STAGE, task_name
+from etforge.cache.records import current
+from etforge.config.model import Cell, ExpectedFailure, Plan, RejectedCell, default_range_note
+from etforge.pipeline.layout import ArtifactLayout, layout_of
+from etforge.pipeline.specs import cell_specs
+from etforge.pipeline.stages import STAGE, task_name
+from etforge.publish.baseline import p50_of
 
 SHIPS = ("ok", "provisional", "on-device")
 FAILS_RUN = ("failed", "unexpectedly-passing")

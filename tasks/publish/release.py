@@ -22,9 +22,9 @@ timings vary run to run, so they stay out of the archive: they go to
 in the release, whether its programs are byte-reproducible.
 
 The release refuses (one line) when a cell fails (failed, unexpectedly passing)
-unless ``allow_failures=1``, which packs the rest, records the failures in
+unless ``--allow-failures``, which packs the rest, records the failures in
 provenance.json and lets the run exit 0; when a cell has no current verdict
-(not built, not validated, blocked); with ``strict=1`` when a cell is only
+(not built, not validated, blocked); with ``--strict`` when a cell is only
 provisional (validated on seeded random inputs); when a file differs from its
 record; when nothing ships. A refused or failed release removes the previous
 archive of the same version (the .tar.gz, its directory and .bench.json), saying
@@ -45,22 +45,22 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import tasks
-from tasks.core.atomic import atomic_write_bytes, atomic_write_text
-from tasks.core.digest import canonical_json, sha256_file
-from tasks.core.text import first_line
-from tasks.publish import outcome
-from tasks.publish.manifests.naming import data_file_name
-from tasks.store.layout import layout_of
-from tasks.store.records import read_state, write_state
-from tasks.store.specs import spec_of
-from tasks.store.stages import STAGE, task_name
+import etforge
+from etforge.cache.records import read_state, write_state
+from etforge.core.atomic import atomic_write_bytes, atomic_write_text
+from etforge.core.digest import canonical_json, sha256_file
+from etforge.core.text import first_line
+from etforge.pipeline.layout import layout_of
+from etforge.pipeline.specs import spec_of
+from etforge.pipeline.stages import STAGE, task_name
+from etforge.publish import outcome
+from etforge.publish.manifests.naming import data_file_name
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
 # Backend recipes whose .pte bytes were measured identical across two clean builds in
 # separate processes (sequential and `-n 2`), for fp32 and every scheme the default
 # pipeline gives them. Core ML needs tasks/coreml_reproducible.py, OpenVINO a fresh
-# interpreter per lowering (tasks.build.partitioners.FRESH_PROCESS).
+# interpreter per lowering (etforge.builders.partitioners.FRESH_PROCESS).
 REPRODUCIBLE_RECIPES = frozenset(
     {"xnnpack", "portable", "coreml", "vulkan", "openvino", "arm_tosa", "arm_vgf", "ethos_u55", "ethos_u85"}
 )
@@ -173,7 +173,7 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
     return {
         "format": "etforge-provenance/2",
         "release": release_name(plan),
-        "etforge_version": tasks.__version__,
+        "etforge_version": etforge.__version__,
         "git_revision": git_revision(plan.root),
         "toolchain": plan.toolchain,
         "pipeline": {"file": plan.file.name, "sha256": sha256_file(plan.file)},
@@ -222,9 +222,9 @@ def _listed(plan, o) -> dict:
 
 
 def build_release(plan, cells, allow_failures: bool, host: dict | None = None, strict: bool = False) -> dict:
-    from tasks.publish.manifests import context as manifest
-    from tasks.publish.manifests import render
-    from tasks.publish.report.page import render_report
+    from etforge.publish.manifests import context as manifest
+    from etforge.publish.manifests import render
+    from etforge.publish.report.page import render_report
 
     results = outcome.outcomes(plan, cells, host)
     failing = outcome.failing(results)
@@ -233,7 +233,7 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
         more = f" (+{len(failing) - 3} more)" if len(failing) > 3 else ""
         raise ReleaseRefused(
             f"{len(failing)} cell(s) failed their gates: {listed}{more}; "
-            "fix them or run `doit release allow_failures=1`"
+            "fix them or run `etforge release --allow-failures`"
         )
     pending = [o for o in results if o.status in outcome.PENDING]
     if pending:
@@ -243,7 +243,7 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     provisional = [o.cell for o in results if o.status == "provisional"]
     if strict and provisional:
         raise ReleaseRefused(
-            f"strict=1: {len(provisional)} cell(s) are provisional (validated only on seeded "
+            f"--strict: {len(provisional)} cell(s) are provisional (validated only on seeded "
             f"random inputs): {', '.join(provisional)}; name validation data for their models "
             "in pipeline.yaml"
         )
@@ -340,7 +340,7 @@ def _record(plan, status: str, reason: str = "", info: dict | None = None) -> No
 
 
 def accepted_failures(plan) -> set:
-    """Cells that failed but that the last release packed around with allow_failures=1."""
+    """Cells that failed but that the last release packed around with --allow-failures."""
     record = read_state(spec_of(plan, "release").state_file) or {}
     if record.get("status") != "ok" or not (record.get("info") or {}).get("allow_failures"):
         return set()
@@ -378,7 +378,7 @@ def run_release(plan, cells, host: dict, allow_failures: bool, strict: bool = Fa
     print(f"etforge: released {result['archive']} ({result['files']} files, sha256 {result['sha256']})")
     if result["failures"]:
         print(
-            f"etforge: allow_failures=1: packed without {len(result['failures'])} failing cell(s) "
+            f"etforge: --allow-failures: packed without {len(result['failures'])} failing cell(s) "
             f"({', '.join(result['failures'])}); provenance.json lists them"
         )
     return True

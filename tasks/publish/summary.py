@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tasks.config.model import Cell, Plan
-from tasks.publish import baseline, outcome
-from tasks.publish.outcome import CellOutcome
+from etforge.config.model import Cell, Plan
+from etforge.publish import baseline, outcome
+from etforge.publish.outcome import CellOutcome
 
 
 def human_size(n) -> str:

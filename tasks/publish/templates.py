@@ -9,8 +9,8 @@ jinja2 is imported on first use, never while planning.
 
 from __future__ import annotations
 
-from tasks.core.paths import TEMPLATE_DIR
-from tasks.publish import literals
+from etforge.core.paths import TEMPLATE_DIR
+from etforge.publish import literals
 
 FILTERS = {
     "dart": literals.dart_string,

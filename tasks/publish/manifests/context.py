@@ -15,7 +15,7 @@ index.json) with its status.
 
 The files are deterministic (plan order, sorted keys, no timestamps), so an
 unchanged plan yields byte-identical manifests. The task is a matrix-wide stage
-(tasks/store/stages.py): its key is a digest of everything rendered (the
+(tasks/pipeline/stages.py): its key is a digest of everything rendered (the
 context below, :func:`manifest_content`), the templates and its code, computed
 when doit asks whether the task is up to date, i.e. after the exports it
 depends on have run. Rendering is tasks/publish/manifests/render.py.
@@ -41,15 +41,16 @@ from __future__ import annotations
 
 import re
 
-from tasks.config import defaults, recipes
-from tasks.config.manifest_options import check_options
-from tasks.config.model import Plan
-from tasks.core.text import one_line
-from tasks.publish import outcome
-from tasks.publish.manifests import cpp_header
-from tasks.publish.manifests.interface import cell_interface
-from tasks.publish.manifests.llm import llm_spec
-from tasks.publish.manifests.naming import (
+from etforge.config import defaults, recipes
+from etforge.config.manifest_options import check_options
+from etforge.config.model import Plan
+from etforge.core.text import one_line
+from etforge.pipeline.layout import layout_of
+from etforge.publish import outcome
+from etforge.publish.manifests import cpp_header
+from etforge.publish.manifests.interface import cell_interface
+from etforge.publish.manifests.llm_fields import llm_spec
+from etforge.publish.manifests.naming import (
     DART_RESERVED,
     cmake_identifier,
     dart_identifier,
@@ -57,8 +58,7 @@ from tasks.publish.manifests.naming import (
     fallback_order,
     unique,
 )
-from tasks.publish.manifests.program_check import check_program
-from tasks.store.layout import layout_of
+from etforge.publish.manifests.program_check import check_program
 
 # Delegate id (as recorded in a program) -> (target of an ExecuTorch source build,
 # target of the pip wheel's find_package(executorch) package, or None when no wheel ships it).

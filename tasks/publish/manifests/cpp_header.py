@@ -29,15 +29,15 @@ import math
 import sys
 from pathlib import Path
 
-from tasks.config import defaults
-from tasks.core.atomic import atomic_write_text
-from tasks.core.text import one_line
-from tasks.publish import outcome, templates
-from tasks.publish.literals import C_COMMENT_LIMIT
-from tasks.publish.manifests.interface import cell_interface
-from tasks.publish.manifests.llm import llm_spec
-from tasks.publish.manifests.naming import data_file_name, fallback_order
-from tasks.store.layout import layout_of
+from etforge.config import defaults
+from etforge.core.atomic import atomic_write_text
+from etforge.core.text import one_line
+from etforge.pipeline.layout import layout_of
+from etforge.publish import outcome, templates
+from etforge.publish.literals import C_COMMENT_LIMIT
+from etforge.publish.manifests.interface import cell_interface
+from etforge.publish.manifests.llm_fields import llm_spec
+from etforge.publish.manifests.naming import data_file_name, fallback_order
 
 TEMPLATE = "etforge_models.h.j2"
 HEADER_NAME = "etforge_models.h"
@@ -90,7 +90,7 @@ def header_context(
     ``order``: fallback order, best first; ``layout``: how ``file`` is spelled,
     relative to the models directory a runner is given (``tree``: that directory is
     artifacts/<pipeline>/; ``flat``: the .pte files side by side, as models.cmake
-    installs them); ``host``: read the benchmark records too (tasks.publish.outcome); ``outcomes``:
+    installs them); ``host``: read the benchmark records too (etforge.publish.outcome); ``outcomes``:
     the cells' outcomes when the caller has them already (name -> CellOutcome).
     """
     if layout not in LAYOUTS:
@@ -210,14 +210,14 @@ def write_header(plan, path: Path, cells=None, order=DEFAULT_ORDER, **kwargs) ->
 
 
 def main(argv=None) -> int:
-    """python -m tasks.publish.manifests.cpp_header [pipeline.yaml] [-o PATH] [--order a,b,...] [--layout tree|flat]"""
+    """python -m etforge.publish.manifests.cpp_header [pipeline.yaml] [-o PATH] [--order a,b,...] [--layout tree|flat]"""
     import argparse
 
-    from tasks.config.resolve import resolve
-    from tasks.core.errors import PipelineError
+    from etforge.config.resolve import resolve
+    from etforge.core.errors import PipelineError
 
     parser = argparse.ArgumentParser(
-        prog="python -m tasks.publish.manifests.cpp_header", description=__doc__.split("\n\n")[0]
+        prog="python -m etforge.publish.manifests.cpp_header", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("pipeline", nargs="?", default="pipeline.yaml")
     parser.add_argument("-o", "--output", help=f"write here (default: artifacts/<pipeline>/manifests/{HEADER_NAME})")
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
     parser.add_argument("--listed-only", action="store_true", help="leave out variants the order does not name")
     args = parser.parse_args(argv)
     try:
-        from tasks.config.machine import host_fingerprint
+        from etforge.config.machine import host_fingerprint
 
         plan = resolve(Path(args.pipeline))
         out = Path(args.output) if args.output else layout_of(plan).manifest_dir / HEADER_NAME

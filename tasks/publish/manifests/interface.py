@@ -13,7 +13,7 @@ This module must not import torch or executorch.
 
 from __future__ import annotations
 
-from tasks.config.io_spec import describe_io
+from etforge.config.io_spec import describe_io
 
 
 def cell_interface(cell, evidence) -> dict:

@@ -1,9 +1,9 @@
 """`doit manifest` checks that what it writes of a variant is what the program says of itself.
 
-Every .pte etforge lowers carries its identity and interface (tasks/store/program_meta.py,
-written by tasks/build/program_meta.py from the same describe_io the manifests use). Before
+Every .pte etforge lowers carries its identity and interface (tasks/program/metadata.py,
+written by tasks/program/metadata.py from the same describe_io the manifests use). Before
 the manifests name a program, :func:`check_program` reads that metadata from the file (no
-ExecuTorch: tasks/store/program_meta.read_meta) and compares it, field by field, with the
+ExecuTorch: tasks/program/metadata.read_meta) and compares it, field by field, with the
 variant: model, backend, scheme, each method with its inputs (name, dtype, shape, dynamic
 dims, range) and outputs (name, pytree path, shape, dtype), and the .ptd it needs. The first
 disagreement is one line naming the cell and the field.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import mmap
 from pathlib import Path
 
-from tasks.store.program_meta import ProgramMetaError, read_meta, required_data_sha256
+from etforge.program.metadata import ProgramMetaError, read_meta, required_data_sha256
 
 INPUT_FIELDS = ("name", "dtype", "shape", "dynamic", "range")
 OUTPUT_FIELDS = ("name", "path", "shape", "dtype")

@@ -15,10 +15,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tasks.core.atomic import atomic_write_text
-from tasks.publish import templates
-from tasks.publish.manifests import cpp_header
-from tasks.store.results import BuildResult
+from etforge.core.atomic import atomic_write_text
+from etforge.pipeline.results import BuildResult
+from etforge.publish import templates
+from etforge.publish.manifests import cpp_header
 
 DART, PUBSPEC, CMAKE, INDEX = "models.g.dart", "pubspec_assets.yaml", "models.cmake", "index.json"
 HEADER = cpp_header.HEADER_NAME  # read by cpp/runner

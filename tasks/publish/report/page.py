@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tasks.core.atomic import atomic_write_text
-from tasks.publish import baseline, outcome, summary, templates
-from tasks.publish.outcome import finite as _num
-from tasks.publish.report.charts import BACKEND_MARKERS, SCHEME_COLOURS, bar_chart, marker_path, scatter_chart
-from tasks.publish.report.llm import COLUMNS as LLM_COLUMNS
-from tasks.publish.report.llm import llm_rows
-from tasks.store.results import BuildResult
+from etforge.core.atomic import atomic_write_text
+from etforge.pipeline.results import BuildResult
+from etforge.publish import baseline, outcome, summary, templates
+from etforge.publish.outcome import finite as _num
+from etforge.publish.report.charts import BACKEND_MARKERS, SCHEME_COLOURS, bar_chart, marker_path, scatter_chart
+from etforge.publish.report.llm_table import COLUMNS as LLM_COLUMNS
+from etforge.publish.report.llm_table import llm_rows
 
 TEMPLATE = "report.html.j2"
 STATUS_ORDER = outcome.STATUSES
@@ -294,7 +294,7 @@ def build_context(
             if any(p["backend"] == b for p in scatter["points"])
         ],
         "llm_columns": [heading for heading, _, _ in LLM_COLUMNS],
-        "llm_rows": llm_rows(rows, bench),  # the benchmark's LLM figures (tasks/publish/report/llm.py)
+        "llm_rows": llm_rows(rows, bench),  # the benchmark's LLM figures (tasks/publish/report/llm_table.py)
         "has_bench": any(r["p50_ms"] is not None for r in rows),
         "random_cells": [r["cell"] for r in rows if r["random_inputs"]],
         "provisional_cells": [r["cell"] for r in rows if r["status"] == "provisional"],

@@ -1,0 +1,79 @@
+"""The ``etforge`` command: doit's ``DoitMain`` with etforge's loader, commands, database and reporter.
+
+    etforge                       every stage of pipeline.yaml but release (doit's default tasks)
+    etforge export                one stage, for every cell (validate, benchmark, report, ...)
+    etforge release --allow-failures
+    etforge list | info TASK | init [DIR] | help [COMMAND]
+
+Everything is registered through doit's documented extension API: the task loader is
+handed to ``DoitMain``, the rest are plugins (``DOIT_PLUGINS``). The same table, in this
+repository's pyproject.toml, makes ``doit`` run the same implementation.
+
+doit parses options POSIX-style (they end at the first task name); etforge moves its
+selection flags and the run options to the front, so ``etforge export --models linreg -n 2``
+works as it reads. Options after a task name that the task declares (``release
+--allow-failures``) stay where they are.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from doit.cmd_run import Run as DoitRun
+from doit.doit_cmd import DoitMain
+
+from etforge.app.loader import SELECTION_OPTIONS, PipelineLoader
+
+DOIT_PLUGINS = {
+    "COMMAND": {"run": "etforge.engine.run_command:Run", "init": "etforge.app.init:Init"},
+    "BACKEND": {"etforge": "etforge.engine.doit_db:EtforgeDB"},
+    "REPORTER": {"etforge": "etforge.publish.progress:EtforgeReporter"},
+}
+
+
+class EtforgeMain(DoitMain):
+    BIN_NAME = "etforge"
+
+
+def main(argv: list | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    app = EtforgeMain(PipelineLoader(), config_filenames=(), extra_config=DOIT_PLUGINS)
+    return app.run(options_first(args, set(app.get_cmds().to_dict())))
+
+
+def _option_table() -> dict:
+    """'--name'/'-x' -> whether it takes a value, for the selection and run options."""
+    table = {}
+    for opt in SELECTION_OPTIONS + DoitRun.cmd_options:
+        takes_value = opt["type"] is not bool
+        if opt.get("long"):
+            table[f"--{opt['long']}"] = takes_value
+        if opt.get("short"):
+            table[f"-{opt['short']}"] = takes_value
+    return table
+
+
+def options_first(args: list, commands: set) -> list:
+    """``args`` with the selection and run options (and their values) moved before the first
+    positional argument, after the command name when one comes first; the rest keep their order."""
+    table = _option_table()
+    command = args[:1] if args and args[0] in commands else []
+    front, rest = [], []
+    i = len(command)
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest += args[i:]
+            break
+        name = arg.split("=", 1)[0]
+        if name not in table and arg[:2] in table and not arg.startswith("--"):
+            name = arg[:2]  # -n2: the value attached
+        if name in table:
+            front.append(arg)
+            if table[name] and arg == name and i + 1 < len(args):
+                front.append(args[i + 1])
+                i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return command + front + rest

@@ -1,0 +1,172 @@
+"""The gates a program must pass besides numerics: delegation coverage (export) and size (sizegate).
+
+    delegation_coverage(graph_module)   how much of a lowered program's compute its delegates took
+    delegation_gate(cell, info)         why an export must not count as accelerated, or None
+    size_gate(cell, quantized, fp32, weights)   whether a quantized program saves what its scheme declares
+
+Every comparison is written so that a NaN fails it. torch is imported inside functions.
+"""
+
+from __future__ import annotations
+
+from etforge.config.defaults import SIZE_GATE_OVERHEAD_BYTES
+from etforge.pipeline.results import BuildRequest, BuildResult
+
+OVERHEAD_BYTES = SIZE_GATE_OVERHEAD_BYTES  # a recipe's size_gate.overhead_bytes wins
+
+
+# Operators that run no kernel on tensor data: view_copy becomes a view in
+# to_executorch (ReplaceViewCopyWithViewPass), the rest are symbolic-size
+# queries and run-time asserts.
+NOT_COMPUTE = frozenset(
+    {
+        "aten.view_copy",
+        "aten.view",
+        "aten._unsafe_view",
+        "aten.sym_size",
+        "aten.sym_numel",
+        "aten.sym_stride",
+        "aten.sym_storage_offset",
+        "aten._assert_scalar",
+        "aten._assert_tensor_metadata",
+        "aten.sym_constrain_range",
+        "aten.sym_constrain_range_for_size",
+    }
+)
+
+
+def compute_op_name(node) -> str | None:
+    """``aten.convolution`` for a node that is a compute op, else None.
+
+    A compute op is a ``call_function`` node whose target is an ATen/Edge
+    operator overload (a kernel that reads and writes tensor data), quantize and
+    dequantize included: left outside a delegate they run as portable kernels.
+    Not compute ops: placeholders, outputs and get_attr nodes; ``getitem``
+    (tuple unpacking); the ``executorch_call_delegate`` node itself (the ops it
+    stands for are counted inside the delegate); Python operators on symbolic
+    sizes; and the operators in NOT_COMPUTE.
+    """
+    import torch
+
+    if node.op != "call_function":
+        return None
+    target = getattr(node.target, "_op", node.target)  # an EdgeOpOverload wraps an OpOverload
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    name = str(target.overloadpacket)  # e.g. aten.convolution
+    return None if name in NOT_COMPUTE else name
+
+
+def delegation_coverage(graph_module) -> dict:
+    """How much of a lowered edge program's compute the delegates took.
+
+    Ops inside a delegate are counted in the graph the partitioner handed to it
+    (``original_module``, before the backend's own rewrites); ops outside in the
+    top-level graph, which the portable (or quantized) kernels run. A chain's
+    coverage counts every member's delegates together.
+
+    ``delegation_coverage``: delegated / (delegated + not delegated) compute ops
+    (1.0 for a program with no compute op); ``compute_ops`` and
+    ``delegated_compute_ops``: the counts; ``delegated_by_backend``: backend id
+    -> compute ops it took; ``not_delegated``: op name -> count left outside.
+    """
+    delegated: dict = {}
+    outside: dict = {}
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr" and node.name.startswith("lowered_module_"):
+            lowered = getattr(graph_module, node.name)
+            count = sum(1 for n in lowered.original_module.graph.nodes if compute_op_name(n))
+            delegated[lowered.backend_id] = delegated.get(lowered.backend_id, 0) + count
+        name = compute_op_name(node)
+        if name:
+            outside[name] = outside.get(name, 0) + 1
+    taken, left = sum(delegated.values()), sum(outside.values())
+    total = taken + left
+    return {
+        "delegation_coverage": round(taken / total, 4) if total else 1.0,
+        "compute_ops": total,
+        "delegated_compute_ops": taken,
+        "delegated_by_backend": dict(sorted(delegated.items())),
+        "not_delegated": dict(sorted(outside.items())),
+    }
+
+
+def delegation_gate(cell, info: dict) -> str | None:
+    """Why this program must not count as accelerated, or None (no delegate: no gate)."""
+    minimum = cell.backend.min_coverage
+    if minimum is None:
+        return None
+    coverage = info["delegation_coverage"]
+    if not coverage >= minimum:  # NaN-safe: a coverage that is not a number fails
+        left = ", ".join(f"{name} x{n}" for name, n in sorted(info["not_delegated"].items(), key=lambda kv: -kv[1])[:4])
+        return (
+            f"backend {cell.backend.name!r} took {info['delegated_compute_ops']} of {info['compute_ops']} "
+            f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
+            + (f" ({left})" if left else "")
+        )
+    return None
+
+
+def _same_program(quantized: dict, fp32: dict) -> bool:
+    """The same program but for the names its metadata carries (and the same .ptd, if any)."""
+
+    def what(info):
+        return info.get("sha256_without_metadata") or info["sha256"], info.get("data_sha256")
+
+    return what(quantized) == what(fp32)
+
+
+def size_gate(cell, quantized: dict, fp32: dict, weights: dict) -> tuple[dict, str | None]:
+    """(facts, failure reason or None) of a quantized program against its fp32 sibling.
+
+    ``quantized``/``fp32``: the two export infos (size_bytes, sha256); ``weights``: the fp32
+    capture's ``weight_bytes``. The scheme's recipe declares (``cell.size_gate``) which of
+    the capture's weights it stores smaller, the largest stored/fp32 ratio of those weights
+    that shows it was applied, and optionally ``overhead_bytes``. Only the saving counts,
+    so what both programs share (the fixed overhead that makes linreg's program ~2 KB,
+    layers the scheme does not take) cancels out:
+
+        stored = fp32 bytes of the weights it takes - (fp32 size - quantized size)
+        passes when stored <= max_ratio * those bytes + overhead_bytes
+
+    ``weight_ratio`` (stored / fp32 bytes) goes into the facts and the reason. So a program
+    byte-identical to fp32, fp16 weights stored as fp32 (0.93x on a 110 KB CNN), and a
+    scheme applied to a model with none of the weights it takes all fail, while a 20-byte
+    linreg, whose saving is smaller than any program's bookkeeping, is not failed for it.
+    """
+    gate = cell.size_gate
+    # A program with external weights ships with its .ptd: the two count together.
+    q_size, f_size = (info["size_bytes"] + (info.get("data_size_bytes") or 0) for info in (quantized, fp32))
+    facts = {"size_vs_fp32": round(q_size / f_size, 4), "saved_bytes": f_size - q_size}
+    scheme = cell.quant.name
+    if _same_program(quantized, fp32):
+        return facts, f"identical to its fp32 sibling but for the names it carries: {scheme} was not applied"
+    kinds = gate["weights"]
+    taken = weights["all"] if "all" in kinds else sum(weights.get(k, 0) for k in kinds)
+    what = "weights" if "all" in kinds else "/".join(kinds) + " weights"
+    overhead = gate.get("overhead_bytes", OVERHEAD_BYTES)
+    facts.update(weight_bytes=taken, max_weight_ratio=gate["max_ratio"], overhead_bytes=overhead)
+    if taken == 0:
+        return facts, (
+            f"{scheme} stores {what} smaller and model {cell.model.name!r} has none: "
+            f"the program is {facts['size_vs_fp32']:.2f}x its fp32 sibling"
+        )
+    stored = taken - facts["saved_bytes"]
+    facts["weight_ratio"] = round(stored / taken, 4)
+    if not stored <= gate["max_ratio"] * taken + overhead:  # NaN-safe
+        return facts, (
+            f"{what} stored at {stored / taken:.2f}x of fp32 (gate: {scheme} at most "
+            f"{gate['max_ratio']}x + {overhead} B): {q_size} B vs "
+            f"{f_size} B saves {facts['saved_bytes']} B of {taken} B"
+        )
+    return facts, None
+
+
+def size_gate_stage(request: BuildRequest) -> BuildResult:
+    """The sizegate stage's builder: the cell's program against its fp32 sibling's."""
+    cell, up = request.subject, request.upstream
+    infos = [up["export"].info, up["fp32_export"].info]
+    if any(info.get("status") != "ok" for info in infos):
+        raise RuntimeError(f"needs both {up['export'].task} and {up['fp32_export'].task} ok")
+    info, failure = size_gate(cell, infos[0], infos[1], up["capture"].info["weight_bytes"])
+    return BuildResult(info=info, status="failed" if failure else "ok", reason=failure or "")

@@ -1,0 +1,193 @@
+"""Quantize a captured model once per (model, quantizer config); every cell using it lowers from it.
+
+The two flows live here, once each (tasks/builders/quantizers.py only makes the
+quantizers and configs the recipes name):
+
+``pt2e``: prepare the captured graph with the backend's quantizer, calibrate,
+convert, re-export (:func:`pt2e_quantize`). ``torchao``: ``quantize_`` the eager
+module with a torchao config and unwrap its tensor subclasses, then export
+(:func:`torchao_quantize`; unwrapping leaves XNNPACK 8da4w and Core ML
+weight-only programs byte-identical and makes a config XNNPACK cannot run fail
+to lower instead of computing garbage). ``dtype``: cast the module and its
+inputs (fp16).
+
+A torchao scheme takes only the layers it can (tasks/builders/layer_filter.py): the
+quantize record's ``layers`` says how many it quantized and which it kept in float,
+and why. One that takes no layer of the model raises Rejected before anything is
+quantized: the cell is ``rejected`` with the reason, not failed. (Decided here, from
+the built nn.Module, rather than at plan time: planning never imports torch, and
+the module is what ``quantize_`` walks.) With ``embedding: 4|8`` the scheme first
+quantizes the embedding tables (tasks/builders/quantizers.py ``torchao_embedding``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from etforge.builders.reference import REFERENCE
+from etforge.pipeline.results import BuildRequest, BuildResult, Rejected
+
+PROGRAM = "model.pt2"
+# An LLM's quantized (or cast) eager model's logits on the validation prompt (llm_export.same_scheme_logits):
+# stored with its graph, passed on by the export stage, compared with the program by llm_numerics.
+SAME_SCHEME = "same_scheme_logits.npy"
+
+
+def pt2e_quantize(program, example_inputs: tuple, quantizer, calibration, fold_quantize: bool = True):
+    """Prepare, calibrate (``calibration``: input tuples of tensors) and convert; returns the converted
+    GraphModule, to be exported again. ``program``: the captured ExportedProgram, or an nn.Module that
+    is exported here on ``example_inputs``. ``fold_quantize``: ``getattr(factory, "fold_quantize", True)``."""
+    import torch
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    if not isinstance(program, torch.export.ExportedProgram):
+        program = torch.export.export(program, example_inputs)
+    # check_guards=False: the Arm quantizer's passes (DecomposeAdaptiveAvgPool2dPass) fail on guard nodes.
+    prepared = prepare_pt2e(program.module(check_guards=False), quantizer)
+    with torch.no_grad():
+        for batch in calibration:
+            prepared(*batch)
+    return convert_pt2e(prepared, fold_quantize=fold_quantize)
+
+
+def torchao_quantize(model, steps):
+    """Quantize ``model`` in place, one torchao config per step (``(config, LayerChoice)``, embeddings
+    first as in ExecuTorch's LLM flow), each on exactly the layers its choice took, then unwrap the
+    tensor subclasses so ``torch.export`` sees plain ops."""
+    from torchao.quantization import quantize_
+    from torchao.utils import unwrap_tensor_subclass
+
+    for config, choice in steps:
+        if not choice.empty:
+            quantize_(model, config, choice.as_filter())
+    unwrap_tensor_subclass(model)
+    return model
+
+
+def torchao_steps(scheme: str, transform, model) -> tuple[list, dict]:
+    """([(config, LayerChoice)], the record's ``layers``) of a torchao transform on ``model``;
+    raises Rejected when no step takes any layer."""
+    from etforge.builders.layer_filter import LayerRule, choose_layers, layers_info, rejection, rule_of
+    from etforge.builders.quantizers import torchao_embedding
+    from etforge.core.dotted_path import load_callable
+
+    options = dict(transform.options)
+    minimum = int(options.get("min_weight_elements", 0))
+    steps = []
+    if options.get("embedding"):
+        group = int(options.get("embedding_group_size", 32))
+        config = torchao_embedding({"bits": options["embedding"], "group_size": group})
+        steps.append((config, choose_layers(model, LayerRule("embedding", group or None, minimum))))
+    config = load_callable(transform.ref)(options)
+    steps.append((config, choose_layers(model, rule_of(config, "linear", minimum))))
+    choices = [choice for _, choice in steps]
+    if all(choice.empty for choice in choices):
+        raise Rejected(rejection(scheme, choices))
+    return steps, layers_info(choices)
+
+
+def quantize_stage(request: BuildRequest) -> BuildResult:
+    """The quantize stage's builder (tasks/pipeline/stages.py)."""
+    capture = request.upstream["capture"]
+    return build_quantized(
+        request.subject,
+        request.plan.root,
+        request.plan.seed,
+        capture.files[PROGRAM],
+        capture.files[REFERENCE],
+        request.workdir,
+    )
+
+
+def _export_quantized(cell, model, inputs):
+    """The quantized model's graph, exported the way its capture was: an LLM through its
+    static-KV-cache wrapper (tasks/builders/llm_export.py), any other model with ``inputs``."""
+    import torch
+
+    from etforge.config.hf_source import is_llm
+
+    if is_llm(cell.model):
+        from etforge.builders.llm_export import cell_llm_options, cell_uses_custom_ops, export_llm
+
+        return export_llm(model, cell_llm_options(cell), custom_ops=cell_uses_custom_ops(cell))
+    from etforge.builders.capture import export_dynamic_shapes
+
+    # a model with dynamic dims keeps them: the same Dims its capture was exported with
+    return torch.export.export(model, inputs, strict=False, dynamic_shapes=export_dynamic_shapes(cell.model.inputs))
+
+
+def _export_method(model, method: str, method_inputs, reference: Path, dtype):
+    """One method of a multi-method model, exported from its own capture sample (and Dims)."""
+    import torch
+
+    from etforge.builders.capture import export_dynamic_shapes, method_module
+    from etforge.builders.reference import load_reference_samples
+
+    samples = load_reference_samples(reference, method)
+    inputs = [torch.from_numpy(x) for x in samples.sample_inputs(samples.count // 2)]
+    if dtype is not None:
+        inputs = [x.to(dtype) if x.is_floating_point() else x for x in inputs]
+    return torch.export.export(
+        method_module(model, method), tuple(inputs), strict=False, dynamic_shapes=export_dynamic_shapes(method_inputs)
+    )
+
+
+def build_quantized(cell, root: Path, seed: int, capture_program: Path, reference: Path, workdir: Path) -> BuildResult:
+    import numpy as np
+    import torch
+
+    from etforge.builders.capture import save_programs
+    from etforge.builders.model_loading import build_model
+    from etforge.builders.reference import load_reference_samples
+    from etforge.builders.samples import calibration_batches
+    from etforge.config.hf_source import is_llm
+    from etforge.core.dotted_path import load_callable
+
+    transform = cell.transform
+    start = time.monotonic()
+    samples = load_reference_samples(reference)
+    # the capture's export sample (a dynamic model's interior size: torch.export specializes sizes 0 and 1)
+    inputs = tuple(torch.from_numpy(x) for x in samples.sample_inputs(samples.count // 2))
+    info = {"method": transform.method, "quantizer": transform.ref}
+    if transform.method == "pt2e":
+        factory = load_callable(transform.ref)
+        batches, source = calibration_batches(cell.model, root, seed)
+        # OpenVINO wants float weights followed by quantize/dequantize (no folding).
+        model = pt2e_quantize(
+            torch.export.load(capture_program),
+            inputs,
+            factory(dict(transform.options)),
+            (tuple(torch.from_numpy(x) for x in batch) for batch in batches),
+            fold_quantize=getattr(factory, "fold_quantize", True),
+        )
+        info.update(calibration=source, calibration_samples=len(batches))
+    elif transform.method == "torchao":
+        model = build_model(cell.model, root)
+        steps, info["layers"] = torchao_steps(cell.quant.name, transform, model)
+        model = torchao_quantize(model, steps)
+    elif transform.method == "dtype":
+        dtype = getattr(torch, transform.ref)
+        model = build_model(cell.model, root).to(dtype)
+        inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
+    else:
+        raise ValueError(f"unknown quantization method {transform.method!r}")
+    files = {PROGRAM: workdir / PROGRAM}
+    if is_llm(cell.model):  # the quantized eager model's logits: validation's same-scheme reference
+        from etforge.builders.llm_export import same_scheme_logits
+
+        np.save(workdir / SAME_SCHEME, same_scheme_logits(model, reference))
+        files[SAME_SCHEME] = workdir / SAME_SCHEME
+    if cell.model.multi_method:  # one quantized model, each method exported from it (weights shared)
+        dtype = getattr(torch, transform.ref) if transform.method == "dtype" else None
+        save_programs(
+            workdir / PROGRAM,
+            {
+                method: _export_method(model, method, method_inputs, reference, dtype)
+                for method, method_inputs in cell.model.methods
+            },
+        )
+    else:
+        torch.export.save(_export_quantized(cell, model, inputs), workdir / PROGRAM)
+    info["quantize_s"] = round(time.monotonic() - start, 3)
+    return BuildResult(files=files, info=info)

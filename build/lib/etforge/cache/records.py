@@ -1,0 +1,83 @@
+"""Task records (``artifacts/<pipeline>/.state/<task>.json``): the only module that reads or writes them.
+
+A record says how a task last ended (status, reason, the info its builder
+returned), which key it was made from, what it put in the working tree (each
+file's size, mtime and sha256) and what its store entry held (each blob's sha256,
+size and mtime), so deciding "up to date" is a JSON read and a stat per file.
+
+A record counts only for the key it was made from (:func:`current`): one with any
+other key was made before an input changed, by another revision, or by hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from etforge.core.atomic import atomic_write_text
+from etforge.core.digest import canonical_json
+from etforge.pipeline.specs import TaskSpec
+
+DONE = ("ok", "skipped", "not-runnable", "rejected")  # a record with one of these may be up to date
+STORED = ("ok", "not-runnable")  # the statuses whose results are in the store
+PROGRAM = "program.pte"  # the export's blob a verdict judges
+PROGRAM_SHA256 = "program_sha256"  # the info field of a verdict naming the bytes it judged
+
+
+def read_state(path: Path) -> dict | None:
+    """The record at ``path`` as written, or None (missing, unreadable, not JSON)."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def current(spec: TaskSpec) -> dict | None:
+    """The task's record when it was made from the task's current key, else None."""
+    record = read_state(spec.state_file)
+    if isinstance(record, dict) and record.get("key") == spec.key:
+        return record
+    return None
+
+
+def write_state(
+    spec: TaskSpec,
+    status: str,
+    *,
+    key: str | None = None,
+    info=None,
+    reason="",
+    cached=False,
+    elapsed=0.0,
+    outputs=None,
+    log=None,
+    entry=None,
+) -> None:
+    """Write the task's record atomically (``key``: instead of the spec's, e.g. "" for a task that
+    could not compute its key and so is never up to date)."""
+    record = {
+        "task": spec.name,
+        "key": spec.key if key is None else key,
+        "status": status,
+        "reason": reason,
+        "cached": cached,
+        "elapsed_s": round(elapsed, 3),
+        "info": info or {},
+        "outputs": outputs or {},
+        "entry": entry or {},
+        "log": str(log) if log else None,
+    }
+    atomic_write_text(spec.state_file, canonical_json(record))
+
+
+def record_failure(spec: TaskSpec, reason: str) -> None:
+    """Fail a task from outside its action (its worker process died running it)."""
+    write_state(spec, "failed", reason=reason, log=spec.log_file)
+
+
+def recorded_program_sha256(export: TaskSpec) -> str | None:
+    """sha256 of the program the export's current record says it stored (a JSON read)."""
+    record = current(export)
+    if not record or record.get("status") not in STORED:
+        return None
+    return ((record.get("entry") or {}).get(PROGRAM) or {}).get("sha256")

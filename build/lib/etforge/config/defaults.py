@@ -1,0 +1,55 @@
+"""Every default etforge applies when pipeline.yaml (or a caller) leaves a value out: one place.
+
+Imports nothing. A builder that reads one of these has it in its stage's key
+through the code closure (tasks/pipeline/keys.py), so changing a default rebuilds
+what it decides.
+
+Benchmark options were defined twice before (10/100/20 s in the builder,
+5/50/10 s in the plan); the plan's values are the ones every ``doit`` run used,
+so they are the defaults now, for a direct call of the builder too.
+"""
+
+from __future__ import annotations
+
+# ---------------------------------------------------------------- models and data
+INPUT_DTYPE = "float32"  # models.<m>.inputs[i].dtype
+# models.<m>.inputs[i].range for an integer input that declares none: [lo, hi), hi exclusive.
+# Small and non-negative, so an index input (nn.Embedding, gather) stays valid; the cell's note says so.
+INT_INPUT_RANGE = (0, 2)
+SEED = 0  # validation.seed: seeded random inputs and calibration data
+SAMPLES = 16  # at most this many samples of a model's calibration or validation data (its `samples:`)
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")  # the files an `images:` folder is read for
+
+# ---------------------------------------------------------------- benchmarks (pipeline.yaml `benchmark:`)
+# Small enough that `doit` benchmarks every host-runnable cell in seconds.
+BENCHMARK = {"warmup": 5, "iterations": 50, "threads": None, "max_seconds": 10.0, "method": "forward"}
+REGRESSION_PCT = 10.0  # benchmark.regression_pct: slower than the baseline by more than this is flagged
+
+# ---------------------------------------------------------------- gates
+# Bytes a scheme may add for its own bookkeeping (quantization parameters, quantize and
+# dequantize nodes, casts) before its saving shows; a recipe's size_gate.overhead_bytes wins.
+# Measured with executorch 1.5.1: up to ~3 KB for static int8 of a 4-layer CNN with 7 KB of
+# weights (XNNPACK, portable), ~1.2 KB for linreg; OpenVINO int8 declares ~30 KB.
+SIZE_GATE_OVERHEAD_BYTES = 6144
+
+# ---------------------------------------------------------------- verdicts
+DIVERGENCE_SQNR_DB = 40.0  # first-divergence search of an fp32 cell without an sqnr_db threshold
+# A .bpte's tolerances for a cell with neither max_abs_error nor sqnr_db (tasks/builders/bundle.py)
+BUNDLE_RTOL = 1e-3
+BUNDLE_ATOL_PER_PEAK = 1e-5  # atol = this * max(1, largest |expected|)
+
+# ---------------------------------------------------------------- manifests (pipeline.yaml `manifests:`)
+MANIFEST_OPTIONS = {"assets_dir": "assets/models", "base_url": "", "install_dir": "share/etforge/models"}
+# Fallback order per platform (Dart's Platform.operatingSystem names), best first.
+# `default` serves any platform not listed. Portable (no delegate) runs everywhere,
+# so it closes every list: a model that has only a portable variant still loads.
+PLATFORM_ORDER = {
+    "android": ["qnn", "vulkan", "xnnpack", "portable"],
+    "ios": ["coreml", "mps", "xnnpack", "portable"],
+    "macos": ["coreml", "mps", "xnnpack", "portable"],
+    "linux": ["vulkan", "openvino", "xnnpack", "portable"],
+    "windows": ["vulkan", "openvino", "xnnpack", "portable"],
+    "default": ["xnnpack", "portable"],
+}
+# The C++ runner's header (python -m etforge.publish.manifests.cpp_header): desktop Linux order.
+CPP_HEADER_ORDER = tuple(PLATFORM_ORDER["linux"])

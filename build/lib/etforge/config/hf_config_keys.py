@@ -1,0 +1,115 @@
+"""The keys a Hugging Face config class accepts, read from transformers' source without importing it.
+
+transformers silently keeps a misspelt config key as an attribute
+(``AutoConfig.for_model("llama", hiden_size=3)`` works), so etforge checks the keys
+itself. Importing transformers at plan time is not allowed (it imports torch), so this
+module parses the installed package's files with ``ast``: since transformers 5 a config
+is a dataclass whose fields are annotated class attributes, inherited from its bases and
+``PreTrainedConfig``; ``attribute_map`` adds aliases (``n_embd`` for ``hidden_size``).
+
+:func:`accepted_keys` returns None when it cannot tell (a layout it does not know): the
+capture task then checks the keys against the real config class (tasks/builders/hf_models.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+from functools import cache
+from pathlib import Path
+
+# Keyword arguments PreTrainedConfig.__post_init__ consumes that are not fields, and what
+# save_pretrained writes besides the fields (a config.json from a checkpoint has it).
+POST_INIT_KWARGS = frozenset({"num_labels", "torch_dtype", "_name_or_path"})
+
+
+@cache
+def _package_dir() -> Path | None:
+    spec = importlib.util.find_spec("transformers")  # finds the package, does not import it
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+@cache
+def _parse(path: Path) -> ast.Module | None:
+    try:
+        return ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError):
+        return None
+
+
+def config_class_names() -> dict | None:
+    """model_type -> config class name (transformers' CONFIG_MAPPING_NAMES), or None."""
+    root = _package_dir()
+    tree = root and _parse(root / "models" / "auto" / "auto_mappings.py")
+    if tree is None:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CONFIG_MAPPING_NAMES" for t in node.targets):
+            try:
+                pairs = ast.literal_eval(node.value.args[0]) if isinstance(node.value, ast.Call) else None
+            except ValueError:
+                return None
+            return dict(pairs) if pairs else None
+    return None
+
+
+def _find_class(tree: ast.Module, name: str) -> ast.ClassDef | None:
+    return next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+
+
+def _imported_from(tree: ast.Module, name: str, path: Path) -> Path | None:
+    """The file a relative ``from ..x import name`` in ``path`` points at, or None."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and any(a.name == name for a in node.names) and node.level:
+            base = path.parent
+            for _ in range(node.level - 1):
+                base = base.parent
+            target = base.joinpath(*(node.module or "").split("."))
+            return target.with_suffix(".py") if target.with_suffix(".py").is_file() else None
+    return None
+
+
+def _class_keys(path: Path, name: str, depth: int = 0) -> set | None:
+    tree = _parse(path)
+    cls = tree and _find_class(tree, name)
+    if cls is None or depth > 8:
+        return None
+    keys: set = set()
+    for stmt in cls.body:
+        if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+            if "ClassVar" not in ast.unparse(stmt.annotation):
+                keys.add(stmt.target.id)
+        elif isinstance(stmt, ast.Assign) and any(getattr(t, "id", None) == "attribute_map" for t in stmt.targets):
+            try:
+                keys.update(ast.literal_eval(stmt.value))
+            except ValueError:
+                pass
+        elif isinstance(stmt, ast.FunctionDef) and any(ast.unparse(d).endswith(".setter") for d in stmt.decorator_list):
+            keys.add(stmt.name)  # a property with a setter (num_labels)
+    for base in cls.bases:
+        base_name = ast.unparse(base)
+        if base_name in ("object", "PushToHubMixin") or base_name.endswith("Mixin"):
+            continue
+        where = path if _find_class(tree, base_name) else _imported_from(tree, base_name, path)
+        inherited = where and _class_keys(where, base_name, depth + 1)
+        if inherited is None:
+            return None
+        keys |= inherited
+    return keys
+
+
+def accepted_keys(model_type: str) -> set | None:
+    """Every key the config class of ``model_type`` accepts, or None when this cannot be read."""
+    root = _package_dir()
+    names = config_class_names()
+    if root is None or not names or model_type not in names:
+        return None
+    folder = model_type.replace("-", "_")
+    path = root / "models" / folder / f"configuration_{folder}.py"
+    keys = _class_keys(path, names[model_type]) if path.is_file() else None
+    return None if keys is None else keys | POST_INIT_KWARGS | {"model_type"}
+
+
+def known_model_types() -> list | None:
+    names = config_class_names()
+    return sorted(names) if names else None

@@ -1,0 +1,88 @@
+"""The doit actions and ``uptodate`` checks of every stage, one of each per kind of subject.
+
+    run_stage           a model, graph or cell task: skip, read upstream entries, build, record
+    run_matrix_stage    a matrix-wide task (manifest, report): content, key, render, record
+    matrix_up_to_date   its ``uptodate``: evaluated after the cells' tasks ran, so it sees their records
+    run_uncached        a stage with no store entry (release): the builder decides and records
+
+Builders, content and render functions are named by dotted path in the stage
+table and imported here, inside the action: planning imports none of them
+(neither torch nor the publishing modules).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from etforge.cache.records import write_state
+from etforge.cache.store import Store
+from etforge.core.dotted_path import load_callable
+from etforge.core.text import first_line
+from etforge.engine.cached_run import is_up_to_date, run_cached
+from etforge.engine.inputs import judges_current_program, upstream_entries
+from etforge.pipeline.keys import content_key
+from etforge.pipeline.results import BuildRequest, Skip
+from etforge.pipeline.specs import spec_of
+from etforge.pipeline.stages import STAGE, holds
+
+
+def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = None) -> bool:
+    """doit action of a model, graph or cell task (and how a consumer rebuilds a missing entry)."""
+    stage = STAGE[stage_name]
+    spec = spec_of(plan, stage, subject, host)
+
+    def rebuild(up, up_subject) -> bool:
+        return run_stage(plan, up.name, up_subject, store, host)
+
+    def inputs() -> dict:
+        for predicate, reason in stage.skip_if:
+            if holds(predicate, plan, subject):
+                raise Skip(reason.format(missing=subject.backend.missing))
+        return upstream_entries(plan, stage, subject, store, host, rebuild)
+
+    def build(workdir: Path, upstream: dict):
+        return load_callable(stage.builder)(
+            BuildRequest(plan=plan, subject=subject, upstream=upstream, workdir=workdir)
+        )
+
+    accept = judges_current_program(plan, stage, subject, store, host, rebuild) if stage.judges else None
+    return run_cached(spec, store, build, inputs=inputs, accept=accept)
+
+
+def _matrix_spec(plan, stage, cells, host):
+    """(content, spec with its content key) of a matrix-wide stage."""
+    content = load_callable(stage.content)(plan, cells, host)
+    return content, spec_of(plan, stage, key=content_key(plan, stage, content))
+
+
+def matrix_up_to_date(plan, stage_name: str, cells, store: Store, host: dict | None = None) -> bool:
+    try:
+        _, spec = _matrix_spec(plan, STAGE[stage_name], cells, host)
+        return is_up_to_date(spec, store)
+    except Exception:  # the action reports it
+        return False
+
+
+def run_matrix_stage(plan, stage_name: str, cells, store: Store, host: dict | None = None) -> bool:
+    stage = STAGE[stage_name]
+    try:
+        content, spec = _matrix_spec(plan, stage, cells, host)
+    except Exception as exc:  # e.g. two variants that would ship under one file name
+        reason = first_line(exc)
+        # A truthful record for the reporter, under a key that is never current.
+        write_state(spec_of(plan, stage), "failed", key="", reason=reason)
+        sys.stderr.write(f"etforge: error: {stage.name}: {reason}\n")
+        return False
+
+    def build(workdir: Path):
+        return load_callable(stage.builder)(content, workdir)
+
+    ok = run_cached(spec, store, build)
+    if not ok:
+        sys.stderr.write(f"etforge: {stage.name}: failed (log: {spec.log_file})\n")
+    return ok
+
+
+def run_uncached(plan, stage_name: str, cells, host: dict | None = None, **options) -> bool:
+    return load_callable(STAGE[stage_name].builder)(plan, cells, host, **options)

@@ -1,0 +1,218 @@
+"""Run one cached task: restore its outputs from the store, or build and store them.
+
+A task's state record (``artifacts/<pipeline>/.state/<task>.json``) says which
+key its working-tree outputs were made from, with their size and mtime, and
+what its store entry held when it was installed (each file's size and mtime,
+each blob's sha256), so deciding "up to date" is a JSON read and a stat per
+file: a task whose entry other tasks read is up to date only while that entry
+is still there, and a verdict (validation, benchmark) only while the program
+it judged is the one stored under the export's key. Nothing is hashed on a
+no-op run; a blob that kept its size and mtime but not its bytes is caught
+when a consumer reads it (tasks/engine/inputs.py rebuilds it there). Failures are
+recorded but never cached: a failed task runs again next time.
+
+A failed task still returns success to doit, so that nothing downstream of it
+is dropped silently (manifests and releases list failed cells instead of not
+running); tasks/publish/exit_status.py turns recorded failures into the run's exit status.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+from etforge.cache.records import DONE, PROGRAM_SHA256, STORED, read_state, recorded_program_sha256, write_state
+from etforge.cache.store import ENTRY_MANIFEST, Store, materialize
+from etforge.core.digest import sha256_file
+from etforge.core.text import first_line
+from etforge.engine.log_capture import output_to
+from etforge.pipeline.results import Blocked, Rejected, Skip
+from etforge.pipeline.specs import TaskSpec
+
+
+def is_up_to_date(spec: TaskSpec, store: Store) -> bool:
+    # (not named `task`: doit would pass its own Task object in that slot)
+    record = read_state(spec.state_file)
+    if not record or record.get("key") != spec.key or record.get("status") not in DONE:
+        return False
+    if record["status"] in ("skipped", "rejected"):
+        return True  # nothing was written; the key already covers what this host lacks or the scheme refuses
+    for name, target in spec.outputs.items():
+        if target is None:
+            continue  # in the store only: checked with the entry below
+        meta = record.get("outputs", {}).get(name)
+        if not meta or not _same_stat(target, meta):
+            return False
+    if spec.keep_entry or None in spec.outputs.values():
+        entry = record.get("entry") or {}
+        if ENTRY_MANIFEST not in entry or not all(
+            _same_stat(store.entry_dir(spec.key) / name, meta) for name, meta in entry.items()
+        ):
+            return False
+    if spec.judges is not None:
+        judged = (record.get("info") or {}).get(PROGRAM_SHA256)
+        if judged is None or judged != recorded_program_sha256(spec.judges):
+            return False
+    return True
+
+
+def _same_stat(path: Path, meta: dict) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return meta.get("size") == st.st_size and meta.get("mtime_ns") == st.st_mtime_ns
+
+
+def _materialize_all(task: TaskSpec, blobs: dict) -> dict:
+    outputs = {}
+    for name, target in task.outputs.items():
+        if target is None:
+            continue
+        materialize(blobs[name], target)
+        st = target.stat()
+        # sha256: what the release checks a file against before packing it (size and mtime can lie).
+        outputs[name] = {
+            "path": str(target),
+            "size": st.st_size,
+            "mtime_ns": st.st_mtime_ns,
+            "sha256": sha256_file(target),
+        }
+    return outputs
+
+
+def run_cached(
+    task: TaskSpec,
+    store: Store,
+    build: Callable,
+    *,
+    inputs: Callable | None = None,
+    accept: Callable[[dict], str | None] | None = None,
+) -> bool:
+    """doit action body. Outcomes go to the state record; False only when even that failed.
+
+    ``build(workdir)`` makes the outputs; with ``inputs``, ``build(workdir, inputs())``:
+    ``inputs`` fetches (or rebuilds) what the builder reads, outside the task's log, and may
+    raise Skip or Blocked. ``accept(info)`` vets a stored result before it is restored: a
+    reason string discards the entry (locally and on a writable remote) and builds instead.
+    """
+    start = time.monotonic()
+    try:
+        hit = store.get(task.key) or _from_working_tree(task, store)
+        if hit is not None and not _trusted(task, store, hit[1], accept):
+            hit = None
+        if hit is not None:
+            blobs, info = hit
+            outputs = _materialize_all(task, blobs)
+            write_state(
+                task,
+                info.get("status", "ok"),
+                info=info,
+                reason=info.get("reason", ""),
+                cached=True,
+                elapsed=time.monotonic() - start,
+                outputs=outputs,
+                entry=store.entry_record(task.key),
+            )
+            return True
+        workdir = store.new_workdir()
+        try:
+            return _build_and_store(task, store, build, inputs, workdir, start)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    except Exception as exc:  # the store or the working tree: a full disk, a read-only dir
+        reason = first_line(exc)
+        print(f"etforge: {task.name}: {reason}", file=sys.stderr)
+        try:
+            write_state(task, "failed", reason=reason, elapsed=time.monotonic() - start)
+        except OSError:
+            return False  # the state dir itself is unwritable: let doit fail the task
+        return True
+
+
+def _from_working_tree(task: TaskSpec, store: Store) -> tuple[dict, dict] | None:
+    """Put a missing entry back from this task's own working-tree outputs, when its state
+    record is for this key and every blob it stored is there with the recorded sha256
+    (e.g. after ``rm -rf artifacts/cache``: the exports need not be lowered again)."""
+    record = read_state(task.state_file)
+    if not record or record.get("key") != task.key or record.get("status") not in STORED:
+        return None
+    blobs = {name: meta.get("sha256") for name, meta in (record.get("entry") or {}).items() if name != ENTRY_MANIFEST}
+    if not blobs or any(task.outputs.get(name) is None for name in blobs):
+        return None
+    try:
+        if any(sha256_file(task.outputs[name]) != sha for name, sha in blobs.items()):
+            return None
+        return store.put(task.key, {name: task.outputs[name] for name in blobs}, record.get("info") or {}, expect=blobs)
+    except Exception:  # noqa: BLE001  (changed under us, unreadable: build it instead)
+        return None
+
+
+def _trusted(task: TaskSpec, store: Store, info: dict, accept) -> bool:
+    if accept is None:
+        return True
+    try:
+        why = accept(info)
+    except Exception:  # noqa: BLE001  (what it judged is not here: the build says why, e.g. Blocked)
+        return False
+    if why:
+        print(
+            f"etforge: {task.name}: not using its stored result: {why}; running it again", file=sys.stderr, flush=True
+        )
+        store.reject(task.key)
+        return False
+    return True
+
+
+def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path, start: float) -> bool:
+    try:
+        task.log_file.unlink(missing_ok=True)
+        given = inputs() if inputs is not None else None
+        with output_to(task.log_file):
+            result = build(workdir) if inputs is None else build(workdir, given)
+    except Skip as skip:
+        write_state(task, "skipped", reason=str(skip), elapsed=time.monotonic() - start, log=task.log_file)
+        return True
+    except Rejected as rejected:
+        write_state(task, "rejected", reason=str(rejected), elapsed=time.monotonic() - start, log=task.log_file)
+        return True
+    except Blocked as blocked:
+        write_state(task, "blocked", reason=str(blocked), elapsed=time.monotonic() - start)
+        return True
+    except (Exception, SystemExit) as exc:  # any builder error fails this task only (a model's sys.exit too)
+        task.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(task.log_file, "a", encoding="utf-8") as log:
+            log.write(traceback.format_exc())
+        write_state(task, "failed", reason=first_line(exc), elapsed=time.monotonic() - start, log=task.log_file)
+        return True
+    info = {**result.info, "status": result.status, "reason": result.reason}
+    if result.status == "failed":
+        # Show the evidence (e.g. numerics.json) but never cache a failure.
+        outputs = _materialize_all(task, result.files)
+        write_state(
+            task,
+            "failed",
+            info=info,
+            reason=result.reason,
+            elapsed=time.monotonic() - start,
+            outputs=outputs,
+            log=task.log_file,
+        )
+        return True
+    stored, info = store.put(task.key, result.files, info)  # the stored info: another writer may have won
+    outputs = _materialize_all(task, stored)
+    write_state(
+        task,
+        info.get("status", result.status),
+        info=info,
+        reason=info.get("reason", ""),
+        elapsed=time.monotonic() - start,
+        outputs=outputs,
+        log=task.log_file,
+        entry=store.entry_record(task.key),
+    )
+    return True

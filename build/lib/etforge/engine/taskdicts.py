@@ -1,0 +1,111 @@
+"""doit task dicts from the stage table (tasks/pipeline/stages.py), one function for every stage.
+
+Building the dicts and checking ``uptodate`` only reads records and stats files;
+task actions (tasks/engine/actions.py) import the builders, and the builders
+import torch and executorch.
+
+``task_dep``: a task waits for the tasks of its upstream relations, except when
+it skips at once (``skip_if``) and so reads nothing; a matrix-wide task waits
+for the tasks of the stages it lists in ``after``, for the selected cells.
+"""
+
+from __future__ import annotations
+
+from etforge.engine.actions import matrix_up_to_date, run_matrix_stage, run_stage, run_uncached
+from etforge.engine.cached_run import is_up_to_date
+from etforge.pipeline.layout import layout_of
+from etforge.pipeline.specs import spec_of, subjects
+from etforge.pipeline.stages import STAGE, Stage, holds, task_name, upstream_of
+
+
+def doc_fields(plan, stage: Stage, subject) -> dict:
+    """What a task's ``task_doc`` may name."""
+    layout = layout_of(plan)
+    fields = {
+        "files": ", ".join(blob for blob, *_ in stage.outputs),
+        "manifest_dir": layout.manifest_dir.relative_to(plan.root),
+        "report": layout.report_path.relative_to(plan.root),
+        "archive": layout.archive_path(f"{plan.name}-{plan.version}").relative_to(plan.root),
+    }
+    if stage.subject == "model":
+        fields["model"] = subject.name
+    elif subject is not None:
+        cell = subject
+        sibling = plan.fp32_sibling(cell)
+        fields.update(
+            model=cell.model.name,
+            backend=cell.backend.name,
+            scheme=cell.quant.name,
+            cell=cell.name,
+            pte=layout.pte_path(cell).name,
+            sibling=sibling.name if sibling else "",
+            method=getattr(cell.transform, "method", ""),
+            ref=getattr(cell.transform, "ref", ""),
+        )
+    return fields
+
+
+def matrix_task_deps(plan, stage: Stage, cells) -> list:
+    """The tasks a matrix-wide stage waits for: every task of its ``after`` stages for ``cells``."""
+    deps = []
+    for name in stage.after:
+        after = STAGE[name]
+        for subject in subjects(plan, after, cells):
+            deps.append(task_name(after, subject))
+    return list(dict.fromkeys(deps))
+
+
+def _deps(plan, stage: Stage, subject) -> list:
+    if any(holds(predicate, plan, subject) for predicate, _ in stage.skip_if):
+        return []  # it skips without reading anything
+    # dict.fromkeys: two relations may name one task (an fp32 cell's graph is its capture)
+    return list(dict.fromkeys(task_name(up, up_subject) for _, up, up_subject in upstream_of(plan, stage, subject)))
+
+
+def stage_tasks(plan, stage: Stage, cells, store, host: dict, options: dict | None = None) -> list:
+    """Every doit task dict of ``stage`` for the selected ``cells``."""
+    if stage.subject == "pipeline":
+        return [_matrix_task(plan, stage, cells, store, host, options or {})]
+    tasks = []
+    for subject in subjects(plan, stage, cells):
+        spec = spec_of(plan, stage, subject, host)
+        basename, sub = spec.name.split(":", 1)
+        tasks.append(
+            {
+                "basename": basename,
+                "name": sub,
+                "doc": stage.task_doc.format(**doc_fields(plan, stage, subject)),
+                "actions": [(run_stage, [plan, stage.name, subject, store, host])],
+                "uptodate": [(is_up_to_date, [spec, store])],
+                "task_dep": list(dict.fromkeys(_deps(plan, stage, subject))),
+                "verbosity": 2,  # builders send their own output to the task's log file
+            }
+        )
+    return tasks
+
+
+def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict) -> dict:
+    task = {
+        "basename": stage.name,
+        "doc": stage.task_doc.format(**doc_fields(plan, stage, None)),
+        "task_dep": matrix_task_deps(plan, stage, cells),
+        "verbosity": 2,
+    }
+    if stage.cached:
+        task["actions"] = [(run_matrix_stage, [plan, stage.name, cells, store, host])]
+        task["uptodate"] = [(matrix_up_to_date, [plan, stage.name, cells, store, host])]
+    else:  # it re-checks its gates every time
+        task["actions"] = [(run_uncached, [plan, stage.name, cells, host])]
+        task["uptodate"] = [False]
+        # doit task parameters: `etforge release --allow-failures` (doit hands them to the action)
+        task["params"] = [
+            {
+                "name": name,
+                "long": name.replace("_", "-"),
+                "type": bool,
+                "default": bool(options.get(name, False)),
+                "help": text,
+            }
+            for name, text in stage.options
+        ]
+    return task

@@ -1,0 +1,120 @@
+"""The key of any task, derived from the stage table: everything that can change its output, nothing else.
+
+    key = sha256(canonical JSON of {
+        "stage":    the stage's name,
+        "facts":    {name: FACTS[name](plan, subject, host) for name in stage.key_inputs},
+        "upstream": {relation: key of the upstream task},
+        "code":     digest of the import closure of stage.code (tasks/config/code_deps.py)})
+
+Names join no key (a model's name, a cell's name, the pipeline's name) but where they
+are part of the output: a program embeds its model, backend and scheme names in its
+metadata (tasks/program/metadata.py), so the export key holds them
+(``embedded_metadata``). A renamed model reuses its capture and quantized graphs and
+is only lowered again. Code freshness is decided one way for every
+stage: the static import closure of its entry modules, plus the project modules
+its recipes name by dotted path (``partitioner_code``, ``quantizer_code``).
+A matrix-wide stage's key is the digest of what it renders (its content), its
+templates and its code (:func:`content_key`).
+"""
+
+from __future__ import annotations
+
+from etforge.core.digest import digest, sha256_file
+from etforge.core.dotted_path import module_of
+from etforge.core.paths import PACKAGE_NAME, TEMPLATE_DIR
+from etforge.pipeline.stages import Stage, task_name, upstream_of
+
+# Methods a quantization recipe names that are Python factories (``dtype`` names a torch dtype).
+FACTORY_METHODS = ("pt2e", "torchao")
+
+
+def _named_code(plan, refs) -> dict:
+    """Digests of the project modules that dotted references name (others: their versions are tools)."""
+    out = {}
+    for ref in refs:
+        module = module_of(ref)
+        if module.split(".")[0] == PACKAGE_NAME:
+            out[module] = plan.code.of((module,))
+    return out
+
+
+def _runtime_tools(plan, cell, host) -> dict:
+    # Only a cell that runs here uses its runtime tools; the others get a .bpte.
+    return cell.backend.runtime_tools if cell.backend.host_runnable else {}
+
+
+# Fact -> (plan, subject, host) -> a JSON-serialisable value.
+FACTS = {
+    "model": lambda plan, model, host: model.canonical(),
+    "seed": lambda plan, subject, host: plan.seed,
+    "toolchain": lambda plan, subject, host: plan.toolchain,
+    "transform": lambda plan, cell, host: cell.transform.canonical(),
+    "calibration": lambda plan, cell, host: cell.model.calibration if cell.transform.calibrated else None,
+    "quantizer_code": lambda plan, cell, host: _named_code(
+        plan, [cell.transform.ref] if cell.transform.method in FACTORY_METHODS else []
+    ),
+    "backend": lambda plan, cell, host: cell.backend.canonical(),
+    # The names a program embeds (tasks/program/metadata.py): part of the .pte's bytes.
+    "embedded_metadata": lambda plan, cell, host: {
+        "model": cell.model.name,
+        "backend": cell.backend.name,
+        "scheme": cell.quant.name,
+    },
+    "coverage_gate": lambda plan, cell, host: cell.backend.min_coverage,
+    "partitioner_code": lambda plan, cell, host: _named_code(
+        plan, [m.partitioner for m in cell.backend.members if m.partitioner]
+    ),
+    "size_gate": lambda plan, cell, host: cell.size_gate,
+    "thresholds": lambda plan, cell, host: cell.thresholds,
+    "host_runnable": lambda plan, cell, host: cell.backend.host_runnable,
+    "runtime_tools": _runtime_tools,
+    "benchmark_options": lambda plan, cell, host: plan.benchmark,
+    "host": lambda plan, cell, host: _required_host(host),
+}
+
+
+def _required_host(host):
+    if host is None:
+        raise ValueError("a benchmark key needs the host fingerprint (etforge.config.machine.host_fingerprint())")
+    return host
+
+
+def key_of(plan, stage: Stage, subject, host: dict | None = None, fresh: bool = False) -> str:
+    """The key of ``stage``'s task for ``subject`` (a ModelSpec or a Cell); ``host``: for benchmarks.
+
+    Memoised per plan by task name (a task's key depends on the plan only); ``fresh``: computed
+    anyway (to check that the subjects sharing one task name share its key).
+    """
+    if fresh or "host" in stage.key_inputs:
+        return _key(plan, stage, subject, host)
+    memo = plan.memo.setdefault("keys", {})
+    name = task_name(stage, subject)
+    if name not in memo:
+        memo[name] = _key(plan, stage, subject, host)
+    return memo[name]
+
+
+def _key(plan, stage: Stage, subject, host: dict | None) -> str:
+    return digest(
+        {
+            "stage": stage.name,
+            "facts": {name: FACTS[name](plan, subject, host) for name in stage.key_inputs},
+            "upstream": {
+                relation: key_of(plan, up, up_subject, host)
+                for relation, up, up_subject in upstream_of(plan, stage, subject)
+            },
+            "code": plan.code.of(stage.code),
+        }
+    )
+
+
+def content_key(plan, stage: Stage, content) -> str:
+    """The key of a matrix-wide stage: a digest of what it renders, its templates and its code."""
+    return digest(
+        {
+            "stage": stage.name,
+            "content": content,
+            "templates": {t: sha256_file(TEMPLATE_DIR / t) for t in stage.templates},
+            "code": plan.code.of(stage.code),
+        }
+    )

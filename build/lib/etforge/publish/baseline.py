@@ -1,0 +1,138 @@
+"""Benchmark results against a baseline (the last release's, say): which cells got slower.
+
+Pure functions over ``{cell name: bench info}`` mappings; a bench info is the
+benchmark task's info (``latency_p50_ms``) or a whole bench.json
+(``latency_ms.p50``). :func:`p50_of` is the one reader of a p50, for the
+report, the summary and the outcome's evidence alike.
+
+This module is publishing, not measuring: it joins no benchmark's key.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from etforge.core.atomic import atomic_write_text
+
+BASELINE_FORMAT = "etforge-bench-baseline/1"
+
+
+def regressions(plan, bench: dict) -> list:
+    """Rows of :func:`compare_with_baseline` against the pipeline's baseline file, if it names one."""
+    baseline = plan.benchmark_baseline
+    if not baseline or not (plan.root / baseline).is_file():
+        return []
+    return compare_with_baseline(bench, load_baseline(plan.root / baseline), plan.regression_pct)
+
+
+def p50_of(entry: dict) -> float | None:
+    """The p50 (ms) of a benchmark result: ``p50_ms``, the benchmark task's info (``latency_p50_ms``)
+    or a whole bench.json (``latency_ms.p50``); None unless it is a finite number above 0."""
+    if not isinstance(entry, dict):
+        return None
+    value = entry.get("p50_ms", entry.get("latency_p50_ms"))
+    if value is None and isinstance(entry.get("latency_ms"), dict):
+        value = entry["latency_ms"].get("p50")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not value > 0:
+        return None
+    return float(value)
+
+
+def _host_id_of(entry: dict) -> str | None:
+    if entry.get("host_id"):
+        return entry["host_id"]
+    host = entry.get("host")
+    return host.get("host_id") if isinstance(host, dict) else None
+
+
+def baseline_deltas(current: dict, baseline: dict) -> list:
+    """One row per cell with a p50 in both mappings, sorted by cell name.
+
+    ``change_pct`` is (current - baseline) / baseline * 100: positive is slower.
+    ``same_host`` is True/False when both record a host_id, else None.
+    """
+    rows = []
+    for name in sorted(set(current) & set(baseline)):
+        now, then = p50_of(current[name]), p50_of(baseline[name])
+        if now is None or then is None:
+            continue
+        a, b = _host_id_of(current[name]), _host_id_of(baseline[name])
+        rows.append(
+            {
+                "cell": name,
+                "baseline_p50_ms": then,
+                "current_p50_ms": now,
+                "change_pct": round((now - then) / then * 100.0, 2),
+                "same_host": (a == b) if a and b else None,
+            }
+        )
+    return rows
+
+
+def compare_with_baseline(current: dict, baseline: dict, threshold_pct: float) -> list:
+    """Cells whose p50 is more than ``threshold_pct`` percent slower than in ``baseline``.
+
+    ``current`` and ``baseline`` map cell name -> bench info (the builder's info,
+    or a whole bench.json). Cells missing from either side, or without a p50,
+    are not compared. Each returned row is a ``baseline_deltas`` row plus
+    ``threshold_pct`` and ``regression: True``.
+    """
+    if isinstance(threshold_pct, bool) or not isinstance(threshold_pct, (int, float)) or threshold_pct < 0:
+        raise ValueError(f"threshold_pct: expected a number >= 0, got {threshold_pct!r}")
+    return [
+        {**row, "threshold_pct": threshold_pct, "regression": True}
+        for row in baseline_deltas(current, baseline)
+        if row["change_pct"] > threshold_pct
+    ]
+
+
+def baseline_document(results: dict, **meta) -> dict:
+    """The baseline file's content for ``results`` (cell name -> bench info)."""
+    return {"format": BASELINE_FORMAT, **meta, "cells": {k: results[k] for k in sorted(results)}}
+
+
+def write_baseline(path: Path, results: dict, **meta) -> None:
+    atomic_write_text(Path(path), json.dumps(baseline_document(results, **meta), indent=2, sort_keys=True) + "\n")
+
+
+def load_baseline(path: Path) -> dict:
+    """Read a baseline results file into {cell name: bench info}.
+
+    Format (JSON)::
+
+        {"format": "etforge-bench-baseline/1",
+         "created": "...", "pipeline": "...", "version": "...",      (optional, free-form)
+         "cells": {"small_cnn/xnnpack/fp32": {"latency_p50_ms": 0.42, "host_id": "...", ...}, ...}}
+
+    A bare mapping {cell name: bench info} is accepted too. Each bench info is the
+    benchmark task's info (``latency_p50_ms``) or a whole bench.json (``latency_ms.p50``);
+    entries without a p50 (a cell that did not run) are kept and never compared.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"cannot read baseline {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise ValueError(f"baseline {path} is not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"baseline {path}: expected a JSON object, got {type(data).__name__}")
+    if "format" in data:
+        if data["format"] != BASELINE_FORMAT:
+            raise ValueError(f"baseline {path}: format {data['format']!r}, expected {BASELINE_FORMAT!r}")
+        cells = data.get("cells")
+        if not isinstance(cells, dict):
+            raise ValueError(f"baseline {path}: 'cells' must map cell names to bench results")
+    else:
+        cells = data
+    for name, entry in cells.items():
+        if not isinstance(entry, dict):
+            raise ValueError(f"baseline {path}: cell {name!r}: expected an object, got {type(entry).__name__}")
+        raw = entry.get("latency_p50_ms")
+        if raw is None and isinstance(entry.get("latency_ms"), dict):
+            raw = entry["latency_ms"].get("p50")
+        if raw is not None and p50_of(entry) is None:
+            raise ValueError(f"baseline {path}: cell {name!r}: p50 must be a positive number of ms, got {raw!r}")
+    return dict(cells)

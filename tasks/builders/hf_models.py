@@ -1,0 +1,98 @@
+"""Build a ``transformers:`` model (tasks/config/hf_source.py) as an eval-mode nn.Module.
+
+Without a checkpoint the weights are random, drawn after ``torch.manual_seed`` (the
+caller seeds): the same key gives the same weights. Nothing is downloaded:
+``from_config`` never touches the hub, a checkpoint is a local directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# The task's Auto class when the source names no model_class.
+AUTO_CLASSES = {
+    "text-generation": "AutoModelForCausalLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "feature-extraction": "AutoModel",
+}
+RANDOM_WEIGHTS_NOTE = "weights are random (built from the config with a fixed seed; no checkpoint)"
+
+
+def import_transformers():
+    """transformers, after etforge's torchvision shim (transformers imports torchvision, whose
+    PyPI build here lacks the nms schema: tasks/builders/torchvision_compat.py)."""
+    from etforge.builders.torchvision_compat import import_torchvision
+
+    import_torchvision()
+    import transformers
+
+    return transformers
+
+
+def build_config(source: dict):
+    """The config object of a transformers source; a key its class does not know is an error
+    (the plan-time check reads transformers' source; this one is the real class)."""
+    tf = import_transformers()
+    values = {k: v for k, v in source["config"].items() if k != "model_type"}
+    config = tf.AutoConfig.for_model(source["config"]["model_type"], **values)
+    known = set(type(config)().to_dict()) | {"num_labels", "torch_dtype"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown {source['config']['model_type']} config key {unknown[0]!r}")
+    return config
+
+
+def model_class(source: dict):
+    tf = import_transformers()
+    name = source.get("model_class") or AUTO_CLASSES[source["task"]]
+    cls = getattr(tf, name, None)
+    if cls is None:
+        raise ValueError(f"transformers has no model class {name!r}")
+    return cls
+
+
+def build_hf_model(spec, root: Path):
+    """The eager module of a transformers source: a causal LM as is (llm_export wraps it), an
+    encoder wrapped to return a flat tuple of tensors."""
+    source = spec.source["transformers"]
+    config = build_config(source)
+    cls = model_class(source)
+    attn = source.get("attn_implementation", "sdpa")
+    checkpoint = source.get("checkpoint")
+    if checkpoint:
+        model = cls.from_pretrained(
+            root / checkpoint["path"], config=config, attn_implementation=attn, local_files_only=True
+        )
+    elif hasattr(cls, "from_config"):
+        model = cls.from_config(config, attn_implementation=attn)
+    else:
+        model = cls._from_config(config, attn_implementation=attn)
+    model = model.eval()
+    if source["task"] == "text-generation":
+        return model
+    return TupleOutputs(model)
+
+
+def random_weights(spec) -> bool:
+    source = spec.source.get("transformers") or {}
+    return not source.get("checkpoint")
+
+
+def _tuple_outputs_class():
+    import torch
+
+    class _TupleOutputs(torch.nn.Module):
+        """forward(*token inputs) -> the model output's tensors as a tuple (export-friendly)."""
+
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, *inputs):
+            return tuple(self.model(*inputs, return_dict=True).to_tuple())
+
+    return _TupleOutputs
+
+
+def TupleOutputs(model):  # noqa: N802 - a class made lazily, so importing this module needs no torch
+    return _tuple_outputs_class()(model)
