@@ -325,6 +325,7 @@ def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(co
     from etforge.builders.gates import delegation_gate
     from etforge.config.resolve import resolve
     from etforge.pipeline.specs import spec_of
+    from etforge.pipeline.stage_results import ExportResult
 
     project, _ = coverage_run
     before = resolve(project.pipeline)
@@ -339,6 +340,6 @@ def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(co
     assert (
         spec_of(after, "export", cell).key != spec_of(before, "export", old).key
     )  # a changed minimum judges the program again
-    info = _export_state(project, "mostly_portable/xnnpack/fp32")["info"]
-    assert delegation_gate(cell, info) is None
-    assert "took 1 of 5 compute ops (20%" in delegation_gate(old, info)
+    export = ExportResult.from_json(_export_state(project, "mostly_portable/xnnpack/fp32")["info"])
+    assert delegation_gate(cell, export) is None
+    assert "took 1 of 5 compute ops (20%" in delegation_gate(old, export)

@@ -207,7 +207,9 @@ def test_header_leaves_out_unbuilt_cells_and_escapes_strings(built, tmp_path):
         "linreg/portable/fp32",
         "cnn/portable/fp32",
     ]
-    assert ctx["excluded"] == [{"cell": "cnn/xnnpack/fp32", "reason": "not built: run `doit export:cnn/xnnpack/fp32`"}]
+    assert ctx["excluded"] == [
+        {"cell": "cnn/xnnpack/fp32", "reason": "not built: run `etforge export:cnn/xnnpack/fp32`"}
+    ]
     assert literals.c_string('a"b\\c?\n\u00e9') == '"a\\"b\\\\c\\?\\012\\303\\251"'
     assert literals.c_comment("x\ny\\") == "x y"
 

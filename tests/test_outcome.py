@@ -305,7 +305,7 @@ def test_a_same_size_same_mtime_edit_of_a_shipped_program_refuses_the_release(co
     assert re.search(
         r"^etforge: release refused: artifacts/t/linreg/linreg_portable_fp32\.pte differs from its "
         r"record \(sha256 [0-9a-f]{16}\.\.\., export:linreg/portable/fp32 recorded [0-9a-f]{16}\.\.\.\); "
-        r"delete it and run `doit export:linreg/portable/fp32`$",
+        r"delete it and run `etforge export:linreg/portable/fp32`$",
         edited.stderr,
         re.M,
     ), edited.stderr
@@ -345,7 +345,7 @@ def test_a_stale_record_is_never_shown_as_the_verdict(copy):
     assert summary.cell_row(plan, target, host)["status"] == "not validated"
     context = manifest.build_context(plan, host=host)
     assert cell not in [v["id"] for v in context["variants"]]
-    assert {"cell": cell, "status": "not validated", "reason": f"run `doit validate:{cell}`"} in context["excluded"]
+    assert {"cell": cell, "status": "not validated", "reason": f"run `etforge validate:{cell}`"} in context["excluded"]
     with pytest.raises(release.ReleaseRefused, match=f"1 cell\\(s\\) have no current verdict: {cell}: not validated"):
         release.build_release(plan, plan.cells, allow_failures=True, host=host)
 

@@ -208,7 +208,7 @@ def test_cmake_verifies_the_ptd_each_variant_needs(built, tmp_path):
     assert missing.returncode != 0
     assert (
         f"etforge: MLP_B_XNNPACK_FP32: its external weights {models}/mlp_b/mlp_b_xnnpack_fp32.ptd are "
-        "missing; run `doit export`"
+        "missing; run `etforge export`"
     ) in " ".join(missing.stderr.split()), missing.stderr
 
 
@@ -392,6 +392,7 @@ def test_the_size_gate_sees_through_the_names_a_program_carries(built):
     from types import SimpleNamespace
 
     from etforge.builders.gates import size_gate
+    from etforge.pipeline.stage_results import ExportResult
     from etforge.program.metadata import without_meta
 
     a, b = (built.out / m / f"{m}_xnnpack_fp32.pte" for m in ("mlp_a", "mlp_b"))
@@ -406,6 +407,8 @@ def test_the_size_gate_sees_through_the_names_a_program_carries(built):
         quant=SimpleNamespace(name="int8"),
         model=SimpleNamespace(name="mlp_b"),
     )
-    facts, reason = size_gate(cell, infos[1], infos[0], {"all": 10000, "linear": 10000})
+    facts, reason = size_gate(
+        cell, ExportResult.from_json(infos[1]), ExportResult.from_json(infos[0]), {"all": 10000, "linear": 10000}
+    )
     assert reason == "identical to its fp32 sibling but for the names it carries: int8 was not applied"
-    assert facts["size_vs_fp32"] == 1.0  # .pte and .ptd together
+    assert facts.size_vs_fp32 == 1.0  # .pte and .ptd together

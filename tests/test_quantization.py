@@ -223,6 +223,7 @@ def test_a_scheme_with_nothing_to_take_is_rejected_and_the_size_gate_would_say_i
     """8da8w takes linear layers; a model without one is rejected by its quantize task
     (tests/test_schemes_layers.py), before any program is built."""
     from etforge.builders.gates import size_gate
+    from etforge.pipeline.stage_results import ExportResult
 
     project, _ = built
     assert rows(project)["convnet/xnnpack/8da8w"]["status"] == "rejected"
@@ -231,7 +232,8 @@ def test_a_scheme_with_nothing_to_take_is_rejected_and_the_size_gate_would_say_i
     cell = next(c for c in resolve(project.pipeline).cells if c.name == "convnet/xnnpack/8da8w")
     weights = json.loads((project.out / ".state" / "capture__convnet.json").read_text())["info"]["weight_bytes"]
     assert weights["linear"] == 0 and weights["conv"] > 0
-    _, reason = size_gate(cell, {"size_bytes": 5000, "sha256": "a"}, {"size_bytes": 4900, "sha256": "b"}, weights)
+    quantized, fp32 = ExportResult(size_bytes=5000, sha256="a"), ExportResult(size_bytes=4900, sha256="b")
+    _, reason = size_gate(cell, quantized, fp32, weights)
     assert (
         reason
         == "8da8w stores linear weights smaller and model 'convnet' has none: the program is 1.02x its fp32 sibling"

@@ -39,6 +39,7 @@ from etforge.builders.reference import REFERENCE
 from etforge.builders.timing_stats import NS_PER_MS, summarize
 from etforge.config import defaults
 from etforge.pipeline.results import BuildRequest, BuildResult
+from etforge.pipeline.stage_results import BenchmarkResult, ExportResult
 
 BENCH = "bench.json"
 FORMAT = "etforge-bench/1"
@@ -246,36 +247,30 @@ def _mb(n: int | None) -> float | None:
     return None if n is None else round(n / (1 << 20), 2)
 
 
-def _llm_section(cell, pte: Path, inputs: list, opts: dict) -> dict | None:
-    """bench.json's ``llm`` section for an LLM cell (tasks/builders/llm_bench.py), else None."""
-    from etforge.config.hf_source import is_llm
-
-    model = getattr(cell, "model", None)
-    if model is None or not is_llm(model):
-        return None
-    from etforge.builders.llm_bench import measure
-
-    return measure(pte, inputs[0], model.source["transformers"]["llm"], opts)
-
-
 # ---------------------------------------------------------------- the builder
 
 
 def benchmark_stage(request: BuildRequest) -> BuildResult:
-    """The benchmark stage's builder, with the plan's options (every default filled in)."""
+    """The benchmark stage's builder for a module (an LLM's: etforge.builders.llm_stages), with the
+    plan's options (every default filled in)."""
     export, capture = request.upstream["export"], request.upstream["capture"]
     return build_benchmark(
         request.subject,
         export.files["program.pte"],
         capture.files[REFERENCE],
-        export.info.get("input_dtypes", []),
+        list(export.result(ExportResult).input_dtypes),
         request.plan.benchmark,
         request.workdir,
     )
 
 
-def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, options: dict, workdir: Path) -> BuildResult:
+def build_benchmark(
+    cell, pte: Path, reference: Path, input_dtypes: list, options: dict, workdir: Path, llm_timing=None
+) -> BuildResult:
     """Benchmark ``pte`` on the capture's example inputs; writes ``workdir/bench.json``.
+
+    ``llm_timing(pte, inputs, opts) -> dict``: bench.json's ``llm`` section (an LLM's generation
+    figures, etforge.builders.llm_bench), measured first, before this process loads another copy.
 
     ``cell``: a plan Cell (or a plain name, or None); ``reference``: the capture's
     reference.npz; ``input_dtypes``: from the export info (fp16 programs take fp16);
@@ -286,14 +281,9 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
 
     from etforge.builders.program_io import checked_data_path
     from etforge.builders.reference import reference_methods
-    from etforge.config.hf_source import is_llm
     from etforge.config.machine import host_info, host_label
     from etforge.core.digest import sha256_file
 
-    if getattr(cell, "model", None) is not None and is_llm(cell.model):
-        from etforge.builders.llm_export import register_custom_ops
-
-        register_custom_ops()  # else forward fails to load (0x14) in a process that has not imported them yet
     pte = Path(pte)
     data = checked_data_path(pte)  # before the clock starts: it hashes the .ptd
     opts = resolve_options(options)
@@ -306,7 +296,7 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     load_before = _loadavg()
     with threadpool(opts["threads"]) as threads_used:
         # an LLM first: its program's RSS is measured before this process loads any other copy
-        llm = _llm_section(cell, pte, inputs, opts)
+        llm = llm_timing(pte, inputs, opts) if llm_timing is not None else None
         gc.collect()
         status0 = proc_status_bytes("VmRSS", "VmHWM")
         t0 = time.perf_counter_ns()
@@ -391,32 +381,33 @@ def build_benchmark(cell, pte: Path, reference: Path, input_dtypes: list, option
     }
     out = Path(workdir) / BENCH
     out.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    info = {
-        "latency_p50_ms": record["latency_ms"]["p50"],
-        "latency_p50_ms_per_size": [
-            {"input_shapes": p["input_shapes"], "p50": p["latency_ms"]["p50"]} for p in per_size
-        ],
-        "latency_p90_ms": record["latency_ms"]["p90"],
-        "latency_trimmed_mean_ms": record["latency_ms"]["trimmed_mean"],
-        "latency_min_ms": record["latency_ms"]["min"],
-        "latency_max_ms": record["latency_ms"]["max"],
-        "latency_stdev_ms": record["latency_ms"]["stdev"],
-        "iterations": n,
-        "iterations_requested": opts["iterations"],
-        "stopped_early": stopped_early,
-        "load_ms": load["total_ms"],
-        "peak_rss_mb": _mb(peak),
-        "load_rss_delta_mb": _mb(memory["load_rss_delta_bytes"]),
-        "threads": threads_used,
-        "host": host_label(host),
-        "host_id": host["host_id"],
-        "load_average_1m": (record["load_average"]["after"] or [None])[0],
-        "program_sha256": record["program"]["sha256"],  # the bytes timed (the result counts only for them)
-    }
+    figures = {}
     if llm:
-        from etforge.builders.llm_bench import info_fields
+        from etforge.builders.llm_bench import llm_figures
 
-        info.update(info_fields(llm))
-    if note:
-        info["note"] = note
-    return BuildResult(files={BENCH: out}, info=info)
+        figures = llm_figures(llm)
+    result = BenchmarkResult(
+        latency_p50_ms=record["latency_ms"]["p50"],
+        latency_p50_ms_per_size=tuple(
+            {"input_shapes": p["input_shapes"], "p50": p["latency_ms"]["p50"]} for p in per_size
+        ),
+        latency_p90_ms=record["latency_ms"]["p90"],
+        latency_trimmed_mean_ms=record["latency_ms"]["trimmed_mean"],
+        latency_min_ms=record["latency_ms"]["min"],
+        latency_max_ms=record["latency_ms"]["max"],
+        latency_stdev_ms=record["latency_ms"]["stdev"],
+        iterations=n,
+        iterations_requested=opts["iterations"],
+        stopped_early=stopped_early,
+        load_ms=load["total_ms"],
+        peak_rss_mb=_mb(peak),
+        load_rss_delta_mb=_mb(memory["load_rss_delta_bytes"]),
+        threads=threads_used,
+        host=host_label(host),
+        host_id=host["host_id"],
+        load_average_1m=(record["load_average"]["after"] or [None])[0],
+        program_sha256=record["program"]["sha256"],  # the bytes timed (the result counts only for them)
+        llm=figures,
+        note=note or None,
+    )
+    return BuildResult(files={BENCH: out}, result=result)

@@ -1,8 +1,8 @@
 """The LLM figures of the benchmark stage: load, prefill, decode, time to first token, peak RSS.
 
-For a decoder-only LLM cell (etforge.config.hf_source.is_llm) tasks/builders/benchmark.py calls
-:func:`measure` after its generic timing, and the result becomes bench.json's ``llm`` section
-and the ``llm_*`` fields of the record's info. What is measured (as ExecuTorch's LLM runner
+For a decoder-only LLM cell (ModelKind.LLM), etforge.builders.llm_stages has
+tasks/builders/benchmark.py run :func:`measure` before its generic timing: the result
+becomes bench.json's ``llm`` section, and :func:`llm_figures` the BenchmarkResult's ``llm``. What is measured (as ExecuTorch's LLM runner
 does, research/issue13 NOTES.md section 6, but with ``perf_counter_ns`` instead of its
 millisecond clock):
 
@@ -163,21 +163,21 @@ def _r(value: float) -> float:
     return round(value, 4)
 
 
-def info_fields(section: dict) -> dict:
-    """The figures of the ``llm`` section the record's info carries (the report reads them)."""
+def llm_figures(section: dict) -> dict:
+    """The figures of bench.json's ``llm`` section a BenchmarkResult carries (the report reads them)."""
     memory = section["memory"]
 
     def mb(n):
         return None if n is None else round(n / (1 << 20), 2)
 
     return {
-        "llm_load_ms": section["load_ms"],
-        "llm_prompt_len": section["prompt_len"],
-        "llm_prefill_tok_s": section["prefill_tok_s"],
-        "llm_ttft_ms": section["ttft_ms"],
-        "llm_decode_steps": section["decode_steps"],
-        "llm_decode_tok_s": section["decode_tok_s"],
-        "llm_decode_step_p50_ms": section["decode_step_ms"]["p50"],
-        "llm_peak_rss_mb": mb(memory["peak_rss_bytes"]),
-        "llm_peak_rss_delta_mb": mb(memory["peak_rss_delta_bytes"]),
+        "load_ms": section["load_ms"],
+        "prompt_len": section["prompt_len"],
+        "prefill_tok_s": section["prefill_tok_s"],
+        "ttft_ms": section["ttft_ms"],
+        "decode_steps": section["decode_steps"],
+        "decode_tok_s": section["decode_tok_s"],
+        "decode_step_p50_ms": section["decode_step_ms"]["p50"],
+        "peak_rss_mb": mb(memory["peak_rss_bytes"]),
+        "peak_rss_delta_mb": mb(memory["peak_rss_delta_bytes"]),
     }

@@ -31,7 +31,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from etforge.pipeline.results import BuildResult
+from etforge.pipeline.results import BuildResult, TaskStatus
+from etforge.pipeline.stage_results import Verdict
 
 NUMERICS = "numerics.json"
 # What an LLM cell must also reach, by scheme, unless its thresholds say otherwise: an fp32
@@ -241,8 +242,10 @@ def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_sch
         decode_steps=metrics["decode_steps"],
     )
     if misses:
-        return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason="; ".join(misses))
-    return BuildResult(files={NUMERICS: out}, info=info)
+        return BuildResult(
+            files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason="; ".join(misses)
+        )
+    return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
 
 
 def build_llm_bundled(cell, pte: Path, reference: Path, workdir: Path) -> BuildResult:
@@ -302,4 +305,6 @@ def build_llm_bundled(cell, pte: Path, reference: Path, workdir: Path) -> BuildR
         f"{BPTE} carries the {P}-token prompt as {P} ordered test cases, check on device with "
         f"rtol={tol['rtol']:g}, atol={tol['atol']:.3g}"
     )
-    return BuildResult(files={BPTE: out, INFO: workdir / INFO}, info=info, status="not-runnable", reason=reason)
+    return BuildResult(
+        files={BPTE: out, INFO: workdir / INFO}, result=Verdict.of(info), status=TaskStatus.NOT_RUNNABLE, reason=reason
+    )

@@ -16,12 +16,10 @@ from pathlib import Path
 
 from etforge.core.atomic import atomic_write_text
 from etforge.core.digest import canonical_json
+from etforge.pipeline.results import TaskStatus, task_status
 from etforge.pipeline.specs import TaskSpec
 
-DONE = ("ok", "skipped", "not-runnable", "rejected")  # a record with one of these may be up to date
-STORED = ("ok", "not-runnable")  # the statuses whose results are in the store
 PROGRAM = "program.pte"  # the export's blob a verdict judges
-PROGRAM_SHA256 = "program_sha256"  # the info field of a verdict naming the bytes it judged
 
 
 def read_state(path: Path) -> dict | None:
@@ -42,7 +40,7 @@ def current(spec: TaskSpec) -> dict | None:
 
 def write_state(
     spec: TaskSpec,
-    status: str,
+    status: TaskStatus,
     *,
     key: str | None = None,
     info=None,
@@ -58,7 +56,7 @@ def write_state(
     record = {
         "task": spec.name,
         "key": spec.key if key is None else key,
-        "status": status,
+        "status": str(status),
         "reason": reason,
         "cached": cached,
         "elapsed_s": round(elapsed, 3),
@@ -72,12 +70,13 @@ def write_state(
 
 def record_failure(spec: TaskSpec, reason: str) -> None:
     """Fail a task from outside its action (its worker process died running it)."""
-    write_state(spec, "failed", reason=reason, log=spec.log_file)
+    write_state(spec, TaskStatus.FAILED, reason=reason, log=spec.log_file)
 
 
 def recorded_program_sha256(export: TaskSpec) -> str | None:
     """sha256 of the program the export's current record says it stored (a JSON read)."""
     record = current(export)
-    if not record or record.get("status") not in STORED:
+    status = task_status((record or {}).get("status"))
+    if status is None or not status.stored:
         return None
-    return ((record.get("entry") or {}).get(PROGRAM) or {}).get("sha256")
+    return (((record or {}).get("entry") or {}).get(PROGRAM) or {}).get("sha256")

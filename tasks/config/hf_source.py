@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 
 from etforge.config.hf_config_keys import accepted_keys, known_model_types
-from etforge.config.model import InputSpec
+from etforge.config.model import InputSpec, ModelKind
 from etforge.core.digest import digest
 
 TEXT_GENERATION = "text-generation"
@@ -102,10 +102,11 @@ def uses_custom_ops(recipe_names) -> bool:
     return all(name in CUSTOM_OPS_BACKENDS for name in recipe_names)
 
 
-def is_llm(model_spec) -> bool:
-    """A decoder-only LLM cell: exported with a static KV cache and validated step by step."""
-    source = model_spec.source.get("transformers")
-    return bool(source) and source["task"] == TEXT_GENERATION
+def model_kind(source: dict) -> ModelKind:
+    """A transformers text-generation model is an LLM: exported with a static KV cache and
+    validated step by step; every other source is a module."""
+    transformers = source.get("transformers")
+    return ModelKind.LLM if transformers and transformers["task"] == TEXT_GENERATION else ModelKind.MODULE
 
 
 def resolve_transformers(r, name: str, spec: dict) -> tuple[dict, tuple | None]:
@@ -254,9 +255,11 @@ def reject_llm_cells(cells: tuple, rejected: tuple, models: dict, backends: dict
         model = models.get(r.model)
         recipes = [m.recipe for m in backends[r.backend].members] if r.backend in backends else []
         known = [LLM_REJECTIONS[k] for k in ((rec, r.quantization) for rec in recipes) if k in LLM_REJECTIONS]
-        refused.append(replace(r, reason=known[0]) if model is not None and is_llm(model) and known else r)
+        refused.append(
+            replace(r, reason=known[0]) if model is not None and model.kind == ModelKind.LLM and known else r
+        )
     for cell in cells:
-        reason = llm_rejection(cell) if is_llm(cell.model) else None
+        reason = llm_rejection(cell) if cell.model.kind == ModelKind.LLM else None
         if reason:
             refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
         else:

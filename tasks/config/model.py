@@ -8,6 +8,7 @@ cache keys, its manifest entry and its report row.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from etforge.config import defaults, recipes
@@ -90,6 +91,13 @@ def default_range_note(model) -> str | None:
     )
 
 
+class ModelKind(StrEnum):
+    """Which stage builders a model's tasks run (the stage table names one per kind)."""
+
+    MODULE = "module"  # an nn.Module: one export of each method, validated per output
+    LLM = "llm"  # a decoder-only LLM: a static KV cache program, validated per decode step
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -103,6 +111,7 @@ class ModelSpec:
     # ((method name, inputs), ...) in declaration order; default one method, forward, with ``inputs``
     # (``inputs`` is always the first method's).
     methods: tuple = ()
+    kind: ModelKind = ModelKind.MODULE  # follows from the source (in the key through it)
 
     @property
     def method_names(self) -> tuple:

@@ -22,9 +22,9 @@ from etforge.core.text import first_line
 from etforge.engine.cached_run import is_up_to_date, run_cached
 from etforge.engine.inputs import judges_current_program, upstream_entries
 from etforge.pipeline.keys import content_key
-from etforge.pipeline.results import BuildRequest, Skip
+from etforge.pipeline.results import BuildRequest, Skip, TaskStatus
 from etforge.pipeline.specs import spec_of
-from etforge.pipeline.stages import STAGE, holds
+from etforge.pipeline.stages import STAGE, holds, kind_of
 
 
 def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = None) -> bool:
@@ -42,9 +42,8 @@ def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = 
         return upstream_entries(plan, stage, subject, store, host, rebuild)
 
     def build(workdir: Path, upstream: dict):
-        return load_callable(stage.builder)(
-            BuildRequest(plan=plan, subject=subject, upstream=upstream, workdir=workdir)
-        )
+        builder = load_callable(stage.builder_for(kind_of(subject)))  # the model's kind picks it, once
+        return builder(BuildRequest(plan=plan, subject=subject, upstream=upstream, workdir=workdir))
 
     accept = judges_current_program(plan, stage, subject, store, host, rebuild) if stage.judges else None
     return run_cached(spec, store, build, inputs=inputs, accept=accept)
@@ -71,7 +70,7 @@ def run_matrix_stage(plan, stage_name: str, cells, store: Store, host: dict | No
     except Exception as exc:  # e.g. two variants that would ship under one file name
         reason = first_line(exc)
         # A truthful record for the reporter, under a key that is never current.
-        write_state(spec_of(plan, stage), "failed", key="", reason=reason)
+        write_state(spec_of(plan, stage), TaskStatus.FAILED, key="", reason=reason)
         sys.stderr.write(f"etforge: error: {stage.name}: {reason}\n")
         return False
 

@@ -70,8 +70,8 @@ def load_selection(request: Request) -> Selection:
             cells = shard(plan, cells, request.shard)
         ensure_writable(plan)
         specs, cells_by_task = run_specs(plan, cells, host)  # every key, so the digest memo holds their code
-        for stage in STAGES:
-            plan.code.of(stage.code)  # matrix-wide keys are computed later, after the memo is saved
+        for stage in STAGES:  # matrix-wide keys are computed later, after the memo is saved
+            plan.code.of(stage.code)
         digests.save()  # only once everything checked out: a bad input writes nothing
     except PipelineError as exc:
         sys.stderr.write(f"etforge: error: {exc}\n")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from etforge.core.digest import digest, sha256_file
 from etforge.core.dotted_path import module_of
 from etforge.core.paths import PACKAGE_NAME, TEMPLATE_DIR
-from etforge.pipeline.stages import Stage, task_name, upstream_of
+from etforge.pipeline.stages import Stage, kind_of, task_name, upstream_of
 
 # Methods a quantization recipe names that are Python factories (``dtype`` names a torch dtype).
 FACTORY_METHODS = ("pt2e", "torchao")
@@ -103,7 +103,7 @@ def _key(plan, stage: Stage, subject, host: dict | None) -> str:
                 relation: key_of(plan, up, up_subject, host)
                 for relation, up, up_subject in upstream_of(plan, stage, subject)
             },
-            "code": plan.code.of(stage.code),
+            "code": plan.code.of(stage.code_for(kind_of(subject))),
         }
     )
 

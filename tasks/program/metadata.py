@@ -91,15 +91,14 @@ def required_data_sha256(meta: dict | None) -> str | None:
 # ---------------------------------------------------------------- writing (at lowering)
 
 
-def program_meta(cell, input_dtypes: list, capture_info: dict, external_data: bool) -> dict:
+def program_meta(cell, input_dtypes: list, capture, external_data: bool) -> dict:
     """The cell's identity and interface; with ``external_data``, a placeholder for the .ptd's
     sha256 that :func:`stamp_data_sha256` fills in once the data file exists.
 
-    ``input_dtypes``: the first method's as the program takes them (export.json's ``input_dtypes``);
-    ``capture_info``: the capture record's info (its ``outputs`` and, for several methods, ``methods``)."""
-    methods = capture_info.get("methods") or {}
-    method_outputs = {m: v.get("outputs") or [] for m, v in methods.items()} if methods else None
-    io = describe_io(cell.model, capture_info.get("outputs") or [], input_dtypes, method_outputs)
+    ``input_dtypes``: the first method's as the program takes them (the export's ``input_dtypes``);
+    ``capture``: the capture's CaptureResult (its ``outputs`` and, for several methods, ``methods``)."""
+    method_outputs = {m: v.get("outputs") or [] for m, v in capture.methods.items()} if capture.methods else None
+    io = describe_io(cell.model, list(capture.outputs), input_dtypes, method_outputs)
     return {
         "model": cell.model.name,
         "backend": cell.backend.name,

@@ -1,4 +1,4 @@
-"""The run's exit status and summary.json: the judge the run lifecycle is handed (dodo.py wires it).
+"""The run's exit status and summary.json: the judge the run lifecycle is handed (tasks/app/loader.py).
 
 After the last task, :meth:`ExitStatus.decide` takes the outcomes of the cells
 the run touched (tasks/publish/outcome.py), writes summary.json, says which

@@ -1,4 +1,4 @@
-"""`doit manifest` checks that what it writes of a variant is what the program says of itself.
+"""`etforge manifest` checks that what it writes of a variant is what the program says of itself.
 
 Every .pte etforge lowers carries its identity and interface (tasks/program/metadata.py,
 written by tasks/program/metadata.py from the same describe_io the manifests use). Before

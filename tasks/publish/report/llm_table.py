@@ -1,6 +1,6 @@
 """The report's LLM table: per benchmarked LLM cell, the figures of bench.json's ``llm`` section.
 
-The benchmark stage (tasks/builders/llm_bench.py) puts them in its info as ``llm_*`` fields; a
+The benchmark stage (tasks/builders/llm_bench.py) puts them in its result's ``llm`` figures; a
 cell without them (not an LLM, or not benchmarked here) has no row. Timings are shown, never gated.
 """
 
@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import math
 
-# (column heading, info key, unit) in table order
+# (column heading, key of the benchmark's llm figures, unit) in table order
 COLUMNS = (
-    ("load", "llm_load_ms", "ms"),
-    ("prompt", "llm_prompt_len", "tokens"),
-    ("prefill", "llm_prefill_tok_s", "tok/s"),
-    ("time to first token", "llm_ttft_ms", "ms"),
-    ("decode", "llm_decode_tok_s", "tok/s"),
-    ("decode step p50", "llm_decode_step_p50_ms", "ms"),
-    ("peak RSS", "llm_peak_rss_mb", "MB"),
-    ("added by the program", "llm_peak_rss_delta_mb", "MB"),
+    ("load", "load_ms", "ms"),
+    ("prompt", "prompt_len", "tokens"),
+    ("prefill", "prefill_tok_s", "tok/s"),
+    ("time to first token", "ttft_ms", "ms"),
+    ("decode", "decode_tok_s", "tok/s"),
+    ("decode step p50", "decode_step_p50_ms", "ms"),
+    ("peak RSS", "peak_rss_mb", "MB"),
+    ("added by the program", "peak_rss_delta_mb", "MB"),
 )
 
 
@@ -35,14 +35,14 @@ def llm_rows(rows: list, bench: dict) -> list:
     """``[{"cell", "figures": [text per COLUMNS], "title"}]`` for the report rows benchmarked as LLMs."""
     out = []
     for row in rows:
-        info = bench.get(row["cell"])
-        if not isinstance(info, dict) or "llm_decode_tok_s" not in info:
+        info = (bench.get(row["cell"]) or {}).get("llm")
+        if not isinstance(info, dict) or "decode_tok_s" not in info:
             continue
         out.append(
             {
                 "cell": row["cell"],
                 "figures": [_text(info.get(key), unit) for _, key, unit in COLUMNS],
-                "title": f"{info.get('llm_decode_steps')} decode steps; medians over generations",
+                "title": f"{info.get('decode_steps')} decode steps; medians over generations",
             }
         )
     return out

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from etforge.core.atomic import atomic_write_text
 from etforge.pipeline.results import BuildResult
+from etforge.pipeline.stage_results import ReportResult
 from etforge.publish import baseline, outcome, summary, templates
 from etforge.publish.outcome import finite as _num
 from etforge.publish.report.charts import BACKEND_MARKERS, SCHEME_COLOURS, bar_chart, marker_path, scatter_chart
@@ -338,7 +339,7 @@ def write_report(
 
 def benchmark_results(plan, cells, host: dict) -> dict:
     """Cell name -> benchmark info of the cells benchmarked here (their outcomes' evidence)."""
-    return {o.cell: o.evidence.benchmark for o in outcome.outcomes(plan, cells, host) if o.evidence.benchmark}
+    return {o.cell: o.evidence.benchmark.to_json() for o in outcome.outcomes(plan, cells, host) if o.evidence.benchmark}
 
 
 def report_content(plan, cells, host: dict) -> dict:
@@ -354,4 +355,4 @@ def report_stage(context: dict, workdir: Path) -> BuildResult:
     """The report stage's builder: the page rendered into ``workdir``."""
     (workdir / "report.html").write_text(templates.render(TEMPLATE, **context), encoding="utf-8")
     cells = sum(1 for r in context["rows"] if r["status"] != "rejected")
-    return BuildResult(files={"report.html": workdir / "report.html"}, info={"cells": cells})
+    return BuildResult(files={"report.html": workdir / "report.html"}, result=ReportResult(cells=cells))

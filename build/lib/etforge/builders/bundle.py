@@ -34,7 +34,8 @@ from pathlib import Path
 
 from etforge.builders.program_io import METHOD
 from etforge.config.defaults import BUNDLE_ATOL_PER_PEAK, BUNDLE_RTOL
-from etforge.pipeline.results import BuildResult
+from etforge.pipeline.results import BuildResult, TaskStatus
+from etforge.pipeline.stage_results import Verdict
 
 BPTE = "program.bpte"
 INFO = "bundled.json"
@@ -115,7 +116,12 @@ def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir:
         f"{BPTE} carries {cases} test case(s){where}, check on device with rtol={info['rtol']:g}, "
         f"atol={info['atol']:.3g}" + (" (per method: bundled.json methods)" if where else "")
     )
-    return BuildResult(files={BPTE: out, INFO: workdir / INFO}, info=info, status="not-runnable", reason=reason)
+    return BuildResult(
+        files={BPTE: out, INFO: workdir / INFO},
+        result=Verdict.of(_verdict_fields(info)),
+        status=TaskStatus.NOT_RUNNABLE,
+        reason=reason,
+    )
 
 
 def _method_suite(cell, method: str, pte_bytes: bytes, reference: Path, input_dtypes: list) -> tuple:
@@ -176,3 +182,11 @@ def _tensor(array, dtype):
 
     tensor = torch.from_numpy(array).contiguous()
     return tensor.to(dtype) if dtype is not None and tensor.dtype != dtype else tensor
+
+
+def _verdict_fields(info: dict) -> dict:
+    """bundled.json's facts as a Verdict's fields (its ``methods`` are the suites of each method)."""
+    fields = {k: v for k, v in info.items() if k != "methods"}
+    if "methods" in info:
+        fields["method_suites"] = info["methods"]
+    return fields

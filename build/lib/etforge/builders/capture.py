@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 from etforge.builders.reference import RANDOM_SOURCE, REFERENCE, write_reference
-from etforge.pipeline.results import BuildRequest, BuildResult
+from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
+from etforge.pipeline.stage_results import CaptureResult
 
 PROGRAM = "model.pt2"
 
@@ -106,12 +107,9 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     import torch
 
     from etforge.builders.model_loading import build_model
-    from etforge.config.hf_source import is_llm
 
     start = time.monotonic()
     model = build_model(model_spec, root)
-    if is_llm(model_spec):  # a prompt + eager greedy continuation; a static KV cache program
-        return _capture_llm(model, model_spec, seed, workdir, start)
     captured = {}  # method -> (program, samples, eager, names, source)
     for method, inputs in model_spec.methods or (("forward", model_spec.inputs),):
         module = method_module(model, method)
@@ -125,13 +123,13 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
         label = model_spec.name if method == "forward" else f"{model_spec.name}.{method}"
         failure = non_tensor_outputs(label, result) or nonfinite_eager(label, eager, names, source)
         if failure:  # the model itself, not a backend: nothing downstream can be judged against it
-            return BuildResult(status="failed", reason=failure)
+            return BuildResult(status=TaskStatus.FAILED, reason=failure)
         try:
             program = torch.export.export(
                 module, samples[len(samples) // 2], strict=False, dynamic_shapes=export_dynamic_shapes(inputs)
             )
         except torch._dynamo.exc.UserError as exc:  # a dynamic dim the model cannot take as declared
-            return BuildResult(status="failed", reason=constraint_failure(label, exc))
+            return BuildResult(status=TaskStatus.FAILED, reason=constraint_failure(label, exc))
         captured[method] = (program, samples, eager, names, source)
     if not model_spec.multi_method:
         program, samples, eager, names, source = captured["forward"]
@@ -141,50 +139,24 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
         save_programs(workdir / PROGRAM, {m: c[0] for m, c in captured.items()})
         write_method_references(workdir / REFERENCE, {m: c[1:] for m, c in captured.items()})
     first = next(iter(captured.values()))
-    outputs = {
-        m: [
-            {"path": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-            for n, t in zip(c[3], c[2][0])
-        ]
-        for m, c in captured.items()
-    }
-    info = {
-        "export_s": round(time.monotonic() - start, 3),
-        "inputs": first[4],
-        "samples": len(first[1]),
-        "outputs": next(iter(outputs.values())),
-        "weight_bytes": weight_bytes(first[0]),
-    }
-    if model_spec.multi_method:
-        info["methods"] = {m: {"outputs": o} for m, o in outputs.items()}
-    return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
+    outputs = {m: describe_outputs(c[3], c[2][0]) for m, c in captured.items()}
+    result = CaptureResult(
+        export_s=round(time.monotonic() - start, 3),
+        inputs=first[4],
+        samples=len(first[1]),
+        outputs=tuple(next(iter(outputs.values()))),
+        weight_bytes=weight_bytes(first[0]),
+        methods={m: {"outputs": o} for m, o in outputs.items()} if model_spec.multi_method else {},
+    )
+    return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, result=result)
 
 
-def _capture_llm(model, model_spec, seed: int, workdir: Path, start: float) -> BuildResult:
-    """A decoder-only LLM: eager prompt logits and greedy continuation, one static-KV-cache program."""
-    import torch
-
-    from etforge.builders import llm_export
-
-    samples, eager, names, source, extra = llm_export.eager_reference(model, model_spec, seed)
-    failure = nonfinite_eager(model_spec.name, eager, names, source)
-    if failure:
-        return BuildResult(status="failed", reason=failure)
-    program = llm_export.export_llm(model, model_spec.source["transformers"]["llm"])
-    torch.export.save(program, workdir / PROGRAM)
-    write_reference(workdir / REFERENCE, samples, eager, names, source, extra=extra)
-    info = {
-        "export_s": round(time.monotonic() - start, 3),
-        "inputs": source,
-        "samples": len(samples),
-        "outputs": [
-            {"path": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
-            for n, t in zip(names, eager[0])
-        ],
-        "weight_bytes": weight_bytes(program),
-        **llm_export.capture_notes(model_spec, extra),
-    }
-    return BuildResult(files={PROGRAM: workdir / PROGRAM, REFERENCE: workdir / REFERENCE}, info=info)
+def describe_outputs(names: list, tensors: list) -> list:
+    """``{"path", "shape", "dtype"}`` of each eager output: what a CaptureResult's ``outputs`` hold."""
+    return [
+        {"path": n, "shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        for n, t in zip(names, tensors)
+    ]
 
 
 METHODS_INDEX = "etforge_methods.json"

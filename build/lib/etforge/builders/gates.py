@@ -1,7 +1,7 @@
 """The gates a program must pass besides numerics: delegation coverage (export) and size (sizegate).
 
     delegation_coverage(graph_module)   how much of a lowered program's compute its delegates took
-    delegation_gate(cell, info)         why an export must not count as accelerated, or None
+    delegation_gate(cell, export)       why an export must not count as accelerated, or None
     size_gate(cell, quantized, fp32, weights)   whether a quantized program saves what its scheme declares
 
 Every comparison is written so that a NaN fails it. torch is imported inside functions.
@@ -10,7 +10,8 @@ Every comparison is written so that a NaN fails it. torch is imported inside fun
 from __future__ import annotations
 
 from etforge.config.defaults import SIZE_GATE_OVERHEAD_BYTES
-from etforge.pipeline.results import BuildRequest, BuildResult
+from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
+from etforge.pipeline.stage_results import CaptureResult, ExportResult, SizeGateResult
 
 OVERHEAD_BYTES = SIZE_GATE_OVERHEAD_BYTES  # a recipe's size_gate.overhead_bytes wins
 
@@ -91,35 +92,35 @@ def delegation_coverage(graph_module) -> dict:
     }
 
 
-def delegation_gate(cell, info: dict) -> str | None:
+def delegation_gate(cell, export: ExportResult) -> str | None:
     """Why this program must not count as accelerated, or None (no delegate: no gate)."""
     minimum = cell.backend.min_coverage
     if minimum is None:
         return None
-    coverage = info["delegation_coverage"]
+    coverage = export.delegation_coverage if export.delegation_coverage is not None else float("nan")
     if not coverage >= minimum:  # NaN-safe: a coverage that is not a number fails
-        left = ", ".join(f"{name} x{n}" for name, n in sorted(info["not_delegated"].items(), key=lambda kv: -kv[1])[:4])
+        left = ", ".join(f"{name} x{n}" for name, n in sorted(export.not_delegated.items(), key=lambda kv: -kv[1])[:4])
         return (
-            f"backend {cell.backend.name!r} took {info['delegated_compute_ops']} of {info['compute_ops']} "
+            f"backend {cell.backend.name!r} took {export.delegated_compute_ops} of {export.compute_ops} "
             f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
             + (f" ({left})" if left else "")
         )
     return None
 
 
-def _same_program(quantized: dict, fp32: dict) -> bool:
+def _same_program(quantized: ExportResult, fp32: ExportResult) -> bool:
     """The same program but for the names its metadata carries (and the same .ptd, if any)."""
 
-    def what(info):
-        return info.get("sha256_without_metadata") or info["sha256"], info.get("data_sha256")
+    def what(export):
+        return export.sha256_without_metadata or export.sha256, export.data_sha256
 
     return what(quantized) == what(fp32)
 
 
-def size_gate(cell, quantized: dict, fp32: dict, weights: dict) -> tuple[dict, str | None]:
+def size_gate(cell, quantized: ExportResult, fp32: ExportResult, weights: dict) -> tuple[SizeGateResult, str | None]:
     """(facts, failure reason or None) of a quantized program against its fp32 sibling.
 
-    ``quantized``/``fp32``: the two export infos (size_bytes, sha256); ``weights``: the fp32
+    ``quantized``/``fp32``: the two exports' results (size_bytes, sha256); ``weights``: the fp32
     capture's ``weight_bytes``. The scheme's recipe declares (``cell.size_gate``) which of
     the capture's weights it stores smaller, the largest stored/fp32 ratio of those weights
     that shows it was applied, and optionally ``overhead_bytes``. Only the saving counts,
@@ -136,37 +137,41 @@ def size_gate(cell, quantized: dict, fp32: dict, weights: dict) -> tuple[dict, s
     """
     gate = cell.size_gate
     # A program with external weights ships with its .ptd: the two count together.
-    q_size, f_size = (info["size_bytes"] + (info.get("data_size_bytes") or 0) for info in (quantized, fp32))
-    facts = {"size_vs_fp32": round(q_size / f_size, 4), "saved_bytes": f_size - q_size}
+    q_size, f_size = ((export.size_bytes or 0) + (export.data_size_bytes or 0) for export in (quantized, fp32))
+    facts: dict = {"size_vs_fp32": round(q_size / f_size, 4) if f_size else None, "saved_bytes": f_size - q_size}
     scheme = cell.quant.name
     if _same_program(quantized, fp32):
-        return facts, f"identical to its fp32 sibling but for the names it carries: {scheme} was not applied"
+        return SizeGateResult(
+            **facts
+        ), f"identical to its fp32 sibling but for the names it carries: {scheme} was not applied"
     kinds = gate["weights"]
     taken = weights["all"] if "all" in kinds else sum(weights.get(k, 0) for k in kinds)
     what = "weights" if "all" in kinds else "/".join(kinds) + " weights"
     overhead = gate.get("overhead_bytes", OVERHEAD_BYTES)
     facts.update(weight_bytes=taken, max_weight_ratio=gate["max_ratio"], overhead_bytes=overhead)
     if taken == 0:
-        return facts, (
+        return SizeGateResult(**facts), (
             f"{scheme} stores {what} smaller and model {cell.model.name!r} has none: "
             f"the program is {facts['size_vs_fp32']:.2f}x its fp32 sibling"
         )
     stored = taken - facts["saved_bytes"]
     facts["weight_ratio"] = round(stored / taken, 4)
     if not stored <= gate["max_ratio"] * taken + overhead:  # NaN-safe
-        return facts, (
+        return SizeGateResult(**facts), (
             f"{what} stored at {stored / taken:.2f}x of fp32 (gate: {scheme} at most "
             f"{gate['max_ratio']}x + {overhead} B): {q_size} B vs "
             f"{f_size} B saves {facts['saved_bytes']} B of {taken} B"
         )
-    return facts, None
+    return SizeGateResult(**facts), None
 
 
 def size_gate_stage(request: BuildRequest) -> BuildResult:
     """The sizegate stage's builder: the cell's program against its fp32 sibling's."""
     cell, up = request.subject, request.upstream
-    infos = [up["export"].info, up["fp32_export"].info]
-    if any(info.get("status") != "ok" for info in infos):
+    if any(up[r].info.get("status") != TaskStatus.OK for r in ("export", "fp32_export")):
         raise RuntimeError(f"needs both {up['export'].task} and {up['fp32_export'].task} ok")
-    info, failure = size_gate(cell, infos[0], infos[1], up["capture"].info["weight_bytes"])
-    return BuildResult(info=info, status="failed" if failure else "ok", reason=failure or "")
+    weights = up["capture"].result(CaptureResult).weight_bytes
+    result, failure = size_gate(
+        cell, up["export"].result(ExportResult), up["fp32_export"].result(ExportResult), weights
+    )
+    return BuildResult(result=result, status=TaskStatus.FAILED if failure else TaskStatus.OK, reason=failure or "")

@@ -20,7 +20,8 @@ from pathlib import Path
 from etforge.builders.capture import load_programs
 from etforge.builders.gates import delegation_coverage, delegation_gate
 from etforge.builders.program_io import check_loads
-from etforge.pipeline.results import BuildRequest, BuildResult
+from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
+from etforge.pipeline.stage_results import CaptureResult, ExportResult
 from etforge.program.metadata import constant_methods, program_meta, stamp_data_sha256, without_meta
 
 PTE = "program.pte"
@@ -55,32 +56,10 @@ def lowering_contexts(backend) -> list:
 
 
 def export_stage(request: BuildRequest) -> BuildResult:
-    """The export stage's builder: lower the graph of ``request.upstream["graph"]`` (quantized or fp32)."""
-    cell, graph = request.subject, request.upstream["graph"]
-    program = graph.files["model.pt2"]
-    from etforge.config.hf_source import is_llm
-
-    if is_llm(cell.model):
-        program = _llm_graph(cell, program, request.plan.root, request.workdir)
-    result = build_export(cell, program, request.workdir, request.upstream["capture"].info)
-    same_scheme = graph.files.get("same_scheme_logits.npy")  # an LLM's quantized eager logits, for validate
-    if same_scheme is not None:
-        result.files["same_scheme_logits.npy"] = same_scheme
-    return result
-
-
-def _llm_graph(cell, program: Path, root: Path, workdir: Path) -> Path:
-    """The capture's graph holds llama:: custom ops and dynamic shapes; a Core ML fp32 cell lowers a
-    static capture without them instead (a quantized one's quantize stage exported it that way)."""
-    from etforge.builders.llm_export import cell_uses_custom_ops, static_capture
-
-    if cell_uses_custom_ops(cell) or cell.transform is not None:
-        return program
-    import torch
-
-    path = workdir / "static_capture.pt2"
-    torch.export.save(static_capture(cell, root), path)
-    return path
+    """The export stage's builder for a module (an LLM's: etforge.builders.llm_stages): lower the graph of
+    ``request.upstream["graph"]`` (quantized or fp32)."""
+    capture = request.upstream["capture"].result(CaptureResult)
+    return build_export(request.subject, request.upstream["graph"].files["model.pt2"], request.workdir, capture)
 
 
 def _register_transform_ops(cell) -> None:
@@ -101,37 +80,37 @@ def _register_transform_ops(cell) -> None:
         importlib.import_module(module)
 
 
-def _llm_options(cell) -> tuple[dict, dict]:
-    """An LLM cell's extra lowering settings (runner metadata methods, ...), else none."""
-    from etforge.config.hf_source import is_llm
-
-    if not is_llm(cell.model):
-        return {}, {}
-    from etforge.builders.llm_export import lowering_options
-
-    return lowering_options(cell)  # also registers the llama:: ops the saved graph holds
-
-
-def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | None = None) -> BuildResult:
+def build_export(
+    cell,
+    program_path: Path,
+    workdir: Path,
+    capture: CaptureResult | None = None,
+    edge_options: dict | None = None,
+    backend_options: dict | None = None,
+) -> BuildResult:
     """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little.
 
-    ``capture_info``: the capture record's info; its outputs go into the program's metadata."""
+    ``capture``: the capture's result (its outputs go into the program's metadata);
+    ``edge_options``/``backend_options``: what an LLM's lowering adds (etforge.builders.llm_stages):
+    to_edge_transform_and_lower's options (the runner's metadata methods, a partitioner) and
+    ExecutorchBackendConfig settings."""
     from etforge.builders.partitioners import FRESH_PROCESS
 
+    capture = capture or CaptureResult()
+    edge_options, backend_options = dict(edge_options or {}), dict(backend_options or {})
     if not os.environ.get(FRESH_PROCESS_ENV) and any(m.partitioner in FRESH_PROCESS for m in cell.backend.members):
-        return _build_in_fresh_process(cell, program_path, workdir, capture_info)
+        return _build_in_fresh_process(cell, program_path, workdir, capture)
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
     start = time.monotonic()
     _register_transform_ops(cell)
-    edge_options, backend_options = _llm_options(cell)
     programs = load_programs(program_path)  # {"forward": ep}, or every method of a multi-method model
     first = next(iter(programs))
     program = programs[first]
     external = external_weights(cell.backend)
     input_dtypes = [str(dtype).removeprefix("torch.") for dtype in _input_dtypes(program)]
-    meta = program_meta(cell, input_dtypes, capture_info or {}, external)
+    meta = program_meta(cell, input_dtypes, capture, external)
     constant_bytes = max(_constant_bytes(p) for p in programs.values()) if external else 0
     if external:
         for each in programs.values():
@@ -168,45 +147,47 @@ def build_export(cell, program_path: Path, workdir: Path, capture_info: dict | N
         pte.write_bytes(stamp_data_sha256(executorch_program.buffer, data_info["data_sha256"]))
     else:
         pte.write_bytes(executorch_program.buffer)
-    info = {
-        "size_bytes": pte.stat().st_size,
-        "sha256": hashlib.sha256(pte.read_bytes()).hexdigest(),
-        # without its metadata (names, dtypes): the size gate tells a scheme that changed nothing by it.
-        # Not named "program_sha256": that field binds a verdict to the bytes it judged (publish/outcome.py).
-        "sha256_without_metadata": hashlib.sha256(without_meta(pte.read_bytes())).hexdigest(),
-        "lowering_s": round(lowering_s, 3),
-        "delegated_ops": delegation.num_delegated_nodes,
-        "non_delegated_ops": delegation.num_non_delegated_nodes,
-        "delegated_subgraphs": delegation.num_delegated_subgraphs,
-        **coverage,
-        "delegates": list(cell.backend.delegates),
-        "executorch_version": metadata.version("executorch"),
-        "input_dtypes": input_dtypes,
-        **data_info,
-    }
-    if edge_options:  # an LLM: the runner's metadata methods, for manifests and the report
-        info["llm_metadata"] = edge_options["constant_methods"]
+    note = None
+    llm_metadata = edge_options.get("constant_methods") or {}  # an LLM's runner metadata methods
+    if llm_metadata:
         matmuls = sum(n for op, n in coverage["not_delegated"].items() if op in _MATMUL_OPS)
         if matmuls and cell.backend.delegates:  # e.g. bf16 on XNNPACK: it builds, but slowly
-            info["note"] = f"linears not delegated: {matmuls} matmul op(s) run on portable kernels (slow)"
-    (workdir / INFO).write_text(
-        json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+            note = f"linears not delegated: {matmuls} matmul op(s) run on portable kernels (slow)"
+    result = ExportResult(
+        size_bytes=pte.stat().st_size,
+        sha256=hashlib.sha256(pte.read_bytes()).hexdigest(),
+        # without its metadata (names, dtypes): the size gate tells a scheme that changed nothing by it
+        sha256_without_metadata=hashlib.sha256(without_meta(pte.read_bytes())).hexdigest(),
+        lowering_s=round(lowering_s, 3),
+        delegated_ops=delegation.num_delegated_nodes,
+        non_delegated_ops=delegation.num_non_delegated_nodes,
+        delegated_subgraphs=delegation.num_delegated_subgraphs,
+        **coverage,
+        delegates=tuple(cell.backend.delegates),
+        executorch_version=metadata.version("executorch"),
+        input_dtypes=tuple(input_dtypes),
+        **data_info,
+        llm_metadata=llm_metadata,
+        note=note,
     )
-    failure = delegation_gate(cell, info)
+    (workdir / INFO).write_text(
+        json.dumps({"cell": cell.canonical(), **result.to_json()}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    failure = delegation_gate(cell, result)
     if failure:
-        return BuildResult(files=files, info=info, status="failed", reason=failure)
+        return BuildResult(files=files, result=result, status=TaskStatus.FAILED, reason=failure)
     if cell.backend.host_runnable:
         check_loads(pte, tuple(programs), files.get(PTD))
-    return BuildResult(files=files, info=info)
+    return BuildResult(files=files, result=result)
 
 
-def _build_in_fresh_process(cell, program_path: Path, workdir: Path, capture_info: dict | None) -> BuildResult:
+def _build_in_fresh_process(cell, program_path: Path, workdir: Path, capture: CaptureResult) -> BuildResult:
     """build_export in a new interpreter (see etforge.builders.partitioners.FRESH_PROCESS for why).
 
     Its stdout goes where ours goes (the task log); its stderr is relayed there too,
     and its last line becomes the error when it fails."""
     request, result = workdir / ".fresh-process-request.pkl", workdir / ".fresh-process-result.pkl"
-    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir, capture_info)))
+    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir, capture)))
     env = {**os.environ, FRESH_PROCESS_ENV: "1"}
     sys.stdout.flush()
     proc = subprocess.run(

@@ -56,9 +56,9 @@ def _from_factory(ref: str, kwargs: dict, root: Path):
 def _import_from_project(module_name: str, root: Path):
     """Import ``module_name`` from the project directory, never a same-named package elsewhere.
 
-    doit puts its dodo.py directory first on sys.path, and etforge's own repo has
-    a ``models`` package too, so the project root must come first and a package
-    already imported from elsewhere must be forgotten.
+    Another directory on sys.path may hold a ``models`` package too (etforge's own
+    repository has one; a test process may have imported it), so the project root
+    must come first and a package already imported from elsewhere must be forgotten.
     """
     root = root.resolve()
     root_str = str(root)

@@ -27,11 +27,9 @@ from pathlib import Path
 
 from etforge.builders.reference import REFERENCE
 from etforge.pipeline.results import BuildRequest, BuildResult, Rejected
+from etforge.pipeline.stage_results import QuantizeResult
 
 PROGRAM = "model.pt2"
-# An LLM's quantized (or cast) eager model's logits on the validation prompt (llm_export.same_scheme_logits):
-# stored with its graph, passed on by the export stage, compared with the program by llm_numerics.
-SAME_SCHEME = "same_scheme_logits.npy"
 
 
 def pt2e_quantize(program, example_inputs: tuple, quantizer, calibration, fold_quantize: bool = True):
@@ -88,32 +86,38 @@ def torchao_steps(scheme: str, transform, model) -> tuple[list, dict]:
 
 
 def quantize_stage(request: BuildRequest) -> BuildResult:
-    """The quantize stage's builder (tasks/pipeline/stages.py)."""
-    capture = request.upstream["capture"]
-    return build_quantized(
-        request.subject,
-        request.plan.root,
-        request.plan.seed,
-        capture.files[PROGRAM],
-        capture.files[REFERENCE],
-        request.workdir,
-    )
+    """The quantize stage's builder for a module (an LLM's: etforge.builders.llm_stages)."""
+    import torch
+
+    from etforge.builders.capture import save_programs
+
+    cell, capture, workdir = request.subject, request.upstream["capture"], request.workdir
+    reference = capture.files[REFERENCE]
+    start = time.monotonic()
+    model, inputs, facts = quantize_model(cell, request.plan.root, request.plan.seed, capture.files[PROGRAM], reference)
+    if cell.model.multi_method:  # one quantized model, each method exported from it (weights shared)
+        transform = cell.transform
+        dtype = getattr(torch, transform.ref) if transform.method == "dtype" else None
+        save_programs(
+            workdir / PROGRAM,
+            {
+                method: _export_method(model, method, method_inputs, reference, dtype)
+                for method, method_inputs in cell.model.methods
+            },
+        )
+    else:
+        torch.export.save(_export_quantized(cell, model, inputs), workdir / PROGRAM)
+    result = QuantizeResult(quantize_s=round(time.monotonic() - start, 3), **facts)
+    return BuildResult(files={PROGRAM: workdir / PROGRAM}, result=result)
 
 
 def _export_quantized(cell, model, inputs):
-    """The quantized model's graph, exported the way its capture was: an LLM through its
-    static-KV-cache wrapper (tasks/builders/llm_export.py), any other model with ``inputs``."""
+    """The quantized model's graph, exported the way its capture was: a model with dynamic dims
+    keeps them (the same Dims its capture was exported with)."""
     import torch
 
-    from etforge.config.hf_source import is_llm
-
-    if is_llm(cell.model):
-        from etforge.builders.llm_export import cell_llm_options, cell_uses_custom_ops, export_llm
-
-        return export_llm(model, cell_llm_options(cell), custom_ops=cell_uses_custom_ops(cell))
     from etforge.builders.capture import export_dynamic_shapes
 
-    # a model with dynamic dims keeps them: the same Dims its capture was exported with
     return torch.export.export(model, inputs, strict=False, dynamic_shapes=export_dynamic_shapes(cell.model.inputs))
 
 
@@ -133,23 +137,20 @@ def _export_method(model, method: str, method_inputs, reference: Path, dtype):
     )
 
 
-def build_quantized(cell, root: Path, seed: int, capture_program: Path, reference: Path, workdir: Path) -> BuildResult:
-    import numpy as np
+def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference: Path) -> tuple:
+    """(quantized model or graph, the example inputs to export it with, QuantizeResult fields)."""
     import torch
 
-    from etforge.builders.capture import save_programs
     from etforge.builders.model_loading import build_model
     from etforge.builders.reference import load_reference_samples
     from etforge.builders.samples import calibration_batches
-    from etforge.config.hf_source import is_llm
     from etforge.core.dotted_path import load_callable
 
     transform = cell.transform
-    start = time.monotonic()
     samples = load_reference_samples(reference)
     # the capture's export sample (a dynamic model's interior size: torch.export specializes sizes 0 and 1)
     inputs = tuple(torch.from_numpy(x) for x in samples.sample_inputs(samples.count // 2))
-    info = {"method": transform.method, "quantizer": transform.ref}
+    facts: dict = {"method": transform.method, "quantizer": transform.ref}
     if transform.method == "pt2e":
         factory = load_callable(transform.ref)
         batches, source = calibration_batches(cell.model, root, seed)
@@ -161,10 +162,10 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
             (tuple(torch.from_numpy(x) for x in batch) for batch in batches),
             fold_quantize=getattr(factory, "fold_quantize", True),
         )
-        info.update(calibration=source, calibration_samples=len(batches))
+        facts.update(calibration=source, calibration_samples=len(batches))
     elif transform.method == "torchao":
         model = build_model(cell.model, root)
-        steps, info["layers"] = torchao_steps(cell.quant.name, transform, model)
+        steps, facts["layers"] = torchao_steps(cell.quant.name, transform, model)
         model = torchao_quantize(model, steps)
     elif transform.method == "dtype":
         dtype = getattr(torch, transform.ref)
@@ -172,22 +173,4 @@ def build_quantized(cell, root: Path, seed: int, capture_program: Path, referenc
         inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
     else:
         raise ValueError(f"unknown quantization method {transform.method!r}")
-    files = {PROGRAM: workdir / PROGRAM}
-    if is_llm(cell.model):  # the quantized eager model's logits: validation's same-scheme reference
-        from etforge.builders.llm_export import same_scheme_logits
-
-        np.save(workdir / SAME_SCHEME, same_scheme_logits(model, reference))
-        files[SAME_SCHEME] = workdir / SAME_SCHEME
-    if cell.model.multi_method:  # one quantized model, each method exported from it (weights shared)
-        dtype = getattr(torch, transform.ref) if transform.method == "dtype" else None
-        save_programs(
-            workdir / PROGRAM,
-            {
-                method: _export_method(model, method, method_inputs, reference, dtype)
-                for method, method_inputs in cell.model.methods
-            },
-        )
-    else:
-        torch.export.save(_export_quantized(cell, model, inputs), workdir / PROGRAM)
-    info["quantize_s"] = round(time.monotonic() - start, 3)
-    return BuildResult(files=files, info=info)
+    return model, inputs, facts

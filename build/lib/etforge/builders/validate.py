@@ -13,7 +13,8 @@ import traceback
 from pathlib import Path
 
 from etforge.builders.reference import REFERENCE
-from etforge.pipeline.results import BuildRequest, BuildResult
+from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
+from etforge.pipeline.stage_results import ExportResult, Verdict
 
 NUMERICS = "numerics.json"
 PROGRAM = "program.pte"
@@ -21,35 +22,19 @@ TOPK_THRESHOLDS = ("top1_agreement", "top5_agreement")
 
 
 def validate_stage(request: BuildRequest) -> BuildResult:
-    """The validate stage's builder: runs the program here, or bundles it for the device to check."""
+    """The validate stage's builder for a module (an LLM's: etforge.builders.llm_stages): runs the
+    program here, or bundles it for the device to check."""
     cell, export, capture = request.subject, request.upstream["export"], request.upstream["capture"]
-    from etforge.config.hf_source import is_llm
-
+    input_dtypes = list(export.result(ExportResult).input_dtypes)
     if not cell.backend.host_runnable:
-        if is_llm(cell.model):  # the prompt token by token through the static program
-            from etforge.builders.llm_numerics import build_llm_bundled
-
-            return build_llm_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE], request.workdir)
         from etforge.builders.bundle import build_bundled
 
-        return build_bundled(
-            cell, export.files[PROGRAM], capture.files[REFERENCE], export.info.get("input_dtypes", []), request.workdir
-        )
-    if is_llm(cell.model):  # prefill + KV-cache decode steps + greedy continuation
-        from etforge.builders.llm_numerics import SAME_SCHEME, build_llm_validate
-
-        return build_llm_validate(
-            cell,
-            export.files[PROGRAM],
-            capture.files[REFERENCE],
-            request.workdir,
-            same_scheme=export.files.get(SAME_SCHEME),
-        )
+        return build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE], input_dtypes, request.workdir)
     return build_validate(
         cell,
         export.files[PROGRAM],
         capture.files[REFERENCE],
-        export.info.get("input_dtypes", []),
+        input_dtypes,
         request.workdir,
         program=capture.files["model.pt2"],
     )
@@ -137,8 +122,8 @@ def build_validate(
         info["first_divergence"] = divergence_text
     if misses:
         reason = "; ".join(misses + ([divergence_text] if divergence_text else []))
-        return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason=reason)
-    return BuildResult(files={NUMERICS: out}, info=info)
+        return BuildResult(files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason=reason)
+    return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
 
 
 def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: Path) -> BuildResult:
@@ -204,8 +189,10 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
         "program_sha256": report["program_sha256"],
     }
     if misses:
-        return BuildResult(files={NUMERICS: out}, info=info, status="failed", reason="; ".join(misses))
-    return BuildResult(files={NUMERICS: out}, info=info)
+        return BuildResult(
+            files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason="; ".join(misses)
+        )
+    return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
 
 
 def per_size_metrics(ref, results: list, labels: list, classification: bool) -> tuple[list, list]:

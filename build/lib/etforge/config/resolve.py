@@ -12,7 +12,7 @@ from pathlib import Path
 from etforge.config import defaults, npz_index, recipes, schema
 from etforge.config.code_deps import CodeDigests, ImportGraph
 from etforge.config.digest_cache import DigestCache, digest_cache_for
-from etforge.config.hf_source import reject_llm_cells, resolve_transformers
+from etforge.config.hf_source import model_kind, reject_llm_cells, resolve_transformers
 from etforge.config.manifest_options import check_options as check_manifest_options
 from etforge.config.matrix import MatrixResolver
 from etforge.config.model import (
@@ -135,6 +135,7 @@ class _Resolver:
             )
         return ModelSpec(
             name=name,
+            kind=model_kind(source),
             source=source,
             kwargs=spec.get("kwargs") or {},
             weights=weights,

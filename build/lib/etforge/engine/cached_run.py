@@ -25,21 +25,23 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from etforge.cache.records import DONE, PROGRAM_SHA256, STORED, read_state, recorded_program_sha256, write_state
+from etforge.cache.records import read_state, recorded_program_sha256, write_state
 from etforge.cache.store import ENTRY_MANIFEST, Store, materialize
 from etforge.core.digest import sha256_file
 from etforge.core.text import first_line
 from etforge.engine.log_capture import output_to
-from etforge.pipeline.results import Blocked, Rejected, Skip
+from etforge.pipeline.results import Blocked, Rejected, Skip, TaskStatus, task_status
 from etforge.pipeline.specs import TaskSpec
+from etforge.pipeline.stage_results import Judgement
 
 
 def is_up_to_date(spec: TaskSpec, store: Store) -> bool:
     # (not named `task`: doit would pass its own Task object in that slot)
     record = read_state(spec.state_file)
-    if not record or record.get("key") != spec.key or record.get("status") not in DONE:
+    status = task_status((record or {}).get("status"))
+    if status is None or not status.done or record.get("key") != spec.key:
         return False
-    if record["status"] in ("skipped", "rejected"):
+    if status in (TaskStatus.SKIPPED, TaskStatus.REJECTED):
         return True  # nothing was written; the key already covers what this host lacks or the scheme refuses
     for name, target in spec.outputs.items():
         if target is None:
@@ -53,10 +55,10 @@ def is_up_to_date(spec: TaskSpec, store: Store) -> bool:
             _same_stat(store.entry_dir(spec.key) / name, meta) for name, meta in entry.items()
         ):
             return False
-    if spec.judges is not None:
-        judged = (record.get("info") or {}).get(PROGRAM_SHA256)
-        if judged is None or judged != recorded_program_sha256(spec.judges):
-            return False
+    if spec.judges is not None and not Judgement.from_json(record.get("info")).judges(
+        recorded_program_sha256(spec.judges)
+    ):
+        return False
     return True
 
 
@@ -110,7 +112,7 @@ def run_cached(
             outputs = _materialize_all(task, blobs)
             write_state(
                 task,
-                info.get("status", "ok"),
+                task_status(info.get("status", "ok")),
                 info=info,
                 reason=info.get("reason", ""),
                 cached=True,
@@ -128,7 +130,7 @@ def run_cached(
         reason = first_line(exc)
         print(f"etforge: {task.name}: {reason}", file=sys.stderr)
         try:
-            write_state(task, "failed", reason=reason, elapsed=time.monotonic() - start)
+            write_state(task, TaskStatus.FAILED, reason=reason, elapsed=time.monotonic() - start)
         except OSError:
             return False  # the state dir itself is unwritable: let doit fail the task
         return True
@@ -139,7 +141,8 @@ def _from_working_tree(task: TaskSpec, store: Store) -> tuple[dict, dict] | None
     record is for this key and every blob it stored is there with the recorded sha256
     (e.g. after ``rm -rf artifacts/cache``: the exports need not be lowered again)."""
     record = read_state(task.state_file)
-    if not record or record.get("key") != task.key or record.get("status") not in STORED:
+    status = task_status((record or {}).get("status"))
+    if status is None or not status.stored or record.get("key") != task.key:
         return None
     blobs = {name: meta.get("sha256") for name, meta in (record.get("entry") or {}).items() if name != ENTRY_MANIFEST}
     if not blobs or any(task.outputs.get(name) is None for name in blobs):
@@ -153,6 +156,10 @@ def _from_working_tree(task: TaskSpec, store: Store) -> tuple[dict, dict] | None
 
 
 def _trusted(task: TaskSpec, store: Store, info: dict, accept) -> bool:
+    status = task_status(info.get("status", "ok"))
+    if status is None or not status.stored:  # a damaged or forged entry: never restored
+        store.reject(task.key)
+        return False
     if accept is None:
         return True
     try:
@@ -175,27 +182,31 @@ def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path,
         with output_to(task.log_file):
             result = build(workdir) if inputs is None else build(workdir, given)
     except Skip as skip:
-        write_state(task, "skipped", reason=str(skip), elapsed=time.monotonic() - start, log=task.log_file)
+        write_state(task, TaskStatus.SKIPPED, reason=str(skip), elapsed=time.monotonic() - start, log=task.log_file)
         return True
     except Rejected as rejected:
-        write_state(task, "rejected", reason=str(rejected), elapsed=time.monotonic() - start, log=task.log_file)
+        write_state(
+            task, TaskStatus.REJECTED, reason=str(rejected), elapsed=time.monotonic() - start, log=task.log_file
+        )
         return True
     except Blocked as blocked:
-        write_state(task, "blocked", reason=str(blocked), elapsed=time.monotonic() - start)
+        write_state(task, TaskStatus.BLOCKED, reason=str(blocked), elapsed=time.monotonic() - start)
         return True
     except (Exception, SystemExit) as exc:  # any builder error fails this task only (a model's sys.exit too)
         task.log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(task.log_file, "a", encoding="utf-8") as log:
             log.write(traceback.format_exc())
-        write_state(task, "failed", reason=first_line(exc), elapsed=time.monotonic() - start, log=task.log_file)
+        write_state(
+            task, TaskStatus.FAILED, reason=first_line(exc), elapsed=time.monotonic() - start, log=task.log_file
+        )
         return True
-    info = {**result.info, "status": result.status, "reason": result.reason}
-    if result.status == "failed":
+    info = result.info
+    if result.status == TaskStatus.FAILED:
         # Show the evidence (e.g. numerics.json) but never cache a failure.
         outputs = _materialize_all(task, result.files)
         write_state(
             task,
-            "failed",
+            TaskStatus.FAILED,
             info=info,
             reason=result.reason,
             elapsed=time.monotonic() - start,
@@ -207,7 +218,7 @@ def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path,
     outputs = _materialize_all(task, stored)
     write_state(
         task,
-        info.get("status", result.status),
+        task_status(info.get("status")) or result.status,
         info=info,
         reason=info.get("reason", ""),
         elapsed=time.monotonic() - start,

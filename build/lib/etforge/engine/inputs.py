@@ -11,10 +11,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from etforge.cache.records import PROGRAM, PROGRAM_SHA256, current
+from etforge.cache.records import PROGRAM, current
 from etforge.cache.store import Store
-from etforge.pipeline.results import Blocked, Entry, Rejected, Skip
+from etforge.pipeline.results import Blocked, Entry, Rejected, Skip, TaskStatus, task_status
 from etforge.pipeline.specs import TaskSpec, spec_of
+from etforge.pipeline.stage_results import Judgement
 from etforge.pipeline.stages import upstream_of
 
 # rebuild(stage, subject) -> bool: run that upstream task again (tasks/engine/actions.py run_stage)
@@ -24,13 +25,14 @@ Rebuild = Callable[[object, object], bool]
 def require(upstream: TaskSpec) -> None:
     """Stop early, saying why, when the task this one consumes did not succeed."""
     record = current(upstream)
-    if record is None:
-        return  # not run in this checkout (another shard built it): the store lookup decides
-    if record["status"] in ("failed", "blocked"):
+    status = task_status((record or {}).get("status"))
+    if status is None:
+        return  # not run in this checkout (another shard built it), or damaged: the store lookup decides
+    if status in (TaskStatus.FAILED, TaskStatus.BLOCKED):
         raise Blocked(f"{upstream.name} {record['status']}")
-    if record["status"] == "skipped":
+    if status == TaskStatus.SKIPPED:
         raise Skip(f"{upstream.name} skipped: {record.get('reason', '')}")
-    if record["status"] == "rejected":
+    if status == TaskStatus.REJECTED:
         raise Rejected(f"{upstream.name} rejected: {record.get('reason', '')}")
 
 
@@ -79,8 +81,9 @@ def judges_current_program(plan, stage, subject, store: Store, host, rebuild: Re
         export = spec_of(plan, up, up_subject, host)
         stored(store, export, lambda: rebuild(up, up_subject))
         current_sha = store.blob_sha256(export.key, PROGRAM)
-        judged = info.get(PROGRAM_SHA256)
-        if judged is None or judged != current_sha:
+        judgement = Judgement.from_json(info)
+        if not judgement.judges(current_sha):
+            judged = judgement.program_sha256
             return (
                 f"it judged program sha256 {str(judged)[:12]}, but {export.name}'s program is {str(current_sha)[:12]}"
             )

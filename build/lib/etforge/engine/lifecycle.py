@@ -5,12 +5,12 @@
            temp files of interrupted atomic writes.
     end    hand the tasks this run ran and touched to ``judge``, which writes
            summary.json and decides the exit status from the cells' outcomes
-           (tasks/publish/exit_status.py; dodo.py wires it in, so the engine never
-           imports publishing).
+           (tasks/publish/exit_status.py; the loader, tasks/app/loader.py, wires it in,
+           so the engine never imports publishing).
 
-tasks/engine/doit_runner.py calls these from doit's runner, the only object every
-``doit run`` creates whichever reporter (``-r json``, ``--reporter=...``) or
-runner (``-n 2 -P process``) is used; the reporter only displays. Every line
+tasks/engine/runners.py calls these from the runner, the only object every run
+creates whichever reporter (``-r json``, ``--reporter=...``) or number of workers
+(``-n 2 -P process``) is used; the reporter only displays. Every line
 goes to the process's real stderr (tasks/core/console.py).
 """
 

@@ -1,24 +1,64 @@
 """What a builder gets and hands back: the interface between the engine and tasks/builders/.
 
-A stage's builder (named by dotted path in tasks/pipeline/stages.py) is called as
-``builder(request) -> BuildResult`` inside the task's action; it may raise Skip
-(this host cannot do it), Rejected (the scheme cannot apply to this model) or any error (the task fails with its first line).
+A stage's builder (named by dotted path in tasks/pipeline/stages.py, one per model kind) is
+called as ``builder(request) -> BuildResult`` inside the task's action; it may raise Skip
+(this host cannot do it), Rejected (the scheme cannot apply to this model) or any error
+(the task fails with its first line). What it found is its stage's result
+(tasks/pipeline/stage_results.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
+
+from etforge.pipeline.stage_results import StageResult
+
+
+class TaskStatus(StrEnum):
+    """How a task ended, as its state record says."""
+
+    OK = "ok"
+    FAILED = "failed"
+    SKIPPED = "skipped"  # this host cannot do it (says what it lacks)
+    NOT_RUNNABLE = "not-runnable"  # a verdict this host cannot run: bundled for the device instead
+    REJECTED = "rejected"  # the scheme cannot apply to this model
+    BLOCKED = "blocked"  # a task it needs did not succeed
+
+    @property
+    def done(self) -> bool:
+        """A record with this status may be up to date (failures and blocks run again)."""
+        return self in (TaskStatus.OK, TaskStatus.SKIPPED, TaskStatus.NOT_RUNNABLE, TaskStatus.REJECTED)
+
+    @property
+    def stored(self) -> bool:
+        """Its result is in the store."""
+        return self in (TaskStatus.OK, TaskStatus.NOT_RUNNABLE)
+
+
+def task_status(value) -> TaskStatus | None:
+    """A record's status, or None when it holds none etforge knows (a damaged or foreign record)."""
+    try:
+        return TaskStatus(value)
+    except ValueError:
+        return None
 
 
 @dataclass
 class BuildResult:
-    """What a builder returns: blobs it wrote and facts for the summary."""
+    """What a builder returns: blobs it wrote, its stage's result, and how it ended."""
 
     files: dict = field(default_factory=dict)  # blob name -> path in the work dir
-    info: dict = field(default_factory=dict)
-    status: str = "ok"  # ok | failed | skipped | not-runnable
-    reason: str = ""  # one line, for failed/skipped/not-runnable
+    result: StageResult | None = None
+    status: TaskStatus = TaskStatus.OK  # ok | failed | not-runnable
+    reason: str = ""  # one line, for failed/not-runnable
+
+    @property
+    def info(self) -> dict:
+        """The JSON a record and a store entry keep: the result's fields, the status and reason."""
+        found = self.result.to_json() if self.result is not None else {}
+        return {**found, "status": str(self.status), "reason": self.reason}
 
 
 class Skip(Exception):
@@ -40,7 +80,11 @@ class Entry:
 
     task: str  # its task name, for messages
     files: dict  # blob name -> path in the store
-    info: dict
+    info: dict  # its result's JSON form (read it with the stage's result class)
+
+    def result(self, kind: type):
+        """The entry's result as ``kind`` (a StageResult class)."""
+        return kind.from_json(self.info)
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ In the spirit of doit's ``valid_attr`` table and ExecuTorch's ``Stage`` with its
 ``valid_predecessor_stages``: the doit task dicts (tasks/engine/taskdicts.py),
 the task specs and records (specs.py, records.py), the keys (keys.py), the
 ``task_dep`` edges, the cells an outcome reads (tasks/publish/outcome.py) and
-the list of doit tasks in dodo.py all follow from this table.
+the loader's doit task creators (tasks/engine/entry.py) all follow from this table.
 
 Adding a stage is one entry here and one builder (``builder(request) ->
-BuildResult`` in tasks/builders/, or a content and a render function in
-tasks/publish/ for a matrix-wide stage).
+BuildResult`` in tasks/builders/, with an ``llm_builder`` when an LLM needs its own,
+or a content and a render function in tasks/publish/ for a matrix-wide stage).
 
 Subjects: ``model`` (one task per model of the selected cells), ``graph`` (one
 per distinct quantizer config of a model: the cells that share it share the
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from etforge.config.model import ModelKind
+
 # Verdicts, gates and benchmarks: what a matrix-wide task waits for, in pipeline order.
 CELL_VERDICTS = ("export", "sizegate", "validate", "benchmark")
 MANIFEST_FILES = ("models.g.dart", "pubspec_assets.yaml", "models.cmake", "index.json", "etforge_models.h")
@@ -35,10 +37,10 @@ MANIFEST_FILES = ("models.g.dart", "pubspec_assets.yaml", "models.cmake", "index
 class Stage:
     name: str  # the doit basename; its tasks are <name>:<subject> (task_name)
     subject: str  # model | graph | cell | pipeline
-    doc: str  # what `doit list` says of the stage
+    doc: str  # what `etforge list` says of the stage
     task_doc: str  # what it says of each task; {fields} from tasks/engine/taskdicts.py doc_fields
-    builder: str  # "module:function" called inside the task's action
-    code: tuple = ()  # entry modules: their import closure joins the key
+    builder: str  # "module:function" called inside the task's action (for a module; see llm_builder)
+    code: tuple = ()  # entry modules: their import closure joins the key (with the builder's kind's)
     key_inputs: tuple = ()  # names of facts of the plan (tasks/pipeline/keys.py FACTS) that join the key
     upstream: tuple = ()  # relations (RELATIONS) whose store entries the builder reads; their keys join the key
     outputs: tuple = ()  # (blob, where[, predicate]): where (ArtifactLayout.output) or None: store only
@@ -52,6 +54,21 @@ class Stage:
     cached: bool = True  # False: no store entry, never up to date (it decides itself what to refuse)
     options: tuple = ()  # (name, help) of boolean flags handed to the builder (doit task parameters)
     default: bool = True  # run by a plain `doit`
+    llm_builder: str | None = None  # the builder of an LLM's task (ModelKind.LLM), chosen once by kind
+
+    def builder_for(self, kind: ModelKind) -> str:
+        """The builder a subject of ``kind`` runs (its model's kind)."""
+        return self.llm_builder if kind == ModelKind.LLM and self.llm_builder else self.builder
+
+    def code_for(self, kind: ModelKind) -> tuple:
+        """The entry modules whose import closure joins the key of a subject of ``kind``."""
+        builder = self.builder_for(kind)
+        return tuple(dict.fromkeys(self.code + (builder.split(":")[0],))) if self.subject != "pipeline" else self.code
+
+
+def kind_of(subject) -> ModelKind:
+    """The model kind of a stage's subject (a ModelSpec or a Cell)."""
+    return getattr(subject, "model", subject).kind
 
 
 STAGES = (
@@ -61,6 +78,7 @@ STAGES = (
         doc="torch.export each model once, shared by all of its cells",
         task_doc="torch.export {model} once and record eager reference outputs",
         builder="etforge.builders.capture:capture_stage",
+        llm_builder="etforge.builders.llm_stages:capture_stage",
         code=("etforge.builders.capture",),
         key_inputs=("model", "seed", "toolchain"),
         outputs=(("model.pt2", None), ("reference.npz", None)),
@@ -73,6 +91,7 @@ STAGES = (
         doc="quantize each model once per quantizer config, shared by its cells",
         task_doc="{method} {scheme} of {model} with {ref}",
         builder="etforge.builders.quantize:quantize_stage",
+        llm_builder="etforge.builders.llm_stages:quantize_stage",
         code=("etforge.builders.quantize",),
         key_inputs=("transform", "calibration", "toolchain", "quantizer_code"),
         upstream=("capture",),
@@ -87,6 +106,7 @@ STAGES = (
         doc="lower each cell (model x backend x quantization) to a .pte",
         task_doc="lower {model} for {backend} ({scheme}) to {pte}",
         builder="etforge.builders.lower:export_stage",
+        llm_builder="etforge.builders.llm_stages:export_stage",
         code=("etforge.builders.lower", "etforge.builders.coreml_reproducible"),
         key_inputs=("backend", "embedded_metadata", "coverage_gate", "toolchain", "partitioner_code"),
         upstream=("graph", "capture"),  # capture: the outputs its metadata describes
@@ -117,6 +137,7 @@ STAGES = (
         doc="run each host-runnable .pte and compare it with eager PyTorch",
         task_doc="run {pte} and compare with eager PyTorch",
         builder="etforge.builders.validate:validate_stage",
+        llm_builder="etforge.builders.llm_stages:validate_stage",
         code=("etforge.builders.validate",),
         key_inputs=("thresholds", "host_runnable", "runtime_tools", "toolchain"),
         upstream=("export", "capture"),
@@ -135,6 +156,7 @@ STAGES = (
         doc="time each host-runnable .pte (run with -n 1 for comparable figures)",
         task_doc="time {pte} in the ExecuTorch runtime (p50, p90, memory)",
         builder="etforge.builders.benchmark:benchmark_stage",
+        llm_builder="etforge.builders.llm_stages:benchmark_stage",
         code=("etforge.builders.benchmark",),
         key_inputs=("benchmark_options", "host", "runtime_tools"),
         upstream=("export", "capture"),

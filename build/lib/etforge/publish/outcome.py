@@ -12,8 +12,8 @@ gate, validate, benchmark) whose key is the task's CURRENT key. A record with an
 other key (made before a threshold changed, hand-edited, left by another
 revision) does not exist here: the cell is then "not built" or "not validated",
 never shown with a stale verdict. A verdict (validate, or the benchmark) counts
-only when the sha256 of the program it judged (``program_sha256``) is the
-export's current sha256; one that names none counts for nothing. ``host`` (etforge.config.machine.host_fingerprint()) selects the
+only for the program it judged (etforge.pipeline.stage_results Judgement.judges: its
+``program_sha256`` is the export's current sha256; one that names none counts for nothing). ``host`` (etforge.config.machine.host_fingerprint()) selects the
 benchmark record; without it benchmarks are not read.
 
 The state machine, first rule that applies:
@@ -51,32 +51,46 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 
 from etforge.cache.records import current
 from etforge.config.model import Cell, ExpectedFailure, Plan, RejectedCell, default_range_note
 from etforge.pipeline.layout import ArtifactLayout, layout_of
+from etforge.pipeline.results import TaskStatus, task_status
 from etforge.pipeline.specs import cell_specs
-from etforge.pipeline.stages import STAGE, task_name
-from etforge.publish.baseline import p50_of
-
-SHIPS = ("ok", "provisional", "on-device")
-FAILS_RUN = ("failed", "unexpectedly-passing")
-PENDING = ("blocked", "not built", "not validated")  # no current verdict yet
-# Every status, in the order tables list their counts.
-STATUSES = (
-    "ok",
-    "provisional",
-    "on-device",
-    "failed",
-    "unexpectedly-passing",
-    "expected-failure",
-    "skipped",
-    "blocked",
-    "not built",
-    "not validated",
-    "rejected",
+from etforge.pipeline.stage_results import (
+    BenchmarkResult,
+    CaptureResult,
+    ExportResult,
+    Judgement,
+    QuantizeResult,
+    SizeGateResult,
+    Verdict,
 )
+from etforge.pipeline.stages import STAGE, task_name
+
+
+class CellState(StrEnum):
+    """A cell's outcome, in the order tables list their counts."""
+
+    OK = "ok"
+    PROVISIONAL = "provisional"
+    ON_DEVICE = "on-device"
+    FAILED = "failed"
+    UNEXPECTEDLY_PASSING = "unexpectedly-passing"
+    EXPECTED_FAILURE = "expected-failure"
+    SKIPPED = "skipped"
+    BLOCKED = "blocked"
+    NOT_BUILT = "not built"
+    NOT_VALIDATED = "not validated"
+    REJECTED = "rejected"
+
+
+SHIPS = frozenset({CellState.OK, CellState.PROVISIONAL, CellState.ON_DEVICE})
+FAILS_RUN = frozenset({CellState.FAILED, CellState.UNEXPECTEDLY_PASSING})
+PENDING = frozenset({CellState.BLOCKED, CellState.NOT_BUILT, CellState.NOT_VALIDATED})  # no current verdict yet
+STATUSES = tuple(CellState)  # every state, in the order tables list their counts
 METRICS = ("sqnr_db", "cosine", "max_abs_error", "top1_agreement", "top5_agreement")
 TOLERANCES = ("rtol", "atol", "tolerance_rule", "test_cases", "not_checked_on_device")
 
@@ -109,12 +123,12 @@ class Evidence:
     bundle: Path | None = None  # on-device: the .bpte
     bundle_sha256: str | None = None
     tolerances: dict = field(default_factory=dict)  # on-device: of TOLERANCES
-    benchmark: dict | None = None  # the benchmark record's info (benchmarked here, current key)
+    benchmark: BenchmarkResult | None = None  # benchmarked here, under its current key, on this program
     llm_metadata: dict | None = None  # an LLM program's runner metadata methods -> values (its export record)
 
     @property
     def latency_p50_ms(self) -> float | None:
-        return p50_of(self.benchmark or {})
+        return self.benchmark.latency_p50_ms if self.benchmark else None
 
     @property
     def coverage(self) -> float | None:
@@ -126,7 +140,7 @@ class Evidence:
 @dataclass(frozen=True)
 class CellOutcome:
     cell: str  # model/backend/quantization
-    status: str  # one of STATUSES
+    status: CellState
     reason: str  # one line ("" when there is nothing to add)
     log: str | None = None  # the log of the task that decided a failure
     task: str | None = None  # the task whose record decided a failure, skip or block
@@ -153,7 +167,7 @@ def outcomes(plan: Plan, cells=None, host: dict | None = None) -> list:
 
 
 def rejected_outcome(rejected: RejectedCell) -> CellOutcome:
-    return CellOutcome(cell=rejected.name, status="rejected", reason=rejected.reason)
+    return CellOutcome(cell=rejected.name, status=CellState.REJECTED, reason=rejected.reason)
 
 
 # ---------------------------------------------------------------- reading records
@@ -171,16 +185,8 @@ def _info(record: dict | None) -> dict:
     return info if isinstance(info, dict) else {}
 
 
-def _judged(record: dict | None) -> str | None:
-    """The sha256 of the program a verdict record judged, if it names one."""
-    value = _info(record).get("program_sha256")
-    return value if isinstance(value, str) else None
-
-
-def _bound(record: dict | None, sha256: str | None) -> bool:
-    """A verdict counts only for the bytes it judged; one that names none counts for nothing."""
-    judged = _judged(record)
-    return judged is not None and judged == sha256
+def _status(record: dict | None) -> TaskStatus | None:
+    return task_status((record or {}).get("status"))
 
 
 def _records(plan: Plan, cell: Cell, host: dict | None) -> list:
@@ -188,57 +194,55 @@ def _records(plan: Plan, cell: Cell, host: dict | None) -> list:
     return [(s.name, current(s), s) for s in cell_specs(plan, cell, host)]
 
 
-def _evidence(plan: Plan, cell: Cell, by_kind: dict, export_sha: str | None) -> Evidence:
-    export, validate, bench = by_kind.get("export"), by_kind.get("validate"), by_kind.get("benchmark")
-    einfo = _info(export) if export and export.get("status") == "ok" else {}
+def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None) -> Evidence:
+    layout = layout_of(plan)
     facts: dict = {}
-    if einfo:
+    if export is not None:
         facts.update(
-            program=layout_of(plan).pte_path(cell),
-            size_bytes=finite(einfo.get("size_bytes")),
-            sha256=einfo.get("sha256"),
-            lowering_s=finite(einfo.get("lowering_s")),
-            delegates=tuple(einfo.get("delegates", cell.backend.delegates)),
-            executorch_version=einfo.get("executorch_version"),
-            data_file=layout_of(plan).ptd_path(cell) if einfo.get("data_sha256") else None,
-            data_sha256=einfo.get("data_sha256"),
-            data_size=finite(einfo.get("data_size_bytes")),
-            input_dtypes=tuple(einfo.get("input_dtypes") or ()),
-            delegated_ops=finite(einfo.get("delegated_ops")),
-            non_delegated_ops=finite(einfo.get("non_delegated_ops")),
+            program=layout.pte_path(cell),
+            size_bytes=export.size_bytes,
+            sha256=export.sha256,
+            lowering_s=export.lowering_s,
+            delegates=export.delegates or tuple(cell.backend.delegates),
+            executorch_version=export.executorch_version,
+            data_file=layout.ptd_path(cell) if export.data_sha256 else None,
+            data_sha256=export.data_sha256,
+            data_size=export.data_size_bytes,
+            input_dtypes=export.input_dtypes,
+            delegated_ops=export.delegated_ops,
+            non_delegated_ops=export.non_delegated_ops,
+            llm_metadata=export.llm_metadata or None,
         )
-        if isinstance(einfo.get("llm_metadata"), dict):
-            facts["llm_metadata"] = dict(einfo["llm_metadata"])
-    capture = by_kind.get("capture")
-    if capture and capture.get("status") == "ok":
-        facts["outputs"] = tuple(o for o in _info(capture).get("outputs") or () if isinstance(o, dict))
-        methods = _info(capture).get("methods")
-        if isinstance(methods, dict):
-            facts["method_outputs"] = {
-                m: list(v.get("outputs") or []) for m, v in methods.items() if isinstance(v, dict)
-            }
-    gate = by_kind.get("sizegate")
-    if gate:
-        facts["size_vs_fp32"] = finite(_info(gate).get("size_vs_fp32"))
-    calibration = _info(by_kind.get("quantize")).get("calibration")
-    if isinstance(calibration, str):
-        facts["calibration"] = calibration
-    layers = _info(by_kind.get("quantize")).get("layers")
-    if isinstance(layers, dict):
-        facts["layers"] = layers
-    if validate and validate.get("status") in ("ok", "failed", "not-runnable") and _bound(validate, export_sha):
-        vinfo = _info(validate)
-        facts["validated_on"] = vinfo.get("inputs") if isinstance(vinfo.get("inputs"), str) else None
-        facts["samples"] = finite(vinfo.get("samples", vinfo.get("test_cases")))
-        if validate["status"] == "not-runnable":
-            facts["bundle"] = layout_of(plan).bundled_path(cell)
-            facts["bundle_sha256"] = ((validate.get("outputs") or {}).get("program.bpte") or {}).get("sha256")
-            facts["tolerances"] = {k: vinfo[k] for k in TOLERANCES if k in vinfo}
+    if _status(by_kind.get("capture")) == TaskStatus.OK:
+        capture = CaptureResult.from_json(_info(by_kind["capture"]))
+        facts["outputs"] = tuple(o for o in capture.outputs if isinstance(o, dict))
+        facts["method_outputs"] = {
+            m: list(v.get("outputs") or []) for m, v in capture.methods.items() if isinstance(v, dict)
+        }
+    if by_kind.get("sizegate"):
+        facts["size_vs_fp32"] = SizeGateResult.from_json(_info(by_kind["sizegate"])).size_vs_fp32
+    quantize = QuantizeResult.from_json(_info(by_kind.get("quantize")))
+    facts.update(calibration=quantize.calibration, layers=quantize.layers or None)
+    sha256 = export.sha256 if export is not None else None
+    validate = by_kind.get("validate")
+    judged = _status(validate) in (TaskStatus.OK, TaskStatus.FAILED, TaskStatus.NOT_RUNNABLE)
+    verdict = Verdict.from_json(_info(validate))
+    if judged and verdict.judges(sha256):
+        facts.update(validated_on=verdict.inputs, samples=verdict.samples)
+        if _status(validate) == TaskStatus.NOT_RUNNABLE:
+            facts.update(
+                samples=verdict.test_cases,
+                bundle=layout.bundled_path(cell),
+                bundle_sha256=((validate.get("outputs") or {}).get("program.bpte") or {}).get("sha256"),
+                tolerances={k: getattr(verdict, k) for k in TOLERANCES if getattr(verdict, k) not in (None, ())},
+            )
         else:
-            facts["metrics"] = {k: finite(vinfo.get(k)) for k in METRICS if finite(vinfo.get(k)) is not None}
-            facts["exact"] = vinfo.get("sqnr_db") is None and vinfo.get("max_abs_error") == 0
-    if bench and bench.get("status") == "ok" and _bound(bench, export_sha):
-        facts["benchmark"] = _info(bench)
+            facts["metrics"] = {k: getattr(verdict, k) for k in METRICS if getattr(verdict, k) is not None}
+            facts["exact"] = "sqnr_db" not in _info(validate) and verdict.max_abs_error == 0
+    bench = by_kind.get("benchmark")
+    benchmark = BenchmarkResult.from_json(_info(bench))
+    if _status(bench) == TaskStatus.OK and benchmark.judges(sha256):
+        facts["benchmark"] = benchmark
     return Evidence(**facts)
 
 
@@ -246,47 +250,50 @@ def cell_outcome(plan: Plan, cell: Cell, host: dict | None = None) -> CellOutcom
     """The outcome of ``cell`` from its current records (see the module docstring)."""
     records = _records(plan, cell, host)
     by_kind = {name.split(":", 1)[0]: record for name, record, _ in records}
-    export = by_kind["export"]
-    export_sha = _info(export).get("sha256") if export and export.get("status") == "ok" else None
-    evidence = _evidence(plan, cell, by_kind, export_sha)
-    natural = _natural(plan, cell, records, by_kind, export_sha, evidence)
+    exported = _status(by_kind["export"]) == TaskStatus.OK
+    export = ExportResult.from_json(_info(by_kind["export"])) if exported else None
+    evidence = _evidence(plan, cell, by_kind, export)
+    natural = _natural(plan, cell, records, by_kind, export, evidence)
     return _with_expectation(plan.expected_failure(cell), natural)
 
 
-def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, evidence: Evidence) -> CellOutcome:
+def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evidence: Evidence) -> CellOutcome:
     """The outcome before ``matrix.expected_failures`` is applied."""
 
     def out(status, reason="", **kw):
         return CellOutcome(cell=cell.name, status=status, reason=" ".join(str(reason).split()), evidence=evidence, **kw)
 
+    sha256 = export.sha256 if export is not None else None
     for name, record, _ in records:
         # A failure under the current key counts, unless it names other bytes than this program
         # (one that names none, e.g. a crash before it could, still counts: failing is the safe side).
-        if record and record.get("status") == "failed" and _judged(record) in (None, export_sha):
-            return out("failed", f"{name}: {record.get('reason') or 'failed'}", log=record.get("log"), task=name)
+        judged = Judgement.from_json(_info(record)).program_sha256
+        if _status(record) == TaskStatus.FAILED and judged in (None, sha256):
+            reason = f"{name}: {record.get('reason') or 'failed'}"
+            return out(CellState.FAILED, reason, log=record.get("log"), task=name)
     for name, record, _ in records:
-        if record and record.get("status") == "rejected":
-            return out("rejected", record.get("reason", ""), task=name)
-    export = by_kind["export"]
-    if export and export.get("status") == "skipped":
-        return out("skipped", export.get("reason", ""), task=task_name(STAGE["export"], cell))
+        if _status(record) == TaskStatus.REJECTED:
+            return out(CellState.REJECTED, record.get("reason", ""), task=name)
+    if _status(by_kind["export"]) == TaskStatus.SKIPPED:
+        return out(CellState.SKIPPED, by_kind["export"].get("reason", ""), task=task_name(STAGE["export"], cell))
     for name, record, _ in records:
-        if record and record.get("status") == "blocked":
-            return out("blocked", f"{name}: {record.get('reason', '')}", task=name)
-    if export is None or export.get("status") != "ok":
-        return out("not built", f"run `doit {task_name(STAGE['export'], cell)}`")
+        if _status(record) == TaskStatus.BLOCKED:
+            return out(CellState.BLOCKED, f"{name}: {record.get('reason', '')}", task=name)
+    if export is None:
+        return out(CellState.NOT_BUILT, f"run `etforge {task_name(STAGE['export'], cell)}`")
     validate = by_kind["validate"]
-    if validate and validate.get("status") == "skipped":
-        return out("skipped", validate.get("reason", ""), task=task_name(STAGE["validate"], cell))
-    if validate is None or validate.get("status") not in ("ok", "not-runnable"):
-        return out("not validated", f"run `doit {task_name(STAGE['validate'], cell)}`")
-    if not _bound(validate, export_sha):
-        judged = _judged(validate)
+    if _status(validate) == TaskStatus.SKIPPED:
+        return out(CellState.SKIPPED, validate.get("reason", ""), task=task_name(STAGE["validate"], cell))
+    if _status(validate) not in (TaskStatus.OK, TaskStatus.NOT_RUNNABLE):
+        return out(CellState.NOT_VALIDATED, f"run `etforge {task_name(STAGE['validate'], cell)}`")
+    verdict = Verdict.from_json(_info(validate))
+    if not verdict.judges(sha256):
+        judged = verdict.program_sha256
         return out(
-            "not validated",
+            CellState.NOT_VALIDATED,
             f"the verdict on record judged another program "
             f"(sha256 {judged[:12] if judged else 'not recorded'}, "
-            f"this one is {str(export_sha)[:12]})",
+            f"this one is {str(sha256)[:12]})",
         )
     notes = [n for n in (layers_note(cell.quant.name, evidence.layers or {}),) if n]
     if str(evidence.calibration or "").startswith("random"):
@@ -297,14 +304,14 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export_sha, e
     hf_source = cell.model.source.get("transformers")
     if hf_source and not hf_source.get("checkpoint"):  # built from its config: numerics, not quality
         notes.append("random weights (transformers config, no checkpoint)")
-    if (export.get("info") or {}).get("note"):  # what lowering noticed (an LLM's undelegated linears)
-        notes.append(export["info"]["note"])
-    if validate["status"] == "not-runnable":
-        return out("on-device", "; ".join([validate.get("reason", "")] + notes))
+    if export.note:  # what lowering noticed (an LLM's undelegated linears)
+        notes.append(export.note)
+    if _status(validate) == TaskStatus.NOT_RUNNABLE:
+        return out(CellState.ON_DEVICE, "; ".join([validate.get("reason", "")] + notes))
     if str(evidence.validated_on or "").startswith("random"):
         notes.insert(0, "validated on seeded random inputs only " + _validation_data_hint(cell.model))
-        return out("provisional", "; ".join(notes))
-    return out("ok", "; ".join(notes))
+        return out(CellState.PROVISIONAL, "; ".join(notes))
+    return out(CellState.OK, "; ".join(notes))
 
 
 def _validation_data_hint(model) -> str:
@@ -332,28 +339,28 @@ def _with_expectation(entry: ExpectedFailure | None, natural: CellOutcome) -> Ce
     if entry is None:
         return natural
     declared = f"expected to fail: {entry.reason} ({entry.link})"
-    if natural.status == "failed":
+    if natural.status == CellState.FAILED:
         return CellOutcome(
             cell=natural.cell,
-            status="expected-failure",
+            status=CellState.EXPECTED_FAILURE,
             reason=f"{declared}; {natural.reason}",
             log=natural.log,
             task=natural.task,
             evidence=natural.evidence,
             expected=entry,
         )
-    if natural.status == "on-device":
+    if natural.status == CellState.ON_DEVICE:
         return CellOutcome(
             cell=natural.cell,
-            status="expected-failure",
+            status=CellState.EXPECTED_FAILURE,
             reason=f"{declared}; not checked on this host",
             evidence=natural.evidence,
             expected=entry,
         )
-    if natural.status in ("ok", "provisional"):
+    if natural.status in (CellState.OK, CellState.PROVISIONAL):
         return CellOutcome(
             cell=natural.cell,
-            status="unexpectedly-passing",
+            status=CellState.UNEXPECTEDLY_PASSING,
             reason=f"passed ({natural.status}) but {entry.where} declares it an expected failure "
             f"({entry.reason}); remove that entry",
             evidence=natural.evidence,

@@ -1,4 +1,4 @@
-"""``doit release``: a versioned, byte-reproducible bundle of the whole matrix.
+"""``etforge release``: a versioned, byte-reproducible bundle of the whole matrix.
 
 artifacts/release/<name>-<version>/ holds exactly the files the plan names,
 nothing globbed from the working tree:
@@ -51,7 +51,9 @@ from etforge.core.atomic import atomic_write_bytes, atomic_write_text
 from etforge.core.digest import canonical_json, sha256_file
 from etforge.core.text import first_line
 from etforge.pipeline.layout import layout_of
+from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import spec_of
+from etforge.pipeline.stage_results import ReleaseResult
 from etforge.pipeline.stages import STAGE, task_name
 from etforge.publish import outcome
 from etforge.publish.manifests.naming import data_file_name
@@ -136,17 +138,17 @@ def read_verified(plan, path: Path, recorded: str | None, task: str) -> bytes:
     shown = _shown(plan, path)
     if not recorded:
         raise ReleaseRefused(
-            f"{shown} has no recorded sha256 (its record predates them); delete it and run `doit {task}`"
+            f"{shown} has no recorded sha256 (its record predates them); delete it and run `etforge {task}`"
         )
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ReleaseRefused(f"cannot read {shown}: {exc.strerror}; run `doit {task}`") from None
+        raise ReleaseRefused(f"cannot read {shown}: {exc.strerror}; run `etforge {task}`") from None
     actual = hashlib.sha256(data).hexdigest()
     if actual != recorded:
         raise ReleaseRefused(
             f"{shown} differs from its record (sha256 {actual[:16]}..., "
-            f"{task} recorded {recorded[:16]}...); delete it and run `doit {task}`"
+            f"{task} recorded {recorded[:16]}...); delete it and run `etforge {task}`"
         )
     return data
 
@@ -307,7 +309,7 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
         shutil.rmtree(staging, ignore_errors=True)
         raise
     atomic_write_bytes(archive_path(plan), archive)
-    bench = {o.cell: o.evidence.benchmark for o in results if o.evidence.benchmark}
+    bench = {o.cell: o.evidence.benchmark.to_json() for o in results if o.evidence.benchmark}
     atomic_write_text(bench_path(plan), canonical_json({c: bench[c] for c in sorted(bench)}) + "\n")
     return {
         "archive": str(archive_path(plan)),
@@ -334,17 +336,18 @@ def remove_previous(plan) -> list:
     return removed
 
 
-def _record(plan, status: str, reason: str = "", info: dict | None = None) -> None:
+def _record(plan, status: TaskStatus, reason: str = "", result: ReleaseResult | None = None) -> None:
     """The release's record: what the exit status reads (tasks/publish/exit_status.py)."""
-    write_state(spec_of(plan, "release"), status, key="", reason=reason, info=info)
+    write_state(spec_of(plan, "release"), status, key="", reason=reason, info=result.to_json() if result else None)
 
 
 def accepted_failures(plan) -> set:
     """Cells that failed but that the last release packed around with --allow-failures."""
     record = read_state(spec_of(plan, "release").state_file) or {}
-    if record.get("status") != "ok" or not (record.get("info") or {}).get("allow_failures"):
+    result = ReleaseResult.from_json(record.get("info"))
+    if record.get("status") != TaskStatus.OK or not result.allow_failures:
         return set()
-    return set(record["info"].get("failures") or ())
+    return set(result.failures)
 
 
 def run_release(plan, cells, host: dict, allow_failures: bool, strict: bool = False) -> bool:
@@ -361,19 +364,19 @@ def run_release(plan, cells, host: dict, allow_failures: bool, strict: bool = Fa
                 f"({', '.join(removed)}): it does not match this checkout\n"
             )
         try:
-            _record(plan, "failed", reason)
+            _record(plan, TaskStatus.FAILED, reason)
         except OSError:
             pass
         return False
     _record(
         plan,
-        "ok",
-        info={
-            "archive": result["archive"],
-            "sha256": result["sha256"],
-            "allow_failures": allow_failures,
-            "failures": result["failures"],
-        },
+        TaskStatus.OK,
+        result=ReleaseResult(
+            archive=result["archive"],
+            sha256=result["sha256"],
+            allow_failures=allow_failures,
+            failures=tuple(result["failures"]),
+        ),
     )
     print(f"etforge: released {result['archive']} ({result['files']} files, sha256 {result['sha256']})")
     if result["failures"]:

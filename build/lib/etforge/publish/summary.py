@@ -62,7 +62,7 @@ def add_baseline_flags(plan: Plan, outcomes: list, rows: list) -> None:
     """Flag cells slower than the pipeline's benchmark baseline, if it names one."""
     if not plan.benchmark_baseline or not rows:
         return
-    bench = {o.cell: o.evidence.benchmark for o in outcomes if o.evidence.benchmark}
+    bench = {o.cell: o.evidence.benchmark.to_json() for o in outcomes if o.evidence.benchmark}
     try:
         flags = baseline.regressions(plan, bench)
     except ValueError as exc:  # a malformed baseline file: say so, once

@@ -18,7 +18,7 @@ This module must not import torch or executorch.
 
 from __future__ import annotations
 
-from etforge.config.hf_source import is_llm
+from etforge.config.model import ModelKind
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 FORWARD = "forward"
@@ -51,7 +51,7 @@ def kv_cache(metadata: dict, dtype: str) -> dict:
 def llm_spec(cell, evidence) -> dict | None:
     """``{"methods", "metadata", "kv_cache"}`` of an LLM variant, else None (see the module docstring)."""
     metadata = evidence.llm_metadata
-    if not is_llm(cell.model) or not isinstance(metadata, dict) or not metadata:
+    if cell.model.kind != ModelKind.LLM or not isinstance(metadata, dict) or not metadata:
         return None
     names = sorted(metadata)
     return {

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from etforge.core.atomic import atomic_write_text
 from etforge.pipeline.results import BuildResult
+from etforge.pipeline.stage_results import ManifestResult
 from etforge.publish import templates
 from etforge.publish.manifests import cpp_header
 
@@ -111,5 +112,8 @@ def manifest_stage(context: dict, workdir: Path) -> BuildResult:
     """The manifest stage's builder: every file rendered into ``workdir``."""
     files = write_manifests(context, workdir)
     return BuildResult(
-        files=files, info={"variants": len(context["variants"]), "excluded": [e["cell"] for e in context["excluded"]]}
+        files=files,
+        result=ManifestResult(
+            variants=len(context["variants"]), excluded=tuple(e["cell"] for e in context["excluded"])
+        ),
     )
