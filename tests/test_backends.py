@@ -78,7 +78,10 @@ def test_every_backend_recipe_is_covered_and_well_formed():
     for name in names:
         doc = recipe(name)
         assert doc["name"] == name and doc["kind"] == "backend" and doc["description"]
-        assert set(doc["runtime"]) == {"delegates", "host_runnable"}
+        assert {"delegates", "host_runnable"} <= set(doc["runtime"]) <= {"delegates", "host_runnable", "cmake_targets"}
+        # the one home of its facts: how the manifests name it, and what an app links for its delegate
+        assert doc["manifest"]["description"], name
+        assert bool(doc["runtime"].get("cmake_targets")) <= bool(doc["runtime"]["delegates"]), name
         # A delegate declares the coverage it must reach; no delegate (portable), no gate.
         if doc["runtime"]["delegates"]:
             assert 0 < doc["min_delegation_coverage"] <= 1, name

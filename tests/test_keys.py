@@ -19,7 +19,7 @@ from conftest import REPO, Project, make_project
 sys.path.insert(0, str(REPO))
 from etforge.config.code_deps import project_files  # noqa: E402
 from etforge.config.digest_cache import DigestCache  # noqa: E402
-from etforge.config.recipes import load_recipe  # noqa: E402
+from etforge.config.recipes import RecipePath, load_recipe  # noqa: E402
 from etforge.config.resolve import resolve  # noqa: E402
 from etforge.core.errors import PipelineError  # noqa: E402
 from etforge.pipeline.specs import spec_of  # noqa: E402
@@ -313,7 +313,7 @@ def write_recipe(root: Path, kind_dir: str, name: str, text: str) -> None:
 def test_bad_tools_block_is_a_file_line_error(tmp_path, kind_dir, kind, text, line, key, message):
     write_recipe(tmp_path / "recipes", kind_dir, "r", f"name: r\nkind: {kind}\ndescription: x\n" + text)
     with pytest.raises(PipelineError) as err:
-        load_recipe(kind, "r", root=tmp_path / "recipes")
+        load_recipe(kind, "r", RecipePath((tmp_path / "recipes",)))
     assert err.value.line == line and err.value.key == key and message in err.value.message, str(err.value)
 
 

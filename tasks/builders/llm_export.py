@@ -28,10 +28,11 @@ def register_custom_ops() -> None:
 
 
 def cell_uses_custom_ops(cell) -> bool:
-    """XNNPACK and portable LLM programs use llama:: custom ops; Core ML's is a static capture without them."""
+    """Whether the cell's LLM program holds llama:: custom ops (XNNPACK, portable) or is a static
+    capture without them (Core ML): its backend recipes' ``llm.custom_ops``."""
     from etforge.config.hf_source import uses_custom_ops
 
-    return uses_custom_ops(m.recipe for m in cell.backend.members)
+    return uses_custom_ops(cell.backend.members)
 
 
 def cell_llm_options(cell) -> dict:

@@ -45,13 +45,10 @@ def partitioners_for(backend) -> list:
 
 
 def lowering_contexts(backend) -> list:
-    """Context managers the chain's members need around lowering (etforge.builders.partitioners.LOWERING_CONTEXTS)."""
-    from etforge.builders.partitioners import LOWERING_CONTEXTS
+    """Context managers the chain's members need around lowering (their recipes' ``lowering.context``)."""
     from etforge.core.dotted_path import load_callable
 
-    names = dict.fromkeys(
-        LOWERING_CONTEXTS[m.partitioner] for m in backend.members if m.partitioner in LOWERING_CONTEXTS
-    )
+    names = dict.fromkeys(m.lowering["context"] for m in backend.members if m.lowering.get("context"))
     return [load_callable(name)() for name in names]
 
 
@@ -94,11 +91,9 @@ def build_export(
     ``edge_options``/``backend_options``: what an LLM's lowering adds (etforge.builders.llm_stages):
     to_edge_transform_and_lower's options (the runner's metadata methods, a partitioner) and
     ExecutorchBackendConfig settings."""
-    from etforge.builders.partitioners import FRESH_PROCESS
-
     capture = capture or CaptureResult()
     edge_options, backend_options = dict(edge_options or {}), dict(backend_options or {})
-    if not os.environ.get(FRESH_PROCESS_ENV) and any(m.partitioner in FRESH_PROCESS for m in cell.backend.members):
+    if not os.environ.get(FRESH_PROCESS_ENV) and any(m.lowering.get("fresh_process") for m in cell.backend.members):
         return _build_in_fresh_process(cell, program_path, workdir, capture)
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
@@ -182,7 +177,7 @@ def build_export(
 
 
 def _build_in_fresh_process(cell, program_path: Path, workdir: Path, capture: CaptureResult) -> BuildResult:
-    """build_export in a new interpreter (see etforge.builders.partitioners.FRESH_PROCESS for why).
+    """build_export in a new interpreter (a recipe's ``lowering.fresh_process``: see recipes/backends/openvino.yaml).
 
     Its stdout goes where ours goes (the task log); its stderr is relayed there too,
     and its last line becomes the error when it fails."""

@@ -208,11 +208,15 @@ class CodeDigests:
     is computed once per process.
     """
 
-    def __init__(self, digests=None, root: Path = PACKAGE_DIR, package: str = PACKAGE_NAME):
+    def __init__(self, digests=None, root: Path = PACKAGE_DIR, package: str | None = PACKAGE_NAME):
         self.root = Path(root).resolve()
         self.digests = digests  # etforge.config.digest_cache.DigestCache or None
         self._graph = ImportGraph(self.root, digests, package)
         self._memo: dict = {}
+
+    def has(self, module: str) -> bool:
+        """Whether ``module`` is one of the files under the root."""
+        return bool(self._graph.files_of(module))
 
     def files(self, modules: Iterable[str]) -> list:
         """The files (relative, sorted) that importing ``modules`` runs; a module not found is an error."""
@@ -220,7 +224,7 @@ class CodeDigests:
         for module in modules:
             found = self._graph.files_of(module)
             if not found:
-                raise ValueError(f"module {module!r} is not part of etforge ({self.root})")
+                raise ValueError(f"module {module!r} is not under {self.root}")
             entries += found
         return sorted(f.relative_to(self.root).as_posix() for f in self._graph.reach(entries))
 

@@ -40,16 +40,4 @@ BUNDLE_ATOL_PER_PEAK = 1e-5  # atol = this * max(1, largest |expected|)
 
 # ---------------------------------------------------------------- manifests (pipeline.yaml `manifests:`)
 MANIFEST_OPTIONS = {"assets_dir": "assets/models", "base_url": "", "install_dir": "share/etforge/models"}
-# Fallback order per platform (Dart's Platform.operatingSystem names), best first.
-# `default` serves any platform not listed. Portable (no delegate) runs everywhere,
-# so it closes every list: a model that has only a portable variant still loads.
-PLATFORM_ORDER = {
-    "android": ["qnn", "vulkan", "xnnpack", "portable"],
-    "ios": ["coreml", "mps", "xnnpack", "portable"],
-    "macos": ["coreml", "mps", "xnnpack", "portable"],
-    "linux": ["vulkan", "openvino", "xnnpack", "portable"],
-    "windows": ["vulkan", "openvino", "xnnpack", "portable"],
-    "default": ["xnnpack", "portable"],
-}
-# The C++ runner's header (python -m etforge.publish.manifests.cpp_header): desktop Linux order.
-CPP_HEADER_ORDER = tuple(PLATFORM_ORDER["linux"])
+# Each platform's fallback order comes from the backend recipes (their manifest: platforms, rank).

@@ -25,6 +25,7 @@ import difflib
 import json
 from pathlib import Path
 
+from etforge.config import recipes
 from etforge.config.hf_config_keys import accepted_keys, known_model_types
 from etforge.config.model import InputSpec, ModelKind
 from etforge.core.digest import digest
@@ -33,73 +34,38 @@ TEXT_GENERATION = "text-generation"
 # Defaults of the `llm:` block (a text-generation model's export and validation).
 LLM_DEFAULTS = {"max_context_len": 128, "prompt_len": 8, "decode_steps": 8, "dynamic_shapes": True}
 DISTRIBUTION = "transformers"
-# Backend recipe -> the schemes an LLM cell takes on it (measured: research/issue13 NOTES.md section 4).
-# XNNPACK and portable programs hold ExecuTorch's llama:: custom SDPA / KV-cache ops; Core ML cannot
-# take them and lowers a static capture with transformers' own static cache instead (llm_export.py).
-LLM_SCHEMES = {
-    "xnnpack": frozenset({"fp32", "fp16", "8da4w", "8da8w"}),
-    "portable": frozenset({"fp32"}),
-    "coreml": frozenset({"fp32", "coreml_int4w"}),
-}
-CUSTOM_OPS_BACKENDS = frozenset({"xnnpack", "portable"})
-# Why the combinations measured to fail cannot be built; other unlisted ones: not supported here.
-_NO_TORCHAO_KERNELS = (
-    "portable has no kernels for torchao's dynamic-activation ops (to_executorch: Missing out "
-    "variants: torchao::choose_qparams_affine, quantize_affine, dequantize_affine); use xnnpack"
-)
-_WEIGHT_ONLY_XNNPACK = (
-    "weight-only {bits}-bit linears on XNNPACK run but compute garbage on an LLM ({db} dB "
-    "vs eager, top-1 0/8) at fp32 size; use 8da4w or 8da8w"
-)
-LLM_REJECTIONS = {
-    ("coreml", "8da4w"): "8da4w does not lower on Core ML (coremltools: KeyError: torch.int8 in "
-    "_construct_ct_tensor_type_from_torch); use coreml_int4w",
-    ("coreml", "8da8w"): "dynamic int8 activations do not lower on Core ML (coremltools: KeyError: torch.int8); "
-    "use coreml_int4w",
-    ("coreml", "fp16"): "a Core ML LLM keeps fp32 weights (model.to(float16) fails in coremltools: slice_update "
-    "... update has dtype fp16 whereas x has dtype fp32); use fp32 with "
-    "compute_precision: float16, or coreml_int4w (which computes in fp16)",
-    ("portable", "8da4w"): _NO_TORCHAO_KERNELS,
-    ("portable", "8da8w"): _NO_TORCHAO_KERNELS,
-    ("xnnpack", "bf16"): (
-        "XNNPACK does not delegate bf16 linears (measured: 18% of the compute ops delegated, "
-        "below its 50% coverage gate; the matmuls run as portable aten::mm); use fp16"
-    ),
-    ("xnnpack", "coreml_int4w"): _WEIGHT_ONLY_XNNPACK.format(bits=4, db=-44.6),
-    ("xnnpack", "coreml_int8w"): _WEIGHT_ONLY_XNNPACK.format(bits=8, db=-68.1),
-}
-CORE_ML_DYNAMIC = (
-    "Core ML LLM programs need static shapes (coremltools fails on the dynamic sequence length: "
-    "'Input squeeze_0 has rank 1 != other inputs rank 0'): set transformers.llm.dynamic_shapes: "
-    "false (prefill then runs token by token)"
-)
 
 
-def llm_rejection(cell) -> str | None:
-    """Why etforge refuses this LLM cell at plan time, or None."""
-    recipes = [m.recipe for m in cell.backend.members]
-    outside = [r for r in recipes if r not in LLM_SCHEMES]
+def llm_rejection(cell, recipe_path: recipes.RecipePath = recipes.DEFAULT_PATH) -> str | None:
+    """Why etforge refuses this LLM cell at plan time, or None: what each backend recipe's ``llm:``
+    block says (the schemes measured to work, the reasons the others fail)."""
+    members = cell.backend.members
+    outside = [m.recipe for m in members if not m.llm]
     if outside:
-        return f"LLM export (static KV cache) supports {', '.join(sorted(LLM_SCHEMES))}, not {', '.join(outside)}"
-    if "coreml" in recipes and len(recipes) > 1:
+        able = ", ".join(n for n in recipe_path.available("backend") if recipe_path.load("backend", n).data.get("llm"))
+        return f"LLM export (static KV cache) supports {able}, not {', '.join(outside)}"
+    if len({bool(m.llm.get("custom_ops")) for m in members}) > 1:
         return (
-            "a chain with coreml cannot lower an LLM: Core ML needs a capture without ExecuTorch's llama:: "
-            "custom ops, the other members use them"
+            f"a chain of {', '.join(m.recipe for m in members)} cannot lower an LLM: some need a capture "
+            "without ExecuTorch's llama:: custom ops, the others use them"
         )
     scheme = cell.quant.name
-    for recipe in recipes:
-        if (recipe, scheme) in LLM_REJECTIONS:
-            return LLM_REJECTIONS[recipe, scheme]
-        if scheme not in LLM_SCHEMES[recipe]:
-            return f"LLM cells on {recipe} take {', '.join(sorted(LLM_SCHEMES[recipe]))} here, not {scheme!r}"
-    if "coreml" in recipes and cell.model.source["transformers"]["llm"]["dynamic_shapes"]:
-        return CORE_ML_DYNAMIC
+    for member in members:
+        rejected = member.llm.get("rejected") or {}
+        if scheme in rejected:
+            return rejected[scheme]
+        schemes = member.llm.get("schemes") or []
+        if scheme not in schemes:
+            return f"LLM cells on {member.recipe} take {', '.join(sorted(schemes))} here, not {scheme!r}"
+    static = next((m.llm["static_shapes"] for m in members if m.llm.get("static_shapes")), None)
+    if static and cell.model.source["transformers"]["llm"]["dynamic_shapes"]:
+        return static
     return None
 
 
-def uses_custom_ops(recipe_names) -> bool:
-    """Whether an LLM program for these backend recipes holds ExecuTorch's llama:: custom ops."""
-    return all(name in CUSTOM_OPS_BACKENDS for name in recipe_names)
+def uses_custom_ops(members) -> bool:
+    """Whether an LLM program for these backend members holds ExecuTorch's llama:: custom ops."""
+    return all(m.llm.get("custom_ops") for m in members)
 
 
 def model_kind(source: dict) -> ModelKind:
@@ -243,7 +209,9 @@ def checkpoint_digest(files: dict) -> str:
     return digest(sorted(files.items()))
 
 
-def reject_llm_cells(cells: tuple, rejected: tuple, models: dict, backends: dict) -> tuple[tuple, tuple]:
+def reject_llm_cells(
+    cells: tuple, rejected: tuple, models: dict, backends: dict, recipe_path: recipes.RecipePath = recipes.DEFAULT_PATH
+) -> tuple[tuple, tuple]:
     """The matrix's cells without the LLM cells etforge cannot build, which join ``rejected``; an LLM
     cell a recipe already refused gets the LLM reason where one is known (it says why and what to use)."""
     from dataclasses import replace
@@ -253,13 +221,13 @@ def reject_llm_cells(cells: tuple, rejected: tuple, models: dict, backends: dict
     kept, refused = [], []
     for r in rejected:
         model = models.get(r.model)
-        recipes = [m.recipe for m in backends[r.backend].members] if r.backend in backends else []
-        known = [LLM_REJECTIONS[k] for k in ((rec, r.quantization) for rec in recipes) if k in LLM_REJECTIONS]
+        members = backends[r.backend].members if r.backend in backends else ()
+        known = [m.llm["rejected"][r.quantization] for m in members if r.quantization in (m.llm.get("rejected") or {})]
         refused.append(
             replace(r, reason=known[0]) if model is not None and model.kind == ModelKind.LLM and known else r
         )
     for cell in cells:
-        reason = llm_rejection(cell) if cell.model.kind == ModelKind.LLM else None
+        reason = llm_rejection(cell, recipe_path) if cell.model.kind == ModelKind.LLM else None
         if reason:
             refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
         else:

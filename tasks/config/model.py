@@ -150,9 +150,20 @@ class BackendMember:
     tools: dict = field(default_factory=dict)  # versions of its lowering tools (tasks/tools.py)
     runtime_tools: dict = field(default_factory=dict)  # versions of what runs its programs here
     dynamic_shapes: bool = False  # the recipe's `dynamic_shapes`: lowers torch.export dynamic dims
+    # The rest of what its recipe says of it (recipes are the one home of a backend's facts):
+    lowering: dict = field(default_factory=dict)  # {context: module:function, fresh_process: bool}
+    llm: dict = field(default_factory=dict)  # {schemes, custom_ops, rejected, static_shapes}
+    manifest: dict = field(default_factory=dict)  # {description, platforms, rank}
+    cmake_targets: dict = field(default_factory=dict)  # {source, wheel}: what an app links for its delegate
+    reproducible: bool | str | None = None  # True, why not, or None: not measured
+
+    @property
+    def description(self) -> str:
+        """How the manifests name it: its recipe's manifest description, else its name."""
+        return self.manifest.get("description") or self.recipe
 
     def canonical(self) -> dict:
-        return {
+        out = {
             "recipe": self.recipe,
             "partitioner": self.partitioner,
             "options": self.options,
@@ -160,6 +171,9 @@ class BackendMember:
             "missing": self.missing,
             "tools": self.tools,
         }
+        if self.lowering:  # how it is lowered changes the program (left out when plain: keys stay)
+            out["lowering"] = self.lowering
+        return out
 
 
 @dataclass(frozen=True)
@@ -315,8 +329,11 @@ class Plan:
     seed: int
     toolchain: dict
     code: CodeDigests = field(repr=False, compare=False)  # digests of etforge's own code, for keys
+    # digests of the project's own code that its recipes name by dotted path (a partitioner, a quantizer)
+    project_code: CodeDigests | None = field(default=None, repr=False, compare=False)
     manifests: dict = field(default_factory=dict)  # the `manifests:` section (tasks/config/manifest_options.py)
     artifacts_allow_outside: bool = False  # `artifacts: {allow_outside: true}`: follow links out of the project
+    recipe_path: recipes.RecipePath = field(default_factory=recipes.RecipePath)  # a project's recipes/ first
     expected_failures: tuple = ()  # of ExpectedFailure; never part of a key (they change no output)
     # Values derived from this plan and nothing else (task keys), computed once per process.
     memo: dict = field(default_factory=dict, repr=False, compare=False)

@@ -28,7 +28,9 @@ from etforge.core.digest import sha256_file
 
 # Bump when the meaning of any cached output changes without its inputs changing.
 # 2: keys derived from the stage table (tasks/pipeline/stages.py), code by import closure.
-SCHEMA_VERSION = 2
+# 3: the installable package (import name etforge), typed stage results, builders per model kind,
+#    recipes as the one home of a backend's facts: every key changes once.
+SCHEMA_VERSION = 3
 # Distributions every task uses; a backend's or scheme's own tools (coremltools,
 # openvino, an SDK...) are declared in its recipe and join only its tasks' keys.
 TOOLCHAIN_PACKAGES = ("torch", "torchvision", "executorch", "torchao")

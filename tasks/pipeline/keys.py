@@ -29,12 +29,15 @@ FACTORY_METHODS = ("pt2e", "torchao")
 
 
 def _named_code(plan, refs) -> dict:
-    """Digests of the project modules that dotted references name (others: their versions are tools)."""
+    """Digests of the code that dotted references name: etforge's modules, or a project's own (a
+    project recipe's partitioner or quantizer); other packages count by their versions (tools)."""
     out = {}
     for ref in refs:
         module = module_of(ref)
         if module.split(".")[0] == PACKAGE_NAME:
             out[module] = plan.code.of((module,))
+        elif plan.project_code is not None and plan.project_code.has(module):
+            out[module] = plan.project_code.of((module,))
     return out
 
 
@@ -62,7 +65,7 @@ FACTS = {
     },
     "coverage_gate": lambda plan, cell, host: cell.backend.min_coverage,
     "partitioner_code": lambda plan, cell, host: _named_code(
-        plan, [m.partitioner for m in cell.backend.members if m.partitioner]
+        plan, [ref for m in cell.backend.members for ref in (m.partitioner, m.lowering.get("context")) if ref]
     ),
     "size_gate": lambda plan, cell, host: cell.size_gate,
     "thresholds": lambda plan, cell, host: cell.thresholds,

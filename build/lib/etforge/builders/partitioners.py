@@ -17,21 +17,6 @@ import shutil
 import sys
 from pathlib import Path
 
-# Context managers (``module:function``) that etforge.builders.lower holds around a lowering
-# through a factory, for backends whose lowering needs fixing from etforge's side.
-LOWERING_CONTEXTS = {
-    # coreml_preprocess stamps a random uuid (and coremltools random manifest UUIDs,
-    # map order and today's date) into each program: make the bytes reproducible.
-    "etforge.builders.partitioners:coreml": "etforge.builders.coreml_reproducible:deterministic_lowering",
-}
-# Factories whose compiler names things from process-wide counters that end up in the
-# program: OpenVINO's CPU plugin exports its graph with names like "Model6" and
-# "Multiply_8526", numbered by how many models the process built before, so the bytes
-# depend on which cells a worker lowered earlier. etforge.builders.lower lowers these cells in a
-# fresh interpreter, where the counters always start from the same place.
-FRESH_PROCESS = frozenset({"etforge.builders.partitioners:openvino"})
-
-
 # --------------------------------------------------------------------------- CPU
 
 

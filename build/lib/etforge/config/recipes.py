@@ -1,14 +1,17 @@
-"""Backend and quantization recipes: YAML files under ``recipes/``.
+"""Backend and quantization recipes: YAML files under ``recipes/``, the one home of a backend's facts.
 
-The registry is the directory listing: a recipe is found by name, loaded and
-validated against ``schemas/recipe.schema.json`` only when a pipeline uses it.
-Partitioners are named by dotted path and imported inside task actions.
+The registry is a search path of directory listings (:class:`RecipePath`): a project's own
+``recipes/`` first, then etforge's, so a project adds a backend or a scheme (or replaces
+one) without editing etforge. A recipe is found by name, loaded and validated against
+``schemas/recipe.schema.json`` only when a pipeline uses it. Partitioners, quantizers and
+lowering contexts are named by dotted path and imported inside task actions.
 """
 
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from etforge.config import schema
@@ -16,7 +19,6 @@ from etforge.config.tools import check_tools
 from etforge.config.yamlfile import load_yaml
 from etforge.core.paths import RECIPE_DIR
 
-RECIPE_ROOT = RECIPE_DIR
 KIND_DIRS = {"backend": "backends", "quantization": "quantization"}
 
 
@@ -37,16 +39,67 @@ class Recipe:
         return {k: v["default"] for k, v in (self.data.get("options") or {}).items() if "default" in v}
 
 
-def available(kind: str, root: Path = RECIPE_ROOT) -> list[str]:
-    return sorted(p.stem for p in (root / KIND_DIRS[kind]).glob("*.yaml"))
+@dataclass(frozen=True)
+class RecipePath:
+    """Directories searched for recipes, in order (each holds backends/ and quantization/)."""
+
+    dirs: tuple = (RECIPE_DIR,)
+
+    @classmethod
+    def for_project(cls, root: Path) -> RecipePath:
+        """A project's own ``recipes/`` (when it has one) before etforge's."""
+        own = Path(root) / "recipes"
+        if own.is_dir() and own.resolve() != RECIPE_DIR.resolve():
+            return cls((own, RECIPE_DIR))
+        return cls()
+
+    def available(self, kind: str) -> list[str]:
+        return sorted({p.stem for d in self.dirs for p in (d / KIND_DIRS[kind]).glob("*.yaml")})
+
+    def find(self, kind: str, name: str) -> Path | None:
+        return next(
+            (
+                d / KIND_DIRS[kind] / f"{name}.yaml"
+                for d in self.dirs
+                if (d / KIND_DIRS[kind] / f"{name}.yaml").is_file()
+            ),
+            None,
+        )
+
+    def load(self, kind: str, name: str) -> Recipe | None:
+        """The recipe called ``name`` (the first on the path), or None when none exists."""
+        path = self.find(kind, name)
+        return None if path is None else _load(kind, name, path)
+
+    def unknown_message(self, kind: str, name: str) -> str:
+        names = self.available(kind)
+        close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        return f"unknown {kind} {name!r}; {hint}known: {', '.join(names)}"
+
+    def platform_order(self) -> dict:
+        """platform -> backend recipes in fallback order, from every backend recipe's ``manifest``
+        (``platforms`` it serves, ``rank`` among them: lower first; ``default`` serves any other)."""
+        ranked: dict = {}
+        for name in self.available("backend"):
+            manifest = self.load("backend", name).data.get("manifest") or {}
+            for platform in manifest.get("platforms", ()):
+                ranked.setdefault(platform, []).append((manifest.get("rank", 1000), name))
+        return {platform: [name for _, name in sorted(entries)] for platform, entries in sorted(ranked.items())}
 
 
-def load_recipe(kind: str, name: str, root: Path = RECIPE_ROOT) -> Recipe | None:
-    """The recipe called ``name``, or None when no such recipe file exists."""
-    path = root / KIND_DIRS[kind] / f"{name}.yaml"
-    if not path.is_file():
-        return None
-    doc = load_yaml(path, display_name=str(path.relative_to(root.parent)))
+DEFAULT_PATH = RecipePath()
+
+
+def _load(kind: str, name: str, path: Path) -> Recipe:
+    st = path.stat()
+    return _load_file(kind, name, path, st.st_mtime_ns, st.st_size)
+
+
+@cache
+def _load_file(kind: str, name: str, path: Path, mtime_ns: int, size: int) -> Recipe:
+    """(Once per process per version of the file: the manifests read every backend's on each run.)"""
+    doc = load_yaml(path, display_name=_shown(path))
     schema.validate(doc, "recipe.schema.json")
     if doc.data["kind"] != kind or doc.data["name"] != name:
         raise doc.error(("name",), f"recipe file {path.name} must declare kind {kind!r} and name {name!r}")
@@ -55,11 +108,22 @@ def load_recipe(kind: str, name: str, root: Path = RECIPE_ROOT) -> Recipe | None
     return Recipe(name=name, kind=kind, description=doc.data["description"], path=path, data=doc.data)
 
 
-def unknown_recipe_message(kind: str, name: str) -> str:
-    names = available(kind)
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return f"unknown {kind} {name!r}; {hint}known: {', '.join(names)}"
+def _shown(path: Path) -> str:
+    """How errors name a recipe file: recipes/<kind>/<name>.yaml (relative to its recipes/ dir's parent)."""
+    return str(path.relative_to(path.parent.parent.parent))
+
+
+def available(kind: str, path: RecipePath = DEFAULT_PATH) -> list[str]:
+    return path.available(kind)
+
+
+def load_recipe(kind: str, name: str, path: RecipePath = DEFAULT_PATH) -> Recipe | None:
+    """The recipe called ``name``, or None when no such recipe file exists."""
+    return path.load(kind, name)
+
+
+def unknown_recipe_message(kind: str, name: str, path: RecipePath = DEFAULT_PATH) -> str:
+    return path.unknown_message(kind, name)
 
 
 def check_options(recipe: Recipe, options: dict) -> list[tuple[tuple, str]]:

@@ -42,6 +42,7 @@ class _Resolver:
         self.digests = digests
         self.versions = versions
         self.imports = ImportGraph(root, digests)  # parses a project file once, memoised by content
+        self.recipes = recipes.RecipePath.for_project(root)  # the project's own recipes/ first
 
     def inside_root(self, rel: str, path: tuple) -> Path:
         full = (self.root / rel).resolve()
@@ -263,9 +264,9 @@ class _Resolver:
         return {**spec, kind: self.rel(full), "sha256": content}
 
     def member(self, recipe_name: str, options: dict, path: tuple) -> BackendMember:
-        recipe = recipes.load_recipe("backend", recipe_name)
+        recipe = self.recipes.load("backend", recipe_name)
         if recipe is None:
-            raise self.doc.error(path, recipes.unknown_recipe_message("backend", recipe_name))
+            raise self.doc.error(path, self.recipes.unknown_message("backend", recipe_name))
         for opt_path, message in recipes.check_options(recipe, options):
             raise self.doc.error(path[:2] + opt_path, message)
         runtime = recipe.data.get("runtime") or {}
@@ -281,6 +282,11 @@ class _Resolver:
             tools=self.versions.versions(stage_tools(recipe.data, "lowering")),
             runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")),
             dynamic_shapes=bool(recipe.data.get("dynamic_shapes", False)),
+            lowering=dict(recipe.data.get("lowering") or {}),
+            llm=dict(recipe.data.get("llm") or {}),
+            manifest=dict(recipe.data.get("manifest") or {}),
+            cmake_targets=dict(runtime.get("cmake_targets") or {}),
+            reproducible=recipe.data.get("reproducible"),
         )
 
     def min_coverage(self, name: str, members: list) -> float | None:
@@ -319,9 +325,9 @@ class _Resolver:
         return BackendSpec(name=name, members=tuple(members), min_coverage=self.min_coverage(name, members))
 
     def quantization(self, index: int, name: str) -> tuple[QuantSpec, dict]:
-        recipe = recipes.load_recipe("quantization", name)
+        recipe = self.recipes.load("quantization", name)
         if recipe is None:
-            raise self.doc.error(("quantization", index), recipes.unknown_recipe_message("quantization", name))
+            raise self.doc.error(("quantization", index), self.recipes.unknown_message("quantization", name))
         options = (self.data.get("quantization_options") or {}).get(name, {})
         for opt_path, message in recipes.check_options(recipe, options):
             raise self.doc.error(("quantization_options", name) + opt_path, message)
@@ -356,13 +362,13 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     m.check_scheme_options(list(quants))
     cells, rejected = m.cells(models, backends, quants, quant_thresholds)
     cells, rejected = _reject_dynamic(doc, cells, rejected)
-    cells, rejected = reject_llm_cells(cells, rejected, models, backends)
+    cells, rejected = reject_llm_cells(cells, rejected, models, backends, r.recipes)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)}
     )
     for path, message in check_manifest_options(
-        data.get("manifests"), list(backends), recipes.available("backend"), list(quants)
+        data.get("manifests"), list(backends), r.recipes.available("backend"), list(quants)
     ):
         raise doc.error(("manifests",) + path, message)
     if own_digests:
@@ -373,6 +379,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     return Plan(
         file=pipeline_file,
         display=doc.file,
+        recipe_path=r.recipes,
         section_lines={dim: doc.line_of((section,)) for dim, section in SECTIONS.items()},
         root=root,
         name=data["name"],
@@ -391,6 +398,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         seed=(data.get("validation") or {}).get("seed", defaults.SEED),
         toolchain=toolchain_versions(versions.distribution),
         code=CodeDigests(digests),
+        project_code=CodeDigests(digests, root=root, package=None),
         manifests=data.get("manifests") or {},
         expected_failures=expected_failures,
         artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False),

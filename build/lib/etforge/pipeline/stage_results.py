@@ -73,13 +73,12 @@ class StageResult:
         return cls(**{k: tuple(v) if hints.get(k) is tuple and isinstance(v, list) else v for k, v in values.items()})
 
     def to_json(self) -> dict:
-        """Every field that has a value (None and empty containers left out), tuples as lists."""
+        """Every field that has a value (None left out), tuples as lists."""
         out = {}
         for f in fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
-            if value is None or (isinstance(value, dict | tuple) and not value):
-                continue
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+            if value is not None:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
 

@@ -238,7 +238,8 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             )
         else:
             facts["metrics"] = {k: getattr(verdict, k) for k in METRICS if getattr(verdict, k) is not None}
-            facts["exact"] = "sqnr_db" not in _info(validate) and verdict.max_abs_error == 0
+            # identical to eager: no SQNR (infinite), no error; a NaN SQNR is a number in the record
+            facts["exact"] = _info(validate).get("sqnr_db") is None and verdict.max_abs_error == 0
     bench = by_kind.get("benchmark")
     benchmark = BenchmarkResult.from_json(_info(bench))
     if _status(bench) == TaskStatus.OK and benchmark.judges(sha256):

@@ -59,16 +59,6 @@ from etforge.publish import outcome
 from etforge.publish.manifests.naming import data_file_name
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
-# Backend recipes whose .pte bytes were measured identical across two clean builds in
-# separate processes (sequential and `-n 2`), for fp32 and every scheme the default
-# pipeline gives them. Core ML needs tasks/coreml_reproducible.py, OpenVINO a fresh
-# interpreter per lowering (etforge.builders.partitioners.FRESH_PROCESS).
-REPRODUCIBLE_RECIPES = frozenset(
-    {"xnnpack", "portable", "coreml", "vulkan", "openvino", "arm_tosa", "arm_vgf", "ethos_u55", "ethos_u85"}
-)
-# Recipes whose lowering is still not byte-reproducible, each with the reason. Empty:
-# every recipe that lowers here is reproducible.
-NONDETERMINISTIC_RECIPES: dict = {}
 NOT_MEASURED = "not measured: this backend does not lower where etforge is tested"
 
 
@@ -160,18 +150,19 @@ def _shown(plan, path: Path) -> str:
         return str(path)
 
 
-def byte_reproducible(recipe: str) -> dict:
-    """Whether two clean builds give this backend's programs byte for byte (None: unknown), and why not."""
-    if recipe in NONDETERMINISTIC_RECIPES:
-        return {"reproducible": False, "reason": NONDETERMINISTIC_RECIPES[recipe]}
-    if recipe in REPRODUCIBLE_RECIPES:
+def byte_reproducible(member) -> dict:
+    """Whether two clean builds give this backend's programs byte for byte (None: unknown), and why not:
+    what its recipe measured (``reproducible``)."""
+    if member.reproducible is True:
         return {"reproducible": True}
+    if isinstance(member.reproducible, str):
+        return {"reproducible": False, "reason": member.reproducible}
     return {"reproducible": None, "reason": NOT_MEASURED}
 
 
 def provenance(plan, shipped: list, failures: list, not_shipped: list, files: dict) -> dict:
     by_name = {c.name: c for c in plan.cells}
-    recipes = sorted({m.recipe for o in shipped for m in by_name[o.cell].backend.members})
+    members = {m.recipe: m for o in shipped for m in by_name[o.cell].backend.members}
     return {
         "format": "etforge-provenance/2",
         "release": release_name(plan),
@@ -194,7 +185,7 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
         ],
         "failures": failures,
         "not_shipped": not_shipped,
-        "byte_reproducible": {r: byte_reproducible(r) for r in recipes},
+        "byte_reproducible": {r: byte_reproducible(members[r]) for r in sorted(members)},
         "not_in_archive": {"benchmarks": "host timings differ run to run; see the .bench.json beside the archive"},
     }
 

@@ -1,10 +1,10 @@
 """Generated manifests: Dart (Flutter), a pubspec assets snippet, CMake and a JSON model index.
 
-    doit manifest    writes artifacts/<pipeline>/manifests/{models.g.dart, pubspec_assets.yaml,
-                     models.cmake, index.json}
+    etforge manifest    writes artifacts/<pipeline>/manifests/{models.g.dart, pubspec_assets.yaml,
+                        models.cmake, index.json, etforge_models.h}
 
 One list of variants feeds every manifest: the plan's cells whose outcome ships
-(tasks/outcome.py: ok, provisional or on-device), with the outcome's evidence
+(tasks/publish/outcome.py: ok, provisional or on-device), with the outcome's evidence
 (size, sha256, delegates and input dtypes from the export's current record,
 output shapes from the capture's) and its verdict: validated here (status ok or
 provisional, the SQNR and the data it was measured on) or to be checked on the
@@ -22,7 +22,8 @@ depends on have run. Rendering is tasks/publish/manifests/render.py.
 
 Options come from an optional ``manifests:`` section of pipeline.yaml
 (``plan.manifests``, checked by tasks/config/manifest_options.py) over
-tasks/config/defaults.py::
+tasks/config/defaults.py and, for the platforms' fallback orders, the backend recipes'
+``manifest`` (``platforms``, ``rank``)::
 
     manifests:
       assets_dir: assets/models          # Flutter asset folder the .pte files are copied to
@@ -41,7 +42,7 @@ from __future__ import annotations
 
 import re
 
-from etforge.config import defaults, recipes
+from etforge.config import defaults
 from etforge.config.manifest_options import check_options
 from etforge.config.model import Plan
 from etforge.core.text import one_line
@@ -60,56 +61,25 @@ from etforge.publish.manifests.naming import (
 )
 from etforge.publish.manifests.program_check import check_program
 
-# Delegate id (as recorded in a program) -> (target of an ExecuTorch source build,
-# target of the pip wheel's find_package(executorch) package, or None when no wheel ships it).
-DELEGATE_TARGETS = {
-    "XnnpackBackend": ("xnnpack_backend", "executorch::backend_xnnpack"),
-    "CoreMLBackend": ("coremldelegate", "executorch::backend_coreml"),
-    "VulkanBackend": ("vulkan_backend", None),
-    "QnnBackend": ("qnn_executorch_backend", "executorch::backend_qnn"),
-    "MPSBackend": ("mpsdelegate", None),
-    "OpenvinoBackend": ("openvino_backend", "executorch::backend_openvino"),
-    "VgfBackend": ("vgf_backend", None),
-    "EthosUBackend": ("executorch_delegate_ethos_u", None),
-    "MLXBackend": (None, "executorch::backend_mlx"),
-    "CudaBackend": (None, "executorch::backend_cuda"),
-}
-
-# Short descriptions for index.json's backendDescription (the store's wording where it has one).
-BACKEND_DESCRIPTIONS = {
-    "xnnpack": "CPU-optimized (XNNPACK)",
-    "coreml": "Apple Neural Engine (CoreML)",
-    "mps": "Apple GPU (Metal Performance Shaders)",
-    "vulkan": "GPU-accelerated (Vulkan)",
-    "portable": "Portable CPU kernels (no delegate)",
-    "qnn": "Qualcomm NPU (QNN)",
-    "openvino": "Intel CPU/GPU/NPU (OpenVINO)",
-    "metal": "Apple GPU (Metal)",
-    "mlx": "Apple silicon (MLX)",
-    "cuda": "NVIDIA GPU (CUDA)",
-    "arm_tosa": "Arm TOSA",
-    "arm_vgf": "Arm ML extensions for Vulkan (VGF)",
-    "ethos_u55": "Arm Ethos-U55 NPU",
-    "ethos_u85": "Arm Ethos-U85 NPU",
-    "mediatek": "MediaTek NPU (NeuroPilot)",
-    "nxp_neutron": "NXP eIQ Neutron NPU",
-    "samsung_exynos": "Samsung Exynos NPU (ENN)",
-    "cadence": "Cadence Xtensa DSP",
-}
-
 
 class ManifestError(Exception):
     """A manifest cannot be written (bad option, two variants with one file name)."""
 
 
+def _targets(cell, delegate: str) -> dict:
+    """{source, wheel}: the CMake targets an app links for ``delegate`` (its backend recipe's runtime)."""
+    return next((m.cmake_targets for m in cell.backend.members if delegate in m.delegates), {})
+
+
 def options_for(plan: Plan) -> dict:
     """The resolved ``manifests:`` options: defaults (tasks/config/defaults.py), then the pipeline's section."""
     raw = plan.manifests
-    problems = check_options(raw, list(plan.backends), recipes.available("backend"), list(plan.quantizations))
+    problems = check_options(raw, list(plan.backends), plan.recipe_path.available("backend"), list(plan.quantizations))
     if problems:
         path, message = problems[0]
         raise ManifestError(f"manifests.{'.'.join(str(p) for p in path)}: {message}".replace(".:", ":"))
-    platforms = {**defaults.PLATFORM_ORDER, **(raw.get("platforms") or {})}
+    # every backend recipe's place in each platform's order (its manifest: platforms, rank), then the pipeline's
+    platforms = {**plan.recipe_path.platform_order(), **(raw.get("platforms") or {})}
     return {
         **defaults.MANIFEST_OPTIONS,
         **{k: raw[k] for k in defaults.MANIFEST_OPTIONS if k in raw},
@@ -212,7 +182,7 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         io = cell_interface(cell, ev)  # the one description every manifest shows (interface.py)
         delegates = list(ev.delegates)
         file_name = f"{cell.stem}.pte"
-        description = BACKEND_DESCRIPTIONS.get(cell.backend.primary.recipe, cell.backend.name)
+        description = cell.backend.primary.description
         if len(cell.backend.members) > 1:
             description += " with fallback to " + ", ".join(m.recipe for m in cell.backend.members[1:])
         variants.append(
@@ -231,12 +201,8 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
                 "sha256": ev.sha256,  # the export record's: the release packs only a file with this hash
                 "size": int(ev.size_bytes),
                 "delegates": delegates,
-                "backend_targets": [
-                    DELEGATE_TARGETS[d][0] for d in delegates if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][0]
-                ],
-                "package_targets": [
-                    DELEGATE_TARGETS[d][1] for d in delegates if d in DELEGATE_TARGETS and DELEGATE_TARGETS[d][1]
-                ],
+                "backend_targets": [t for d in delegates if (t := _targets(cell, d).get("source"))],
+                "package_targets": [t for d in delegates if (t := _targets(cell, d).get("wheel"))],
                 "executorch_version": ev.executorch_version or plan.toolchain.get("executorch") or "",
                 "inputs": io["inputs"],  # the first method's: name, shape, dtype[, range][, dynamic]
                 "outputs": io["outputs"],  # named by pytree path (tasks/config/io_spec.py)
@@ -292,6 +258,7 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
             }
         )
     delegates = sorted({d for v in variants for d in v["delegates"]})
+    targets = {d: _targets(cell, d) for cell, _ in built for d in cell.backend.delegates}
     for d in delegates:
         if not re.match(r"^[A-Za-z][A-Za-z0-9_]*$", d):
             raise ManifestError(f"delegate id {d!r} cannot name a CMake variable")
@@ -306,12 +273,14 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         "data_files": data_files,
         "models": models,
         "excluded": excluded,
-        "delegate_targets": {d: [t for t in DELEGATE_TARGETS.get(d, (None, None))[::-1] if t] for d in delegates},
+        "delegate_targets": {
+            d: [t for t in (targets.get(d, {}).get(k) for k in ("wheel", "source")) if t] for d in delegates
+        },
         # The C++ runner's header, in the desktop Linux fallback order of the Dart manifest.
         "cpp_header": cpp_header.header_context(
             plan,
             cells,
-            order=tuple(options["platforms"].get("linux", defaults.PLATFORM_ORDER["linux"])),
+            order=tuple(options["platforms"].get("linux", ())),
             outcomes=results,
         ),
     }

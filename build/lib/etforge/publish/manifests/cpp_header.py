@@ -29,7 +29,6 @@ import math
 import sys
 from pathlib import Path
 
-from etforge.config import defaults
 from etforge.core.atomic import atomic_write_text
 from etforge.core.text import one_line
 from etforge.pipeline.layout import layout_of
@@ -42,7 +41,8 @@ from etforge.publish.manifests.naming import data_file_name, fallback_order
 TEMPLATE = "etforge_models.h.j2"
 HEADER_NAME = "etforge_models.h"
 FORMAT_VERSION = 1
-DEFAULT_ORDER = defaults.CPP_HEADER_ORDER
+# Without an order: the desktop Linux fallback order of the recipes (their manifest: platforms, rank).
+DEFAULT_ORDER = None
 LAYOUTS = ("tree", "flat")  # tree: <model>/<stem>.pte as under artifacts/<pipeline>/; flat: <stem>.pte
 
 
@@ -95,6 +95,8 @@ def header_context(
     """
     if layout not in LAYOUTS:
         raise HeaderError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    if order is None:
+        order = plan.recipe_path.platform_order().get("linux", ())
     order = _check_order(plan, order)
     cells = plan.cells if cells is None else tuple(cells)
     variants, excluded = [], []
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument("pipeline", nargs="?", default="pipeline.yaml")
     parser.add_argument("-o", "--output", help=f"write here (default: artifacts/<pipeline>/manifests/{HEADER_NAME})")
-    parser.add_argument("--order", default=",".join(DEFAULT_ORDER), help="fallback order, comma-separated")
+    parser.add_argument("--order", default=None, help="fallback order, comma-separated (default: Linux's)")
     parser.add_argument("--layout", choices=LAYOUTS, default="tree")
     parser.add_argument("--listed-only", action="store_true", help="leave out variants the order does not name")
     args = parser.parse_args(argv)
@@ -233,7 +235,7 @@ def main(argv=None) -> int:
         write_header(
             plan,
             out,
-            order=[e.strip() for e in args.order.split(",") if e.strip()],
+            order=[e.strip() for e in args.order.split(",") if e.strip()] if args.order else None,
             layout=args.layout,
             append_unlisted=not args.listed_only,
             host=host_fingerprint(),

@@ -35,7 +35,7 @@ def llm_rows(rows: list, bench: dict) -> list:
     """``[{"cell", "figures": [text per COLUMNS], "title"}]`` for the report rows benchmarked as LLMs."""
     out = []
     for row in rows:
-        info = bench.get(row["cell"])
+        info = (bench.get(row["cell"]) or {}).get("llm")
         if not isinstance(info, dict) or "decode_tok_s" not in info:
             continue
         out.append(
