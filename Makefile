@@ -4,14 +4,14 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-all setup clean
+.PHONY: run test test-all lint setup clean
 
 # Build and validate every cell of the default pipeline.yaml on two workers, then
 # benchmark (alone, so timings are not skewed by parallel exports), write the
 # manifests and the report. The second doit re-runs failures and sets the exit code.
 run: $(STAMP)
-	$(BIN)/doit -n 2 -P process export sizegate validate || true
-	$(BIN)/doit
+	$(BIN)/etforge -n 2 -P process export sizegate validate || true
+	$(BIN)/etforge
 
 # Run the test suite on three workers (each test file stays on one worker, so its shared
 # fixtures are built once; a third worker fills the cores while the others wait on their
@@ -27,15 +27,23 @@ test-all: $(STAMP)
 	./.ci/install-chromium.sh
 	ETFORGE_FAULT_CASES=12 $(BIN)/python -m pytest -q -n 3 --dist loadfile tests
 
+# ruff (lint and format) and mypy on the package: what CI checks before the tests.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
 setup: $(STAMP)
 
 # requirements-nodeps.txt: OpenVINO/Arm backend packages whose metadata pins an
 # older numpy/jsonschema/flatbuffers than the toolchain; installed second, without
 # their dependencies (which requirements.txt pins), so they cannot move torch or numpy.
-$(STAMP): requirements.txt requirements-nodeps.txt
+# etforge itself is installed editable, without dependencies (requirements.txt pins them all).
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -r requirements-nodeps.txt
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
 clean:

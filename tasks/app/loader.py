@@ -175,6 +175,8 @@ def _project_dodo(root: Path, name: str | None) -> dict | None:
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("dodo", path)
+    if spec is None or spec.loader is None:
+        return None
     module = importlib.util.module_from_spec(spec)
     cwd = os.getcwd()
     try:

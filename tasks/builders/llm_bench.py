@@ -109,7 +109,7 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
     gc.disable()
     try:
         first = _generate(method, prompt, steps, dynamic, samples)
-        runs = []
+        runs: list = []
         deadline = time.perf_counter_ns() + int(opts["max_seconds"] * 1e9) if opts["max_seconds"] else None
         while len(runs) < opts["iterations"]:
             runs.append(_generate(method, prompt, steps, dynamic, samples))

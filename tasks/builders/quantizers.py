@@ -178,7 +178,7 @@ def openvino_int8(options: dict):
     return OpenVINOQuantizer(mode=QuantizationMode(options.get("mode", "int8_sym")))
 
 
-openvino_int8.fold_quantize = False
+setattr(openvino_int8, "fold_quantize", False)  # noqa: B010 (a flag on the factory)
 
 
 # --------------------------------------------------------------------------- torchao
@@ -265,4 +265,4 @@ def quantizes_embeddings(transform) -> bool:
 
 # Modules that register the custom ops a factory's quantized graph contains: loading that
 # graph in another process (the export task, often another worker) must import them first.
-coreml_palettize.op_libraries = ("torchao.prototype.quantization.codebook_coreml",)
+setattr(coreml_palettize, "op_libraries", ("torchao.prototype.quantization.codebook_coreml",))  # noqa: B010

@@ -26,6 +26,7 @@ Without ``validation`` data in pipeline.yaml, N = 1 and the sample is seeded ran
 
 from __future__ import annotations
 
+import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -102,17 +103,17 @@ def reference_methods(path: Path) -> list:
         return [str(m) for m in data["methods"]] if "methods" in data.files else ["forward"]
 
 
-def load_reference_samples(path: Path, method: str | None = None) -> Reference:
+def load_reference_samples(path: Path | io.BytesIO, method: str | None = None) -> Reference:
     """Every sample of a reference.npz (format 1 files load as one sample); ``method``: whose samples,
     for a multi-method model (default its first)."""
-    import io
-
     import numpy as np
 
     with np.load(path) as data:
         if "methods" in data.files:
             name = method or str(data["methods"][0])
             return load_reference_samples(io.BytesIO(data[f"method_{name}"].tobytes()))
+        inputs: list
+        outputs: list
         if "ragged" in data.files:
             count = int(data["samples"])
             inputs = [[data[f"s{n}_{k}"] for n in range(count)] for k in _numbered(_unprefixed(data.files), "input_")]

@@ -205,6 +205,7 @@ class RemoteStore:
         return raw, manifest
 
     def _signature(self, raw: bytes) -> bytes:
+        assert self.secret is not None  # (only called with a secret set)
         return hmac.new(self.secret, raw, hashlib.sha256).hexdigest().encode("ascii")
 
     def _signature_problem(self, entry, raw: bytes) -> str | None:

@@ -180,7 +180,7 @@ class Store:
         """
         staging = self.new_workdir()
         try:
-            manifest = {"key": key, "files": {}, "info": info}
+            manifest: dict = {"key": key, "files": {}, "info": info}
             for name, src in sorted(files.items()):
                 dst = staging / name
                 shutil.copyfile(src, dst)

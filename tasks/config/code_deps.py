@@ -50,7 +50,7 @@ def import_records(source: bytes) -> list:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return []
-    records = []
+    records: list = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             records += [[0, alias.name, None] for alias in node.names]
@@ -120,7 +120,7 @@ class ImportGraph:
 
     def _resolve_all(self, file: Path) -> set:
         name = module_name(file, self.root, self.package)
-        package = name if file.name == "__init__.py" else (name or "").rpartition(".")[0]
+        package = (name or "") if file.name == "__init__.py" else (name or "").rpartition(".")[0]
         found: set = set()
         for level, module, names in self._records(file):
             if names is None:  # import a.b.c
@@ -220,7 +220,7 @@ class CodeDigests:
 
     def files(self, modules: Iterable[str]) -> list:
         """The files (relative, sorted) that importing ``modules`` runs; a module not found is an error."""
-        entries = []
+        entries: list = []
         for module in modules:
             found = self._graph.files_of(module)
             if not found:

@@ -50,7 +50,8 @@ class DigestCache:
             data = {}
         if isinstance(data.get("files"), dict):
             self.entries = data["files"]
-            self.derived_entries = data.get("derived") if isinstance(data.get("derived"), dict) else {}
+            derived = data.get("derived")
+            self.derived_entries = derived if isinstance(derived, dict) else {}
         else:  # the first format: the file table alone
             self.entries = data
 

@@ -40,7 +40,7 @@ def _parse(path: Path) -> ast.Module | None:
 def config_class_names() -> dict | None:
     """model_type -> config class name (transformers' CONFIG_MAPPING_NAMES), or None."""
     root = _package_dir()
-    tree = root and _parse(root / "models" / "auto" / "auto_mappings.py")
+    tree = _parse(root / "models" / "auto" / "auto_mappings.py") if root else None
     if tree is None:
         return None
     for node in ast.walk(tree):
@@ -71,8 +71,8 @@ def _imported_from(tree: ast.Module, name: str, path: Path) -> Path | None:
 
 def _class_keys(path: Path, name: str, depth: int = 0) -> set | None:
     tree = _parse(path)
-    cls = tree and _find_class(tree, name)
-    if cls is None or depth > 8:
+    cls = _find_class(tree, name) if tree is not None else None
+    if tree is None or cls is None or depth > 8:
         return None
     keys: set = set()
     for stmt in cls.body:
@@ -91,7 +91,7 @@ def _class_keys(path: Path, name: str, depth: int = 0) -> set | None:
         if base_name in ("object", "PushToHubMixin") or base_name.endswith("Mixin"):
             continue
         where = path if _find_class(tree, base_name) else _imported_from(tree, base_name, path)
-        inherited = where and _class_keys(where, base_name, depth + 1)
+        inherited = _class_keys(where, base_name, depth + 1) if where else None
         if inherited is None:
             return None
         keys |= inherited

@@ -21,7 +21,7 @@ def check_options(raw, backends, recipes, quantizations) -> list:
         return []
     if not isinstance(raw, dict):
         return [((), f"expected a mapping, got {_kind(raw)}")]
-    problems = []
+    problems: list = []
     allowed = {"assets_dir", "base_url", "install_dir", "platforms", "models"}
     for key in sorted(set(raw) - allowed):
         problems.append(((key,), f"unknown key; expected one of {', '.join(sorted(allowed))}"))
@@ -63,7 +63,7 @@ def _check_platforms(platforms, path, backends, recipes, quantizations) -> list:
         return []
     if not isinstance(platforms, dict):
         return [(path, f"expected a mapping of platform -> list of backends, got {_kind(platforms)}")]
-    problems = []
+    problems: list = []
     known = set(backends) | set(recipes)
     for platform, order in platforms.items():
         if not isinstance(platform, str) or not PLATFORM_NAME.match(platform):

@@ -82,7 +82,8 @@ class RecipePath:
         (``platforms`` it serves, ``rank`` among them: lower first; ``default`` serves any other)."""
         ranked: dict = {}
         for name in self.available("backend"):
-            manifest = self.load("backend", name).data.get("manifest") or {}
+            recipe = self.load("backend", name)
+            manifest = (recipe.data.get("manifest") if recipe else None) or {}
             for platform in manifest.get("platforms", ()):
                 ranked.setdefault(platform, []).append((manifest.get("rank", 1000), name))
         return {platform: [name for _, name in sorted(entries)] for platform, entries in sorted(ranked.items())}

@@ -117,7 +117,7 @@ class _Resolver:
                     path + ("methods",),
                     "a text-generation model's methods are implied (forward with a static KV cache); drop 'methods'",
                 )
-            methods = (("forward", tuple(implied_inputs)),)
+            methods: tuple = (("forward", tuple(implied_inputs)),)
         elif "methods" in spec:
             methods = tuple(
                 (m, self.inputs(body["inputs"], path + ("methods", m, "inputs"), dim_ranges))
@@ -371,7 +371,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         data.get("manifests"), list(backends), r.recipes.available("backend"), list(quants)
     ):
         raise doc.error(("manifests",) + path, message)
-    if own_digests:
+    if own_digests and digests is not None:
         digests.save()
     cache_remote, cache_read_only = cache_settings(data.get("cache"), root)
     benchmark = dict(data.get("benchmark") or {})

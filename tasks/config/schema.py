@@ -71,7 +71,7 @@ def _expected(error: jsonschema.ValidationError) -> str:
         return error.schema["x-expected"]
     if v == "type":
         kinds = arg if isinstance(arg, list) else [arg]
-        return " or ".join(_TYPE_NAMES.get(k, k) for k in kinds)
+        return " or ".join(_TYPE_NAMES.get(k, str(k)) for k in kinds)
     if v == "enum":
         return "one of " + ", ".join(str(x) for x in arg)
     if v == "const":

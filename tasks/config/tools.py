@@ -85,7 +85,7 @@ class ToolVersions:
 
     def versions(self, tools: ToolSet) -> dict:
         """{distribution: version, "$ENV": SDK fingerprint} for a ToolSet; {} when it names nothing."""
-        out = {name: self.distribution(name) for name in tools.python}
+        out: dict = {name: self.distribution(name) for name in tools.python}
         out.update({f"${s.env}": self.sdk(s) for s in tools.sdks})
         return out
 
@@ -128,8 +128,8 @@ def listing_digest(root: Path) -> str:
 def check_tools(recipe_data: dict) -> list[tuple[tuple, str]]:
     """Mistakes in a recipe's ``tools:`` the schema cannot see, as (key path, message) pairs."""
     tools = recipe_data.get("tools") or {}
-    kind = recipe_data.get("kind")
-    problems = [
+    kind = str(recipe_data.get("kind"))
+    problems: list = [
         (("tools", stage), f"a {kind} recipe declares tools for {', '.join(STAGES[kind])}, not {stage!r}")
         for stage in tools
         if stage not in STAGES.get(kind, ())

@@ -183,9 +183,12 @@ def _walk_events(text: str, stop_index: int | None = None) -> tuple[KeyPath, int
 
     try:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
-            if stop_index is not None and event.start_mark.index >= stop_index:
+            mark = event.start_mark
+            if mark is None:
+                continue
+            if stop_index is not None and mark.index >= stop_index:
                 break
-            line = event.start_mark.line + 1
+            line = mark.line + 1
             if isinstance(event, yaml.CollectionEndEvent):
                 stack.pop()
                 if stack:
@@ -238,8 +241,8 @@ def load_yaml(path: Path, display_name: str | None = None) -> LoadedYaml:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise PipelineError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x})", file=name, line=line) from None
+        bad_line = raw[: exc.start].count(b"\n") + 1
+        raise PipelineError(f"not UTF-8 text (byte 0x{raw[exc.start]:02x})", file=name, line=bad_line) from None
     where, line, too_deep = _walk_events(text)
     if too_deep:  # name the top-level key: the full path would be 32 levels of [0][0]...
         raise PipelineError(

@@ -83,6 +83,7 @@ def set_aside_if_unreadable(path: Path) -> str | None:
     """
     if not os.path.lexists(path):
         return None
+    problem: str | None
     if path.is_dir() or not path.is_file():
         problem = "not a file"
     else:

@@ -8,6 +8,7 @@ and log, and the task goes on; the same run heals the store.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 
@@ -68,7 +69,7 @@ def upstream_entries(plan, stage, subject, store: Store, host, rebuild: Rebuild)
     entries = {}
     for relation, up, up_subject in upstream_of(plan, stage, subject):
         spec = spec_of(plan, up, up_subject, host)
-        entries[relation] = stored(store, spec, lambda up=up, s=up_subject: rebuild(up, s))
+        entries[relation] = stored(store, spec, functools.partial(rebuild, up, up_subject))
     return entries
 
 

@@ -12,8 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from typing import TypeVar
 
 from etforge.pipeline.stage_results import StageResult
+
+R = TypeVar("R", bound=StageResult)
 
 
 class TaskStatus(StrEnum):
@@ -82,7 +85,7 @@ class Entry:
     files: dict  # blob name -> path in the store
     info: dict  # its result's JSON form (read it with the stage's result class)
 
-    def result(self, kind: type):
+    def result(self, kind: type[R]) -> R:
         """The entry's result as ``kind`` (a StageResult class)."""
         return kind.from_json(self.info)
 

@@ -28,8 +28,13 @@ from functools import cache
 
 
 @cache
-def _hints(cls) -> dict:
+def _type_hints(cls: typing.Any) -> dict:
     return typing.get_type_hints(cls)
+
+
+def _hints(cls: type) -> dict:
+    """The field types of a result class (memoised: every record read asks)."""
+    return _type_hints(typing.cast(typing.Any, cls))
 
 
 def _coerce(kind, value):

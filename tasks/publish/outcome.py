@@ -233,7 +233,7 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             facts.update(
                 samples=verdict.test_cases,
                 bundle=layout.bundled_path(cell),
-                bundle_sha256=((validate.get("outputs") or {}).get("program.bpte") or {}).get("sha256"),
+                bundle_sha256=(((validate or {}).get("outputs") or {}).get("program.bpte") or {}).get("sha256"),
                 tolerances={k: getattr(verdict, k) for k in TOLERANCES if getattr(verdict, k) not in (None, ())},
             )
         else:
@@ -386,7 +386,7 @@ def verdict(o: CellOutcome) -> dict:
     validated here (the SQNR and other metrics, and the data they were measured on), or to be
     checked on the device (its .bpte and the tolerances). JSON-ready, deterministic."""
     ev = o.evidence
-    out = {"status": o.status, "inputs": ev.validated_on, "samples": ev.samples}
+    out: dict = {"status": o.status, "inputs": ev.validated_on, "samples": ev.samples}
     if o.status == "on-device" or ev.bundle is not None:
         out.update(
             checked="on device",
@@ -405,12 +405,13 @@ def verdict(o: CellOutcome) -> dict:
 def listing_reason(o: CellOutcome, layout: ArtifactLayout) -> str:
     """One line on why a cell is not shipped, the same on every identical run: a failure names
     the task and its log (as ``layout`` shows it), not the error text, which may name temp paths."""
-    if o.status == "failed" or (o.status == "expected-failure" and o.task):
+    entry = o.expected
+    if o.status == CellState.FAILED or (o.status == CellState.EXPECTED_FAILURE and o.task and entry):
         log = layout.shown(o.log) if o.log else None
         failure = f"{o.task} failed" + (f", log: {log}" if log else "")
-        if o.status == "failed":
+        if o.status == CellState.FAILED or entry is None:
             return failure
-        return f"expected to fail: {o.expected.reason} ({o.expected.link}); {failure}"
-    if o.status == "unexpectedly-passing":
-        return f"passes, but {o.expected.where} declares it an expected failure; remove that entry"
+        return f"expected to fail: {entry.reason} ({entry.link}); {failure}"
+    if o.status == CellState.UNEXPECTEDLY_PASSING and entry is not None:
+        return f"passes, but {entry.where} declares it an expected failure; remove that entry"
     return o.reason

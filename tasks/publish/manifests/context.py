@@ -91,7 +91,7 @@ def options_for(plan: Plan) -> dict:
 def _input_size(model, config: dict):
     if "input_size" in config:
         return config["input_size"]
-    shape = model.inputs[0].shape if model.inputs else ()
+    shape: tuple = model.inputs[0].shape if model.inputs else ()
     if len(shape) == 4 and shape[-1] == shape[-2]:
         return shape[-1]  # NCHW image with square sides, as the store's inputSize
     return None

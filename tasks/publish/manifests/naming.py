@@ -32,7 +32,9 @@ def dart_identifier(name: str) -> str:
     parts = [p for p in re.split(r"[^A-Za-z0-9]+", name) if p]
     if not parts:
         return "unnamed"
-    lead = re.match(r"[A-Z]*", parts[0]).end()  # YOLO11n -> yolo11n, MobileNet -> mobileNet
+    lead = len(parts[0]) - len(
+        parts[0].lstrip("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    )  # YOLO11n -> yolo11n, MobileNet -> mobileNet
     words = [parts[0][:lead].lower() + parts[0][lead:]] + [p[0].upper() + p[1:] for p in parts[1:]]
     ident = "".join(words)
     if ident[0].isdigit():

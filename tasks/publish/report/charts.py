@@ -59,7 +59,7 @@ def bar_chart(title: str, rows: list, metric: str, backends: list, schemes: list
     plot_w, plot_h = width - left - right, height - top - bottom
     values = {r["cell"]: (r["size_bytes"] if metric == "size" else r["p50_ms"]) for r in rows}
     present = [v for v in values.values() if v is not None]
-    chart = {
+    chart: dict = {
         "title": title,
         "metric": metric,
         "width": width,
@@ -153,7 +153,7 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
     plot_w, plot_h = width - left - right, height - top - bottom
     candidates = [r for r in rows if r["quantized"] and r["status"] != "rejected"]
     points = [r for r in candidates if r["sqnr_db"] is not None and r["size_bytes"] is not None]
-    chart = {
+    chart: dict = {
         "width": width,
         "height": height,
         "plot": {"x": left, "y": top, "w": plot_w, "h": plot_h},

@@ -109,7 +109,8 @@ BENCH_DETAILS = (
 def _bench_title(result: dict) -> str:
     if not isinstance(result, dict):
         return ""
-    nested = result.get("latency_ms") if isinstance(result.get("latency_ms"), dict) else {}
+    nested = result.get("latency_ms")
+    nested = nested if isinstance(nested, dict) else {}
     parts = []
     for label, keys in BENCH_DETAILS:
         value = next((_num(result.get(k)) for k in keys if _num(result.get(k)) is not None), None)
@@ -153,7 +154,8 @@ def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict)
                 ],
             )
         )
-    timing = bench.get(cell.name) if isinstance(bench.get(cell.name), dict) else {}
+    timing = bench.get(cell.name)
+    timing = timing if isinstance(timing, dict) else {}
     p50 = baseline.p50_of(timing)
     return {
         "cell": cell.name,
@@ -271,7 +273,7 @@ def build_context(
         )
         models.append({"name": model, "rows": model_rows, "charts": charts})
 
-    counts = {}
+    counts: dict = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
     status_counts = [{"status": s, "n": counts[s]} for s in STATUS_ORDER if s in counts]
