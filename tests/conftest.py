@@ -257,7 +257,7 @@ def make_bucket(endpoint: str, bucket: str) -> None:
         pass
 
 
-# ---------------------------------------------------------------- faults (test_faults, test_random_faults)
+# ---------------------------------------------------------------- faults (test_faults_recover, test_random_faults_heal)
 
 
 def start_doit(project, *args):

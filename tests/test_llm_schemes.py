@@ -3,7 +3,7 @@ export, gated against fp32 eager and against the fp16 eager model), a Core ML fp
 capture without llama:: ops, lowered with the LLM's Core ML settings, ending in a .bpte), the
 combinations that cannot work (refused at plan time with their reason) and the same-scheme gate.
 
-One project, built once for the module: the tiny untied Llama of tests/test_llm_export.py with
+One project, built once for the module: the tiny untied Llama of tests/test_llm_export_and_decode.py with
 static shapes (Core ML takes no dynamic sequence length), 4-token prompt, 4 decode steps.
 """
 
