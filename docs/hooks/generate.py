@@ -85,10 +85,15 @@ def code_defaults() -> dict:
     out = {
         "validation.seed": d.SEED,
         "benchmark.regression_pct": d.REGRESSION_PCT,
-        "manifests.platforms": d.PLATFORM_ORDER,
         "models.<model>.inputs[].dtype": d.INPUT_DTYPE,
         "models.<model>.calibration.samples": d.SAMPLES,
     }
+    platforms = getattr(d, "PLATFORM_ORDER", None)
+    recipe_path = getattr(etforge_module("config.recipes"), "DEFAULT_PATH", None)
+    if platforms is None and hasattr(recipe_path, "platform_order"):  # the order the backend recipes declare
+        platforms = recipe_path.platform_order()
+    if platforms:
+        out["manifests.platforms"] = platforms
     out.update({f"benchmark.{k}": d.BENCHMARK[k] for k in ("warmup", "iterations", "threads", "max_seconds")})
     out.update({f"manifests.{k}": v for k, v in d.MANIFEST_OPTIONS.items()})
     out.update({f"models.<model>.transformers.llm.{k}": v for k, v in llm.items()})
@@ -442,10 +447,12 @@ def llm_section(backends) -> str:
             continue
         extra = b.data.get("llm") or {}
         ops = extra.get("custom_ops")
-        refused = "; ".join(f"{code(q)}: {cell(why)}" for q, why in sorted(rejected.items())) or "-"
-        rows.append(
-            f"| `{b.name}` | {', '.join(code(s) for s in schemes)} | {cell(ops) if ops else '-'} | {refused} |\n"
-        )
+        ops_text = {True: "`llama::` SDPA and KV cache", False: "none"}.get(ops, cell(ops) if ops else "-")
+        refusals = sorted(rejected.items())
+        if extra.get("static_shapes"):
+            refusals.append(("dynamic_shapes", extra["static_shapes"]))
+        refused = "; ".join(f"{code(q)}: {cell(why)}" for q, why in refusals) or "-"
+        rows.append(f"| `{b.name}` | {', '.join(code(s) for s in schemes)} | {ops_text} | {refused} |\n")
     if not rows:
         return ""
     return (
@@ -470,6 +477,9 @@ def backend_section(b, schemes) -> str:
         facts.append(f"**When it is missing:** {prose(hint)}")
     facts.append(f"**Runs here:** {'yes' if runtime.get('host_runnable') else 'no: cells end `on-device`'}")
     facts.append("**Delegates:** " + (", ".join(code(d) for d in runtime.get("delegates") or ()) or "none"))
+    targets = runtime.get("cmake_targets")
+    if isinstance(targets, dict) and targets:
+        facts.append("**CMake targets:** " + ", ".join(f"{k} {code(v)}" for k, v in targets.items()))
     facts.append(f"**Dynamic shapes:** {'yes' if data.get('dynamic_shapes') else 'no (such cells are rejected)'}")
     if data.get("min_delegation_coverage") is not None:
         facts.append(f"**Delegation gate:** at least {data['min_delegation_coverage']:.0%} of the compute ops")
