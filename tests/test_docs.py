@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -183,7 +184,8 @@ REPO_PATH = re.compile(
 SCANNED = ("tasks", "templates", "recipes", "docs", "README.md")
 TEXT_SUFFIXES = {".py", ".j2", ".yaml", ".yml", ".json", ".md", ".txt", ".toml"}
 # Stale names in files the docs do not own, found when this test was written; each entry is
-# (file, the name it gives). Fix the file, then remove its entry: the list should end empty.
+# (file, the name it gives). Fix the file, then remove its entry: the list should end empty
+# (an entry no longer needed is a warning, not a failure).
 KNOWN_STALE = {
     ("tasks/builders/coreml_reproducible.py", "tasks/coreml_reproducible.py"),
     ("tasks/builders/divergence.py", "tasks/export.py"),
@@ -227,14 +229,14 @@ def scanned_files() -> list[Path]:
 
 
 def test_every_repository_path_named_in_code_and_docs_exists():
-    stale, fixed = [], set()
+    stale, seen = [], set()
     for path in scanned_files():
         rel = path.relative_to(REPO).as_posix()
         for number, name in missing_paths(path.read_text(encoding="utf-8", errors="replace")):
             if (rel, name) in KNOWN_STALE:
-                fixed.add((rel, name))
+                seen.add((rel, name))
                 continue
             stale.append(f"{rel}:{number}: {name}")
     assert not stale, "names of files that do not exist:\n" + "\n".join(stale)
-    gone = KNOWN_STALE - fixed
-    assert not gone, f"fixed since: remove these from KNOWN_STALE: {sorted(gone)}"
+    if KNOWN_STALE - seen:  # fixed since: a warning, so that a merge of the fix fails nothing
+        warnings.warn(f"remove from KNOWN_STALE, fixed: {sorted(KNOWN_STALE - seen)}", stacklevel=1)
