@@ -142,11 +142,11 @@ def main() -> int:
     )
     env = {**os.environ, "ETFORGE_PIPELINE": str(pipeline)}
     etforge = timed(
-        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "-n", str(args.workers), "-P", "process", "export"],
+        [sys.executable, "-m", "etforge", "-n", str(args.workers), "-P", "process", "export"],
         cwd=project,
         env=env,
     )
-    noop = timed([sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), "export"], cwd=project, env=env)
+    noop = timed([sys.executable, "-m", "etforge", "export"], cwd=project, env=env)
     built = len(list((project / "artifacts" / "bench").rglob("*.pte")))
     print(
         f"naive loop (fresh torch.export per cell, sequential): {naive:7.1f} s  ({len(list(naive_out.glob('*.pte')))} .pte)"

@@ -70,7 +70,6 @@ OE_PINS = (
     "httpcore==1.0.9",
 )
 DEFAULT_SITE = Path.home() / ".cache" / "etforge" / "site_optimum_executorch_1.1.0"
-RESEARCH_SITE = Path("/work/wt/research/issue13/site_oe")  # the same set, already installed on the dev box
 # scheme -> (optimum main_export kwargs, etforge quantization_options)
 RECIPES = {
     "8da4w": ({"qlinear": "8da4w", "qembedding": "8w"}, {"group_size": 32, "embedding": 8, "embedding_group_size": 0}),
@@ -148,7 +147,7 @@ def save_checkpoint(directory: Path) -> str:
 def etforge_run(project: Path, sha: str, schemes: list, targets: list, log: Path) -> dict:
     (project / "pipeline.yaml").write_text(PIPELINE.format(sha=sha, max_len=MAX_LEN, schemes=", ".join(schemes)))
     result = run_measured(
-        [sys.executable, "-m", "doit", "-f", str(REPO / "dodo.py"), *targets],
+        [sys.executable, "-m", "etforge", *targets],
         env={"ETFORGE_PIPELINE": str(project / "pipeline.yaml")},
         cwd=project,
         log=log,
@@ -166,10 +165,10 @@ def etforge_size(project: Path, scheme: str) -> int | None:
 
 
 def ensure_site(site: Path) -> tuple[Path | None, str]:
-    """The optimum-executorch --target directory (created from PyPI when missing), or (None, why not)."""
-    for candidate in (site, RESEARCH_SITE):
-        if (candidate / "optimum_executorch-1.1.0.dist-info").is_dir():
-            return candidate, f"reused {candidate}"
+    """The optimum-executorch --target directory (created from PyPI when missing), or (None, why not).
+    Pass an existing one with --site to reuse it."""
+    if (site / "optimum_executorch-1.1.0.dist-info").is_dir():
+        return site, f"reused {site}"
     site.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), *OE_PINS]
     print("installing: " + " ".join(cmd), flush=True)

@@ -247,5 +247,5 @@ def _check_round_trip(blob: bytes, expected: Path, scratch: Path) -> None:
     if unpacked.name != expected.name or tree_digest(unpacked) != tree_digest(expected):
         raise RuntimeError(
             "the re-packed Core ML blob does not unpack to the tree it was packed from: "
-            "executorchcoreml's flattened-directory format changed; update tasks/coreml_reproducible.py"
+            "executorchcoreml's flattened-directory format changed; update etforge's builders/coreml_reproducible.py"
         )

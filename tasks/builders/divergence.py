@@ -37,7 +37,7 @@ ZERO_SIGNAL_ATOL = 1e-4
 
 
 def lower_cell(exported_program, cell):
-    """The cell's lowering (an EdgeProgramManager), as tasks/export.py does it."""
+    """The cell's lowering (an EdgeProgramManager), as tasks/builders/lower.py does it."""
     from executorch.exir import to_edge_transform_and_lower
 
     from etforge.builders.lower import partitioners_for

@@ -147,7 +147,7 @@ class BackendMember:
     host_runnable: bool
     missing: str | None  # what this host lacks to lower it, or None
     min_coverage: float | None = None  # the recipe's minimum delegation coverage; None: no delegate
-    tools: dict = field(default_factory=dict)  # versions of its lowering tools (tasks/tools.py)
+    tools: dict = field(default_factory=dict)  # versions of its lowering tools (tasks/config/tools.py)
     runtime_tools: dict = field(default_factory=dict)  # versions of what runs its programs here
     dynamic_shapes: bool = False  # the recipe's `dynamic_shapes`: lowers torch.export dynamic dims
     # The rest of what its recipe says of it (recipes are the one home of a backend's facts):
@@ -180,7 +180,7 @@ class BackendMember:
 class BackendSpec:
     name: str
     members: tuple  # of BackendMember
-    # The fraction of compute ops its delegates must take (tasks/export.py delegation_gate):
+    # The fraction of compute ops its delegates must take (tasks/builders/gates.py delegation_gate):
     # gates.min_delegation_coverage in pipeline.yaml, else the highest of its members' recipes.
     # None: no member has a delegate (portable), so no gate.
     min_coverage: float | None = None
@@ -229,7 +229,7 @@ class Transform:
     options: dict
     calibrated: bool
     label: str  # names the quantize task; unique per distinct config of a model and scheme
-    tools: dict = field(default_factory=dict)  # versions of the quantizer's tools (tasks/tools.py)
+    tools: dict = field(default_factory=dict)  # versions of the quantizer's tools (tasks/config/tools.py)
 
     def canonical(self) -> dict:  # the label only names the task: not part of the content
         return {
@@ -249,7 +249,7 @@ class Cell:
     thresholds: dict
     transform: Transform | None  # None: lower the captured fp32 graph as is
     # The scheme's size gate for this backend ({"weights", "max_ratio"[, "overhead_bytes"]},
-    # tasks/export.py size_gate); None when the scheme declares none (fp32).
+    # tasks/builders/gates.py size_gate); None when the scheme declares none (fp32).
     size_gate: dict | None = None
 
     @property

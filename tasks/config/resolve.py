@@ -80,7 +80,7 @@ class _Resolver:
                 "python": spec["python"],
                 "file": self.rel(file),
                 "sha256": self.file_digest(file, path + ("python",)),
-                # every project module the factory imports, directly or not (tasks/code_deps.py)
+                # every project module the factory imports, directly or not (tasks/config/code_deps.py)
                 "modules": {
                     self.rel(f): self.file_digest(f, path + ("python",))
                     for f in sorted(self.imports.reach([file]))

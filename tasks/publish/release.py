@@ -3,7 +3,7 @@
 artifacts/release/<name>-<version>/ holds exactly the files the plan names,
 nothing globbed from the working tree:
 
-    models/<stem>.pte     every cell whose outcome ships (tasks/outcome.py: ok, provisional, on-device)
+    models/<stem>.pte     every cell whose outcome ships (tasks/publish/outcome.py: ok, provisional, on-device)
     models/<stem>.bpte    for on-device cells, the BundledProgram the device checks itself with
     models/<sha>.ptd      external weights, once per distinct file (named by the first 16 hex
                           digits of its sha256; the cells with identical weights share it)

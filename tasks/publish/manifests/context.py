@@ -140,7 +140,7 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
     """Everything the manifests are rendered from (JSON-serializable; its digest is the key).
 
     ``cells``: the cells to describe (default: every cell of the plan); ``host``: read the
-    benchmark records too (a failed benchmark fails its cell, tasks/outcome.py); ``results``:
+    benchmark records too (a failed benchmark fails its cell, tasks/publish/outcome.py); ``results``:
     their outcomes (cell name -> CellOutcome) when the caller has them already.
     """
     options = options_for(plan)

@@ -11,7 +11,7 @@ flagged ``listed = false``, so a runner still sees every program it could load
 (it skips those whose delegate its runtime lacks); ``append_unlisted=False``
 leaves them out.
 
-A variant is a cell whose outcome ships (tasks/outcome.py: ok, provisional or
+A variant is a cell whose outcome ships (tasks/publish/outcome.py: ok, provisional or
 on-device, the rule every manifest and the release follow); the rest are named
 in a comment with their status. Everything comes from the outcome's evidence:
 size, sha256, delegates and input dtypes from the export's record, output

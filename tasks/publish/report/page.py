@@ -1,7 +1,7 @@
 """One self-contained HTML page for a pipeline run: the matrix table and SVG charts.
 
 Every cell's status, reason and evidence (size, delegation, SQNR, the data it
-was validated on) is its outcome (tasks/outcome.py, which the terminal summary,
+was validated on) is its outcome (tasks/publish/outcome.py, which the terminal summary,
 manifests and release read too); latency comes from an optional benchmark
 mapping (cell name -> {"p50_ms": ...}) and optional baseline regression flags. Chart geometry is
 computed in tasks/publish/report/charts.py; ``templates/report.html.j2`` only emits
