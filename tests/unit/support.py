@@ -6,12 +6,18 @@ files that resolve digests and never imports (``FAKE_MODEL``).
 
 from __future__ import annotations
 
+import functools
+import json
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from etforge.config.digest_cache import PROJECT_MEMO, digest_cache_for
+from etforge.config.model import ModelKind
 from etforge.config.resolve import resolve
 from etforge.pipeline.specs import run_specs
+from etforge.pipeline.stages import STAGES
 
 # A host fingerprint for benchmark keys (the real one reads /proc/cpuinfo): any fixed dict will do.
 HOST = {"cpu_model": "unit-test cpu", "logical_cores": 2, "usable_cores": 2, "machine": "x86_64", "system": "Linux"}
@@ -76,13 +82,35 @@ class UnitProject:
         return next(c for c in plan.cells if c.name == name)
 
 
-def make_unit_project(root: Path, pipeline: str = PIPELINE, models=("a", "b")) -> UnitProject:
+def make_unit_project(root: Path, pipeline: str = PIPELINE, models=("a", "b"), warm: bool = True) -> UnitProject:
+    """A project with a fake module per model; ``warm``: with the digest memo of a project that
+    already ran (etforge's own files hashed and parsed once per process, not once per test)."""
     project = UnitProject(root)
     project.write("models/__init__.py", "")
     for model in models:
         project.write(f"models/{model}.py", FAKE_MODEL)
     project.write_pipeline(pipeline)
+    if warm:
+        project.write(PROJECT_MEMO.as_posix(), _warm_memo())
     return project
+
+
+@functools.cache
+def _warm_memo() -> str:
+    """The digest memo (artifacts/.etforge/digests.json) after a run that computed every key:
+    etforge's files by absolute path and stat signature, their imports by content digest."""
+    with tempfile.TemporaryDirectory() as tmp:
+        project = make_unit_project(Path(tmp), warm=False)
+        digests = digest_cache_for(project.pipeline)
+        plan = resolve(project.pipeline, digests)
+        task_keys(plan)
+        for stage in STAGES:
+            for kind in ModelKind:
+                plan.code.of(stage.code_for(kind))
+        digests.save()
+        memo = json.loads(project.root.joinpath(PROJECT_MEMO).read_text())
+    memo["files"] = {path: v for path, v in memo["files"].items() if not path.startswith(str(Path(tmp).resolve()))}
+    return json.dumps(memo)
 
 
 def task_keys(plan, cells=None) -> dict:
