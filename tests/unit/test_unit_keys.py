@@ -177,9 +177,8 @@ def llm_project(tmp_path) -> UnitProject:
 def test_an_llm_models_tasks_run_the_llm_builder(llm_project, monkeypatch):
     plan = llm_project.plan()
     assert {m.name: m.kind for m in plan.models.values()} == {"a": ModelKind.MODULE, "llm": ModelKind.LLM}
-    task_keys(plan)  # every key from the real stage table, memoised per plan (as the loader does)
-    for name, (builder, llm_builder) in fake_builders.BUILDERS.items():
-        monkeypatch.setitem(STAGE, name, replace(STAGE[name], builder=builder, llm_builder=llm_builder))
+    for name, stage in fake_builders.fake_stages().items():
+        monkeypatch.setitem(STAGE, name, stage)
     store = Store(llm_project.root / "artifacts" / "cache")
     for cell in plan.cells:
         assert run_stage(plan, "validate", cell, store, HOST)  # reads export, which reads capture: rebuilt here
