@@ -1,0 +1,236 @@
+"""Fake stage builders for the unit tier: small blobs and typed results, no torch.
+
+The engine tests put them in the stage table (``monkeypatch.setitem(STAGE, name, stage)`` for each
+of :func:`fake_stages`); the run's worker is a fork of the test process, so it imports this module
+as ``unit.fake_builders``. The fake export writes a program that carries etforge's metadata (what
+the manifests read back), so the whole default run works: manifests and report included.
+
+They read ``fakes.json`` in the project directory (written by the test; a later run may
+change it) and append one line per call to ``calls.log`` there:
+``<task> <builder> torch=<whether torch is imported in this process>``.
+
+    {"fail": {"<task name>": "raise" | "exit" | "os_exit" | "status"},
+     "sqnr_db": 99.0,                # what every fake validation measures
+     "omit": ["max_abs_error"],      # metrics its verdict leaves out (as an older record may)
+     "inputs": "random (seeded)"}    # what it says it measured on
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from etforge.pipeline.results import BuildResult, TaskStatus
+from etforge.pipeline.stage_results import (
+    BenchmarkResult,
+    CaptureResult,
+    ExportResult,
+    QuantizeResult,
+    SizeGateResult,
+    Verdict,
+)
+from etforge.pipeline.stages import STAGE, STAGES, Stage, task_name
+from etforge.program.metadata import encode, program_meta
+
+CONTROL = "fakes.json"
+CALLS = "calls.log"
+HEAVY = ("torch", "executorch", "torchao", "torchvision", "transformers", "coremltools")
+
+
+def heavy_modules() -> set:
+    """The heavy packages (what the unit tier must never import) this process has imported."""
+    return {name for name in HEAVY if name in sys.modules}
+
+
+def control(root: Path) -> dict:
+    try:
+        return json.loads((Path(root) / CONTROL).read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def calls(root: Path) -> list:
+    """(task, builder) of every fake call so far, in order."""
+    try:
+        lines = (Path(root) / CALLS).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [tuple(line.split()[:2]) for line in lines]
+
+
+def torch_seen(root: Path) -> bool:
+    """Whether any fake call ran in a process that had imported a heavy package."""
+    try:
+        return "torch=True" in (Path(root) / CALLS).read_text()
+    except FileNotFoundError:
+        return False
+
+
+def _enter(request, stage: str, builder: str) -> str:
+    """Log the call, then misbehave as fakes.json says for this task."""
+    name = task_name(STAGE[stage], request.subject)
+    root = request.plan.root
+    with open(root / CALLS, "a") as log:
+        log.write(f"{name} {builder} torch={bool(heavy_modules())}\n")
+    how = control(root).get("fail", {}).get(name)
+    if how == "raise":
+        raise RuntimeError(f"fake {stage} broke on purpose\nsecond line")
+    if how == "exit":
+        sys.exit(7)
+    if how == "os_exit":
+        os._exit(0)  # what a model's code or an abort in native code does to its worker
+    return how
+
+
+def _write(workdir: Path, blob: str, data: bytes) -> Path:
+    path = Path(workdir) / blob
+    path.write_bytes(data)
+    return path
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def capture(request, builder="capture"):
+    _enter(request, "capture", builder)
+    model = request.subject
+    graph = f"graph of {json.dumps(model.canonical(), sort_keys=True)}".encode()
+    files = {
+        "model.pt2": _write(request.workdir, "model.pt2", graph),
+        "reference.npz": _write(request.workdir, "reference.npz", b"eager outputs " + graph[:32]),
+    }
+    result = CaptureResult(
+        inputs="random (seeded)", samples=1, outputs=({"path": "", "shape": [1, 1], "dtype": "float32"},)
+    )
+    return BuildResult(files=files, result=result)
+
+
+def quantize(request, builder="quantize"):
+    _enter(request, "quantize", builder)
+    graph = request.upstream["capture"].files["model.pt2"].read_bytes()
+    data = f"{request.subject.transform.label} of ".encode() + graph
+    files = {"model.pt2": _write(request.workdir, "model.pt2", data)}
+    return BuildResult(files=files, result=QuantizeResult(method=request.subject.transform.method))
+
+
+def export(request, builder="export"):
+    how = _enter(request, "export", builder)
+    cell = request.subject
+    graph = request.upstream["graph"].files["model.pt2"].read_bytes()
+    # What a real program carries (etforge.program.metadata): a flatbuffer string, its length first
+    # and a NUL after it, that the manifests read back and check against the cell.
+    meta = encode(program_meta(cell, None, request.upstream["capture"].result(CaptureResult), False)).encode()
+    program = (
+        f"program {cell.name} from {hashlib.sha256(graph).hexdigest()}\n".encode()
+        + struct.pack("<I", len(meta))
+        + meta
+        + b"\0"
+    )
+    files = {
+        "program.pte": _write(request.workdir, "program.pte", program),
+        "export.json": _write(request.workdir, "export.json", json.dumps({"cell": cell.name}).encode()),
+    }
+    result = ExportResult(size_bytes=len(program), sha256=_sha(program), delegates=tuple(cell.backend.delegates))
+    if how == "status":
+        return BuildResult(files=files, result=result, status=TaskStatus.FAILED, reason="fake coverage gate missed")
+    return BuildResult(files=files, result=result)
+
+
+def validate(request, builder="validate"):
+    how = _enter(request, "validate", builder)
+    cell = request.subject
+    program = request.upstream["export"].files["program.pte"].read_bytes()
+    settings = control(request.plan.root)
+    sqnr = float(settings.get("sqnr_db", 99.0))
+    bound = cell.thresholds.get("sqnr_db")
+    passed = how != "status" and (bound is None or sqnr >= bound)
+    numerics = {"cell": cell.name, "sqnr_db": sqnr, "threshold": bound}
+    files = {"numerics.json": _write(request.workdir, "numerics.json", json.dumps(numerics).encode())}
+    metrics = {"sqnr_db": sqnr, "max_abs_error": 0.001, "cosine": 0.9999}
+    verdict = Verdict(
+        program_sha256=_sha(program),
+        passed=passed,
+        inputs=settings.get("inputs", "random (seeded)"),
+        samples=1,
+        **{k: v for k, v in metrics.items() if k not in settings.get("omit", ())},
+    )
+    if not passed:
+        return BuildResult(files=files, result=verdict, status=TaskStatus.FAILED, reason=f"sqnr_db {sqnr} < {bound}")
+    return BuildResult(files=files, result=verdict)
+
+
+def sizegate(request, builder="sizegate"):
+    _enter(request, "sizegate", builder)
+    own = request.upstream["export"].result(ExportResult).size_bytes
+    fp32 = request.upstream["fp32_export"].result(ExportResult).size_bytes
+    return BuildResult(result=SizeGateResult(size_vs_fp32=own / fp32, saved_bytes=fp32 - own))
+
+
+def benchmark(request, builder="benchmark"):
+    _enter(request, "benchmark", builder)
+    program = request.upstream["export"].files["program.pte"].read_bytes()
+    result = BenchmarkResult(program_sha256=_sha(program), latency_p50_ms=1.25, iterations=3, host="unit test host")
+    files = {"bench.json": _write(request.workdir, "bench.json", json.dumps(result.to_json()).encode())}
+    return BuildResult(files=files, result=result)
+
+
+# The LLM kind's builders (Stage.llm_builder): the same fakes, logged under another name.
+def llm_capture(request):
+    return capture(request, "llm_capture")
+
+
+def llm_quantize(request):
+    return quantize(request, "llm_quantize")
+
+
+def llm_export(request):
+    return export(request, "llm_export")
+
+
+def llm_validate(request):
+    return validate(request, "llm_validate")
+
+
+def llm_benchmark(request):
+    return benchmark(request, "llm_benchmark")
+
+
+BUILDERS = {
+    "capture": ("unit.fake_builders:capture", "unit.fake_builders:llm_capture"),
+    "quantize": ("unit.fake_builders:quantize", "unit.fake_builders:llm_quantize"),
+    "export": ("unit.fake_builders:export", "unit.fake_builders:llm_export"),
+    "sizegate": ("unit.fake_builders:sizegate", None),
+    "validate": ("unit.fake_builders:validate", "unit.fake_builders:llm_validate"),
+    "benchmark": ("unit.fake_builders:benchmark", "unit.fake_builders:llm_benchmark"),
+}
+
+
+@dataclass(frozen=True)
+class FakeStage(Stage):
+    """A stage of the table whose builders are fakes, keyed exactly as the real stage is.
+
+    A key covers the import closure of the stage's code and its builder's module
+    (Stage.code_for), and etforge can only digest its own modules: with the fake's module in
+    it, computing a key raises. So the code that joins the key stays the real stage's.
+    """
+
+    real: Stage | None = None
+
+    def code_for(self, kind):
+        return self.real.code_for(kind)
+
+
+def fake_stages() -> dict:
+    """Stage name -> a FakeStage for every stage that has fake builders (to setitem into STAGE)."""
+    out = {}
+    for stage in STAGES:
+        if stage.name in BUILDERS:
+            builder, llm_builder = BUILDERS[stage.name]
+            out[stage.name] = FakeStage(**{**vars(stage), "builder": builder, "llm_builder": llm_builder}, real=stage)
+    return out
