@@ -398,7 +398,10 @@ def verdict(o: CellOutcome) -> dict:
         )
     else:
         out.update(checked="here", exact=ev.exact, **{k: ev.metrics.get(k) for k in METRICS if k in ev.metrics})
-        out.setdefault("sqnr_db", None)  # null with exact: identical outputs (infinite SQNR)
+        # every metric, null when not measured (or not finite): the manifests read each by name;
+        # a null SQNR with exact: identical outputs (infinite SQNR)
+        for k in METRICS:
+            out.setdefault(k, None)
     return out
 
 
