@@ -7,7 +7,7 @@ the manifests read back), so the whole default run works: manifests and report i
 
 They read ``fakes.json`` in the project directory (written by the test; a later run may
 change it) and append one line per call to ``calls.log`` there:
-``<task> <builder> torch=<whether torch is imported in this process>``.
+``<task> <builder> heavy=<the heavy packages imported in this process, comma-separated>``.
 
     {"fail": {"<task name>": "raise" | "exit" | "os_exit" | "status"},
      "sqnr_db": 99.0,                # what every fake validation measures
@@ -63,12 +63,16 @@ def calls(root: Path) -> list:
     return [tuple(line.split()[:2]) for line in lines]
 
 
-def torch_seen(root: Path) -> bool:
-    """Whether any fake call ran in a process that had imported a heavy package."""
+def torch_seen(root: Path, already: set = frozenset()) -> bool:
+    """Whether any fake call ran in a process that had imported a heavy package besides ``already``
+    (what the test process had loaded before: under xdist an earlier test file may have, and the
+    run's worker is its fork)."""
     try:
-        return "torch=True" in (Path(root) / CALLS).read_text()
+        lines = (Path(root) / CALLS).read_text().splitlines()
     except FileNotFoundError:
         return False
+    seen = {m for line in lines for m in line.partition(" heavy=")[2].split(",") if m}
+    return bool(seen - set(already))
 
 
 def _enter(request, stage: str, builder: str) -> str:
@@ -76,7 +80,7 @@ def _enter(request, stage: str, builder: str) -> str:
     name = task_name(STAGE[stage], request.subject)
     root = request.plan.root
     with open(root / CALLS, "a") as log:
-        log.write(f"{name} {builder} torch={bool(heavy_modules())}\n")
+        log.write(f"{name} {builder} heavy={','.join(sorted(heavy_modules()))}\n")
     how = control(root).get("fail", {}).get(name)
     if how == "raise":
         raise RuntimeError(f"fake {stage} broke on purpose\nsecond line")
