@@ -286,6 +286,8 @@ class _Resolver:
             llm=dict(recipe.data.get("llm") or {}),
             manifest=dict(recipe.data.get("manifest") or {}),
             cmake_targets=dict(runtime.get("cmake_targets") or {}),
+            validated_by=dict(runtime.get("validated_by") or {}),
+            probe=runtime.get("probe"),
             reproducible=recipe.data.get("reproducible"),
         )
 
