@@ -31,7 +31,12 @@ def validate_stage(request: BuildRequest) -> BuildResult:
     if not cell.backend.validated_here:
         from etforge.builders.bundle import build_bundled
 
-        return build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE], input_dtypes, request.workdir)
+        bundled = build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE], input_dtypes, request.workdir)
+        if cell.backend.probe:  # measured: what this host lacks to run it (e.g. etforge.builders.vgf_probe)
+            from etforge.core.dotted_path import load_callable
+
+            bundled.reason = f"{load_callable(cell.backend.probe)()}; {bundled.reason}"
+        return bundled
     if not cell.backend.host_runnable:  # run on what its recipe's runtime.validated_by names
         return build_validate(
             cell,

@@ -211,6 +211,11 @@ class BackendSpec:
         return dict(self.primary.validated_by) if len(self.members) == 1 and not self.host_runnable else {}
 
     @property
+    def probe(self) -> str | None:
+        """What measures this host's lack of a runtime for its programs (``runtime.probe``), or None."""
+        return self.primary.probe if len(self.members) == 1 and not self.validated_here else None
+
+    @property
     def validated_here(self) -> bool:
         """Its programs are checked on this host: in the runtime, or by what ``validated_by`` names."""
         return self.host_runnable or bool(self.validated_by)

@@ -44,8 +44,9 @@ def _named_code(plan, refs) -> dict:
 def _runtime_tools(plan, cell, host) -> dict:
     # Only a cell that runs here uses its runtime tools; the others get a .bpte. A program the
     # runtime cannot run but its recipe's runtime.validated_by can: that runner and its code too.
-    if not cell.backend.validated_here:
-        return {}
+    if not cell.backend.validated_here:  # its probe's code decides the note of its .bpte
+        probe = cell.backend.probe
+        return {"probe_code": _named_code(plan, [probe])} if probe else {}
     validator = cell.backend.validated_by
     if not validator:
         return cell.backend.runtime_tools
