@@ -1,6 +1,6 @@
 """Whether this host has a packaged path to run VGF programs, measured: what is missing, by name.
 
-Running a .pte with a VgfBackend delegate needs three things (issue 20, /work/notes/arm.md §4):
+Running a .pte with a VgfBackend delegate needs three things:
 
 1. an ExecuTorch runtime with the VGF backend registered (the pip wheel's runtime has
    XnnpackBackend, QnnBackend, OpenvinoBackend; VgfBackend needs a source build with
