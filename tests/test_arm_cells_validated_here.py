@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import struct
+from importlib import metadata
 
 import pytest
-from conftest import copy_project, make_project, state
+from conftest import make_project, state
 
 PIPELINE = """\
 name: t
@@ -102,15 +103,31 @@ def test_tosa_int_program_runs_as_upstream_runs_it(built):
 
 
 def test_a_tosa_cell_that_misses_its_threshold_fails_saying_what_ran_it(built, tmp_path):
-    project = copy_project(built, tmp_path / "strict")
-    project.write_pipeline(PIPELINE + "thresholds:\n  fp32: {sqnr_db: 200}\n")
-    run = project.doit("validate")
-    assert run.returncode == 1, run.stdout + run.stderr
-    record = state(project, f"validate:{TOSA_FP}")
-    assert record["status"] == "failed"
-    assert "SQNR" in record["reason"] and "< 200 dB" in record["reason"], record["reason"]
-    assert "run on the TOSA reference model" in record["reason"], record["reason"]
-    assert rows(project)[TOSA_FP]["status"] == "failed"
+    """The same verdict as a host-runnable cell: here the real validate builder on the built
+    program, with a threshold the FP cell cannot meet (in-process: no second doit run)."""
+    import dataclasses
+
+    from etforge.builders.validate import build_validate, stand_in_runner
+    from etforge.config.resolve import resolve
+    from etforge.pipeline.results import TaskStatus
+
+    cell = next(c for c in resolve(built.pipeline).cells if c.name == TOSA_FP)
+    strict = dataclasses.replace(cell, thresholds={"sqnr_db": 200})
+    entry = built.root / "artifacts" / "cache"
+    capture_key = state(built, "capture:cnn")["key"]
+    result = build_validate(
+        strict,
+        built.out / "cnn" / "cnn_arm_tosa_fp32.pte",
+        entry / capture_key[:2] / capture_key / "reference.npz",
+        ["float32"],
+        tmp_path,
+        runner=stand_in_runner(strict.backend, {}),
+    )
+    assert result.status == TaskStatus.FAILED
+    assert result.reason.startswith("output 0: SQNR ") and "< 200 dB" in result.reason, result.reason
+    tools = metadata.version("tosa-tools")
+    assert result.reason.endswith(f"; run on the TOSA reference model (tosa-tools {tools}), not the ExecuTorch runtime")
+    assert result.result.passed is False and result.result.runner.startswith("TOSA reference model")
 
 
 def _vela_blocks(pte: bytes) -> dict:

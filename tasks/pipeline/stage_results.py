@@ -139,7 +139,9 @@ class ExportResult(StageResult):
     vela_core_clock_hz: float | None = None
     vela_npu_ops: int | None = None  # operators Vela put on the NPU
     vela_cpu_ops: int | None = None  # and left to the CPU
-    vela_sram_bytes: int | None = None  # peak use per memory area
+    # peak use per memory area (added over delegates: an upper bound if the runtime shares one
+    # scratch area); with U85's Sram_Only, Vela files the weights under on-chip flash, an alias of SRAM
+    vela_sram_bytes: int | None = None
     vela_dram_bytes: int | None = None
     vela_onchip_flash_bytes: int | None = None
     vela_offchip_flash_bytes: int | None = None
