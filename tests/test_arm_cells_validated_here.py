@@ -177,4 +177,17 @@ def test_vgf_cell_stays_on_device_naming_what_is_missing(built):
     # measured: the pip runtime has no VgfBackend, whatever else this host has
     assert "missing: an ExecuTorch runtime with VgfBackend (the executorch " in row["note"], row
     assert "EXECUTORCH_BUILD_VGF=ON" in row["note"]
+    # the other two parts as this host has them, measured again here
+    from etforge.builders.vgf_probe import EMULATION_LAYER, MAINTENANCE5, vulkan_devices
+
+    vulkan = vulkan_devices()
+    has_driver = "devices" in vulkan and any(MAINTENANCE5 in d["extensions"] for d in vulkan["devices"])
+    assert (f"a Vulkan driver with {MAINTENANCE5} (" in row["note"]) != has_driver, (vulkan, row["note"])
+    if "error" in vulkan:
+        assert vulkan["error"] in row["note"]
+    try:
+        metadata.version(EMULATION_LAYER)
+        assert EMULATION_LAYER not in row["note"]
+    except metadata.PackageNotFoundError:
+        assert f"Arm's ML emulation layer for Vulkan (PyPI {EMULATION_LAYER} is not installed)" in row["note"]
     assert list(built.out.glob("cnn/cnn_arm_vgf_fp32.bpte"))
