@@ -8,7 +8,7 @@ be registered in it. :class:`PteInterpreter` walks the program's own instruction
   through torch, with the program's own argument values and constants; the semantics are
   ExecuTorch's portable kernels', the kernels are ATen's;
 - a ``DelegateCall`` hands its payload to ``delegate(backend_id, payload)``, which returns the
-  TOSA flatbuffer to run on the TOSA reference model (etforge.builders.tosa_reference).
+  TOSA flatbuffer to run on the TOSA reference model (etforge.builders.tosa_graph).
 
 So a partially delegated program (ops left outside the delegate, e.g. the IO quantize and
 dequantize of a TOSA-1.0+INT program) is checked whole, from its bytes alone. Limits: one
@@ -133,7 +133,7 @@ class PteInterpreter:
         import numpy as np
         import torch
 
-        from etforge.builders.tosa_reference import run_tosa, tosa_io
+        from etforge.builders.tosa_graph import run_tosa, tosa_io
 
         entry = self.plan.delegates[call.delegate_index]
         payload = bytes(self.program.backend_delegate_data[entry.processed.index].data)
