@@ -58,8 +58,8 @@ def validate_stage(request: BuildRequest) -> BuildResult:
 
 @dataclass(frozen=True)
 class Runner:
-    """What runs a program instead of the ExecuTorch runtime: ``run(pte, samples) -> outputs per
-    sample``, named in the verdict (``name``, and ``proxy`` when it runs a stand-in for the program)."""
+    """What runs a program instead of the ExecuTorch runtime: ``run(pte, samples, method) -> outputs
+    per sample``, named in the verdict (``name``, and ``proxy`` when it runs a stand-in for the program)."""
 
     run: Callable
     name: str
@@ -74,7 +74,7 @@ def stand_in_runner(backend, export_files: dict) -> Runner:
     function = load_callable(spec["runner"])
     tools = ", ".join(f"{name} {version}" for name, version in sorted(backend.runtime_tools.items()) if version)
     return Runner(
-        run=lambda pte, samples: function(pte, samples, dict(export_files)),
+        run=lambda pte, samples, method="forward": function(pte, samples, dict(export_files), method),
         name=spec["name"] + (f" ({tools})" if tools else ""),
         proxy=spec.get("proxy"),
     )
@@ -103,9 +103,7 @@ def build_validate(
     program_sha256 = sha256_file(pte)  # the bytes this verdict is about (it counts only for them)
     methods = reference_methods(reference)
     if methods != ["forward"]:
-        if runner is not None:
-            raise NotImplementedError(f"{runner.name} runs one method; the program has {', '.join(methods)}")
-        return _validate_methods(cell, pte, reference, methods, workdir)
+        return _validate_methods(cell, pte, reference, methods, workdir, runner)
     ref = load_reference_samples(reference)
     samples = [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)]
     results = runner.run(pte, samples) if runner is not None else run_program_samples(pte, samples)
@@ -186,7 +184,9 @@ def build_validate(
     return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
 
 
-def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: Path) -> BuildResult:
+def _validate_methods(
+    cell, pte: Path, reference: Path, methods: list, workdir: Path, runner: Runner | None = None
+) -> BuildResult:
     """A program with several methods: each method's samples through that method, every output of
     every method judged (labels name the method); one numerics.json, one verdict."""
     import numpy as np
@@ -200,7 +200,8 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
     metrics, full, sources, counts = [], [], set(), {}
     for method in methods:
         ref = load_reference_samples(reference, method)
-        results = run_program_samples(pte, [cast_inputs(ref.sample_inputs(n), None) for n in range(ref.count)], method)
+        samples = [cast_inputs(ref.sample_inputs(n), None) for n in range(ref.count)]
+        results = runner.run(pte, samples, method) if runner else run_program_samples(pte, samples, method)
         if any(len(r) != len(ref.outputs) for r in results):
             raise ValueError(
                 f"method {method}: program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}"
@@ -234,6 +235,9 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
         "misses": misses,
         "notes": ["validated on random inputs"] if source.startswith("random") else [],
     }
+    if runner is not None:  # where the numbers come from, when not from the ExecuTorch runtime
+        report.update(runner=runner.name, **({"proxy": runner.proxy} if runner.proxy else {}))
+        report["notes"].insert(0, runner_note(runner.name, runner.proxy))
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
@@ -248,9 +252,12 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
         "passed": not misses,
         "program_sha256": report["program_sha256"],
     }
+    if runner is not None:
+        info.update(runner=runner.name, proxy=runner.proxy)
     if misses:
+        said = [runner_note(runner.name, runner.proxy)] if runner is not None else []
         return BuildResult(
-            files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason="; ".join(misses)
+            files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason="; ".join(misses + said)
         )
     return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
 
