@@ -78,7 +78,14 @@ def test_every_backend_recipe_is_covered_and_well_formed():
     for name in names:
         doc = recipe(name)
         assert doc["name"] == name and doc["kind"] == "backend" and doc["description"]
-        assert {"delegates", "host_runnable"} <= set(doc["runtime"]) <= {"delegates", "host_runnable", "cmake_targets"}
+        runtime_keys = {"delegates", "host_runnable", "cmake_targets", "validated_by", "probe"}
+        assert {"delegates", "host_runnable"} <= set(doc["runtime"]) <= runtime_keys
+        # what checks a program the runtime cannot run (validated_by) or says what is missing (probe)
+        for ref in ((doc["runtime"].get("validated_by") or {}).get("runner"), doc["runtime"].get("probe")):
+            if ref:
+                assert not doc["runtime"]["host_runnable"], name
+                module_name, func_name = ref.split(":")
+                assert callable(getattr(importlib.import_module(module_name), func_name)), ref
         # the one home of its facts: how the manifests name it, and what an app links for its delegate
         assert doc["manifest"]["description"], name
         assert bool(doc["runtime"].get("cmake_targets")) <= bool(doc["runtime"]["delegates"]), name

@@ -475,7 +475,16 @@ def backend_section(b, schemes) -> str:
     hint = (data.get("needs") or {}).get("hint")
     if hint:
         facts.append(f"**When it is missing:** {prose(hint)}")
-    facts.append(f"**Runs here:** {'yes' if runtime.get('host_runnable') else 'no: cells end `on-device`'}")
+    validated_by = runtime.get("validated_by") or {}
+    if runtime.get("host_runnable"):
+        runs = "yes"
+    elif validated_by:
+        runs = f"on the {validated_by.get('name')}, not the ExecuTorch runtime" + (
+            f" (proxy: {prose(validated_by['proxy'])})" if validated_by.get("proxy") else ""
+        )
+    else:
+        runs = "no: cells end `on-device`"
+    facts.append(f"**Runs here:** {runs}")
     facts.append("**Delegates:** " + (", ".join(code(d) for d in runtime.get("delegates") or ()) or "none"))
     targets = runtime.get("cmake_targets")
     if isinstance(targets, dict) and targets:

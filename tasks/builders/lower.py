@@ -52,6 +52,20 @@ def lowering_contexts(backend) -> list:
     return [load_callable(name)() for name in names]
 
 
+def after_lowering(backend, edge, workdir: Path) -> tuple:
+    """({blob: path}, ExportResult fields) that the chain's recipes' ``lowering.after`` hooks record
+    from the lowered program (e.g. Vela's summary of an Ethos-U program: etforge.builders.ethos_u_vela)."""
+    from etforge.core.dotted_path import load_callable
+
+    files: dict = {}
+    fields: dict = {}
+    for name in dict.fromkeys(m.lowering["after"] for m in backend.members if m.lowering.get("after")):
+        found_files, found_fields = load_callable(name)(edge, workdir)
+        files.update(found_files)
+        fields.update(found_fields)
+    return files, fields
+
+
 def export_stage(request: BuildRequest) -> BuildResult:
     """The export stage's builder for a module (an LLM's: etforge.builders.llm_stages): lower the graph of
     ``request.upstream["graph"]`` (quantized or fp32)."""
@@ -126,6 +140,7 @@ def build_export(
             },
         )
     graph_module = edge.exported_program(first).graph_module  # delegation of the first method
+    recorded_files, recorded = after_lowering(cell.backend, edge, workdir)
     delegation = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
     if cell.transform is not None or backend_options:
@@ -134,7 +149,7 @@ def build_export(
     executorch_program = edge.to_executorch(_backend_config(cell.transform, external, backend_options))
     lowering_s = time.monotonic() - start
     pte = workdir / PTE
-    files = {PTE: pte, INFO: workdir / INFO}
+    files = {PTE: pte, INFO: workdir / INFO, **recorded_files}
     data_info = {}
     if external:
         files[PTD] = workdir / PTD
@@ -164,6 +179,7 @@ def build_export(
         **data_info,
         llm_metadata=llm_metadata,
         note=note,
+        **recorded,
     )
     (workdir / INFO).write_text(
         json.dumps({"cell": cell.canonical(), **result.to_json()}, indent=2, sort_keys=True) + "\n", encoding="utf-8"

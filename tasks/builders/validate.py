@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from etforge.builders.reference import REFERENCE
@@ -26,10 +28,24 @@ def validate_stage(request: BuildRequest) -> BuildResult:
     program here, or bundles it for the device to check."""
     cell, export, capture = request.subject, request.upstream["export"], request.upstream["capture"]
     input_dtypes = list(export.result(ExportResult).input_dtypes)
-    if not cell.backend.host_runnable:
+    if not cell.backend.validated_here:
         from etforge.builders.bundle import build_bundled
 
-        return build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE], input_dtypes, request.workdir)
+        bundled = build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE], input_dtypes, request.workdir)
+        if cell.backend.probe:  # measured: what this host lacks to run it (e.g. etforge.builders.vgf_probe)
+            from etforge.core.dotted_path import load_callable
+
+            bundled.reason = f"{load_callable(cell.backend.probe)()}; {bundled.reason}"
+        return bundled
+    if not cell.backend.host_runnable:  # run on what its recipe's runtime.validated_by names
+        return build_validate(
+            cell,
+            export.files[PROGRAM],
+            capture.files[REFERENCE],
+            input_dtypes,
+            request.workdir,
+            runner=stand_in_runner(cell.backend, export.files),
+        )
     return build_validate(
         cell,
         export.files[PROGRAM],
@@ -40,11 +56,42 @@ def validate_stage(request: BuildRequest) -> BuildResult:
     )
 
 
+@dataclass(frozen=True)
+class Runner:
+    """What runs a program instead of the ExecuTorch runtime: ``run(pte, samples, method) -> outputs
+    per sample``, named in the verdict (``name``, and ``proxy`` when it runs a stand-in for the program)."""
+
+    run: Callable
+    name: str
+    proxy: str | None = None
+
+
+def stand_in_runner(backend, export_files: dict) -> Runner:
+    """The Runner of a backend's recipe ``runtime.validated_by``, named with its runtime tools' versions."""
+    from etforge.core.dotted_path import load_callable
+
+    spec = backend.validated_by
+    function = load_callable(spec["runner"])
+    tools = ", ".join(f"{name} {version}" for name, version in sorted(backend.runtime_tools.items()) if version)
+    return Runner(
+        run=lambda pte, samples, method="forward": function(pte, samples, dict(export_files), method),
+        name=spec["name"] + (f" ({tools})" if tools else ""),
+        proxy=spec.get("proxy"),
+    )
+
+
 def build_validate(
-    cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path, program: Path | None = None
+    cell,
+    pte: Path,
+    reference: Path,
+    input_dtypes: list,
+    workdir: Path,
+    program: Path | None = None,
+    runner: Runner | None = None,
 ) -> BuildResult:
     """Validate ``pte`` against the capture's ``reference``; ``program``: the capture's model.pt2,
-    used to find the first divergent node when an fp32 cell misses a threshold."""
+    used to find the first divergent node when an fp32 cell misses a threshold; ``runner``: what
+    runs it when the ExecuTorch runtime cannot (default: the runtime)."""
     import numpy as np
 
     from etforge.builders.numerics import compare_samples, finite_json, verdict
@@ -56,10 +103,10 @@ def build_validate(
     program_sha256 = sha256_file(pte)  # the bytes this verdict is about (it counts only for them)
     methods = reference_methods(reference)
     if methods != ["forward"]:
-        return _validate_methods(cell, pte, reference, methods, workdir)
+        return _validate_methods(cell, pte, reference, methods, workdir, runner)
     ref = load_reference_samples(reference)
     samples = [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)]
-    results = run_program_samples(pte, samples)
+    results = runner.run(pte, samples) if runner is not None else run_program_samples(pte, samples)
     if any(len(r) != len(ref.outputs) for r in results):
         raise ValueError(f"program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}")
     classification = getattr(cell.model, "task", "other") == "classification"
@@ -96,6 +143,11 @@ def build_validate(
         "misses": misses,
         "notes": notes,
     }
+    if runner is not None:  # where the numbers come from, when not from the ExecuTorch runtime
+        report["runner"] = runner.name
+        notes.insert(0, runner_note(runner.name, runner.proxy))
+        if runner.proxy:
+            report["proxy"] = runner.proxy
     divergence_text = None
     if misses and cell.transform is None and program is not None:
         worst = _worst_sample(metrics)
@@ -120,13 +172,21 @@ def build_validate(
             info[key] = pick_worst(values, min)
     if divergence_text:
         info["first_divergence"] = divergence_text
+    if runner is not None:
+        info.update(runner=runner.name, proxy=runner.proxy)
     if misses:
-        reason = "; ".join(misses + ([divergence_text] if divergence_text else []))
+        reason = "; ".join(
+            misses
+            + ([divergence_text] if divergence_text else [])
+            + ([runner_note(runner.name, runner.proxy)] if runner is not None else [])
+        )
         return BuildResult(files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason=reason)
     return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
 
 
-def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: Path) -> BuildResult:
+def _validate_methods(
+    cell, pte: Path, reference: Path, methods: list, workdir: Path, runner: Runner | None = None
+) -> BuildResult:
     """A program with several methods: each method's samples through that method, every output of
     every method judged (labels name the method); one numerics.json, one verdict."""
     import numpy as np
@@ -140,7 +200,8 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
     metrics, full, sources, counts = [], [], set(), {}
     for method in methods:
         ref = load_reference_samples(reference, method)
-        results = run_program_samples(pte, [cast_inputs(ref.sample_inputs(n), None) for n in range(ref.count)], method)
+        samples = [cast_inputs(ref.sample_inputs(n), None) for n in range(ref.count)]
+        results = runner.run(pte, samples, method) if runner else run_program_samples(pte, samples, method)
         if any(len(r) != len(ref.outputs) for r in results):
             raise ValueError(
                 f"method {method}: program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}"
@@ -174,6 +235,9 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
         "misses": misses,
         "notes": ["validated on random inputs"] if source.startswith("random") else [],
     }
+    if runner is not None:  # where the numbers come from, when not from the ExecuTorch runtime
+        report.update(runner=runner.name, **({"proxy": runner.proxy} if runner.proxy else {}))
+        report["notes"].insert(0, runner_note(runner.name, runner.proxy))
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
@@ -188,11 +252,19 @@ def _validate_methods(cell, pte: Path, reference: Path, methods: list, workdir: 
         "passed": not misses,
         "program_sha256": report["program_sha256"],
     }
+    if runner is not None:
+        info.update(runner=runner.name, proxy=runner.proxy)
     if misses:
+        said = [runner_note(runner.name, runner.proxy)] if runner is not None else []
         return BuildResult(
-            files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason="; ".join(misses)
+            files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason="; ".join(misses + said)
         )
     return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
+
+
+def runner_note(name: str, proxy: str | None) -> str:
+    """One line on where a verdict's numbers come from, when not from the ExecuTorch runtime."""
+    return Verdict(runner=name, proxy=proxy).runner_note()
 
 
 def per_size_metrics(ref, results: list, labels: list, classification: bool) -> tuple[list, list]:

@@ -155,6 +155,9 @@ class BackendMember:
     llm: dict = field(default_factory=dict)  # {schemes, custom_ops, rejected, static_shapes}
     manifest: dict = field(default_factory=dict)  # {description, platforms, rank}
     cmake_targets: dict = field(default_factory=dict)  # {source, wheel}: what an app links for its delegate
+    # {runner, name[, proxy]}: what runs its programs here when the runtime cannot (runtime.validated_by)
+    validated_by: dict = field(default_factory=dict)
+    probe: str | None = None  # module:function saying what this host lacks to run its programs (runtime.probe)
     reproducible: bool | str | None = None  # True, why not, or None: not measured
 
     @property
@@ -200,6 +203,22 @@ class BackendSpec:
     @property
     def missing(self) -> str | None:
         return next((f"{m.recipe}: {m.missing}" for m in self.members if m.missing), None)
+
+    @property
+    def validated_by(self) -> dict:
+        """What runs its programs here when the runtime cannot: a one-recipe backend's
+        ``runtime.validated_by`` (a chain has no single stand-in), else {}."""
+        return dict(self.primary.validated_by) if len(self.members) == 1 and not self.host_runnable else {}
+
+    @property
+    def probe(self) -> str | None:
+        """What measures this host's lack of a runtime for its programs (``runtime.probe``), or None."""
+        return self.primary.probe if len(self.members) == 1 and not self.validated_here else None
+
+    @property
+    def validated_here(self) -> bool:
+        """Its programs are checked on this host: in the runtime, or by what ``validated_by`` names."""
+        return self.host_runnable or bool(self.validated_by)
 
     @property
     def runtime_tools(self) -> dict:

@@ -286,6 +286,7 @@ class _Resolver:
             llm=dict(recipe.data.get("llm") or {}),
             manifest=dict(recipe.data.get("manifest") or {}),
             cmake_targets=dict(runtime.get("cmake_targets") or {}),
+            **{k: runtime[k] for k in ("validated_by", "probe") if runtime.get(k)},  # what runs or probes it here
             reproducible=recipe.data.get("reproducible"),
         )
 

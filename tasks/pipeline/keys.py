@@ -42,8 +42,19 @@ def _named_code(plan, refs) -> dict:
 
 
 def _runtime_tools(plan, cell, host) -> dict:
-    # Only a cell that runs here uses its runtime tools; the others get a .bpte.
-    return cell.backend.runtime_tools if cell.backend.host_runnable else {}
+    # Only a cell that runs here uses its runtime tools; the others get a .bpte. A program the
+    # runtime cannot run but its recipe's runtime.validated_by can: that runner and its code too.
+    if not cell.backend.validated_here:  # its probe's code decides the note of its .bpte
+        probe = cell.backend.probe
+        return {"probe_code": _named_code(plan, [probe])} if probe else {}
+    validator = cell.backend.validated_by
+    if not validator:
+        return cell.backend.runtime_tools
+    return {
+        **cell.backend.runtime_tools,
+        "validated_by": validator,
+        "validated_by_code": _named_code(plan, [validator["runner"]]),
+    }
 
 
 # Fact -> (plan, subject, host) -> a JSON-serialisable value.
@@ -65,7 +76,13 @@ FACTS = {
     },
     "coverage_gate": lambda plan, cell, host: cell.backend.min_coverage,
     "partitioner_code": lambda plan, cell, host: _named_code(
-        plan, [ref for m in cell.backend.members for ref in (m.partitioner, m.lowering.get("context")) if ref]
+        plan,
+        [
+            ref
+            for m in cell.backend.members
+            for ref in (m.partitioner, m.lowering.get("context"), m.lowering.get("after"))
+            if ref
+        ],
     ),
     "size_gate": lambda plan, cell, host: cell.size_gate,
     "thresholds": lambda plan, cell, host: cell.thresholds,

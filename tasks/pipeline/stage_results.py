@@ -131,6 +131,24 @@ class ExportResult(StageResult):
     constant_bytes: int | None = None
     llm_metadata: dict = field(default_factory=dict)  # an LLM's runner metadata methods -> values
     note: str | None = None
+    # An Ethos-U program: Vela's summary for the configured accelerator, system config and memory
+    # mode, added over its delegates (etforge.builders.ethos_u_vela); bytes are Vela's KiB x 1024.
+    vela_accelerator: str | None = None  # e.g. "ethos-u55-128"
+    vela_system_config: str | None = None
+    vela_memory_mode: str | None = None
+    vela_core_clock_hz: float | None = None
+    vela_npu_ops: int | None = None  # operators Vela put on the NPU
+    vela_cpu_ops: int | None = None  # and left to the CPU
+    # peak use per memory area (added over delegates: an upper bound if the runtime shares one
+    # scratch area); with U85's Sram_Only, Vela files the weights under on-chip flash, an alias of SRAM
+    vela_sram_bytes: int | None = None
+    vela_dram_bytes: int | None = None
+    vela_onchip_flash_bytes: int | None = None
+    vela_offchip_flash_bytes: int | None = None
+    vela_cycles_npu: int | None = None  # per inference
+    vela_cycles_total: int | None = None
+    vela_inference_time_s: float | None = None  # cycles_total / core clock
+    vela_delegates: tuple = ()  # per delegate: Vela's whole summary row, its op split, its TOSA size
 
 
 @dataclass(frozen=True)
@@ -171,6 +189,9 @@ class Verdict(Judgement):
     top5_agreement: float | None = None
     nonfinite_values: int | None = None
     first_divergence: str | None = None  # an fp32 cell that missed: where the program leaves eager
+    # run here on something else than the ExecuTorch runtime (a recipe's runtime.validated_by):
+    runner: str | None = None  # what ran it, e.g. "TOSA reference model (tosa-tools 2026.5.0)"
+    proxy: str | None = None  # what stood in for the program, when not its own bytes
     # an LLM: per decode step, greedy continuation, against the eager model after the same scheme
     prefill_sqnr_db: float | None = None
     greedy_agreement: float | None = None
@@ -190,6 +211,14 @@ class Verdict(Judgement):
     method_suites: dict = field(default_factory=dict)  # several methods: method -> its suite's facts
     delegates: tuple = ()
     size_bytes: int | None = None  # of the .bpte
+
+    def runner_note(self) -> str:
+        """Where the numbers come from when not from the ExecuTorch runtime ("" when they do)."""
+        if not self.runner:
+            return ""
+        if self.proxy:
+            return f"validated by proxy: {self.proxy}, run on the {self.runner}"
+        return f"run on the {self.runner}, not the ExecuTorch runtime"
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,7 @@ STAGES = (
             ("program.pte", "pte_path"),
             ("export.json", "export_info_path"),
             ("program.ptd", "ptd_path", "external_weights"),
+            ("delegates.tosa.npz", None, "keeps_tosa"),  # an Ethos-U program's TOSA form (ethos_u_vela)
         ),
         skip_if=(("backend_missing", "cannot lower here: {missing}"),),
         keep_entry=True,
@@ -142,7 +143,7 @@ STAGES = (
         key_inputs=("thresholds", "host_runnable", "runtime_tools", "toolchain"),
         upstream=("export", "capture"),
         outputs=(
-            ("numerics.json", "numerics_path", "host_runnable"),
+            ("numerics.json", "numerics_path", "validated_here"),
             ("program.bpte", "bundled_path", "checked_on_device"),
             ("bundled.json", "bundled_info_path", "checked_on_device"),
         ),
@@ -242,7 +243,10 @@ PREDICATES = {
     "runs_here": lambda plan, cell, selected: cell.backend.host_runnable and _lowerable(cell),
     "backend_missing": lambda plan, cell, selected: not _lowerable(cell),
     "host_runnable": lambda plan, cell, selected: cell.backend.host_runnable,
-    "checked_on_device": lambda plan, cell, selected: not cell.backend.host_runnable,
+    # run here, in the runtime or on what its recipe's runtime.validated_by names (the TOSA reference model)
+    "validated_here": lambda plan, cell, selected: cell.backend.validated_here,
+    "checked_on_device": lambda plan, cell, selected: not cell.backend.validated_here,
+    "keeps_tosa": lambda plan, cell, selected: any(m.lowering.get("after") for m in cell.backend.members),
     # the backend entry keeps constants in a separate .ptd (tasks/builders/lower.py external_weights)
     "external_weights": lambda plan, cell, selected: any(
         m.options.get("external_weights") for m in cell.backend.members

@@ -120,6 +120,7 @@ class Evidence:
     exact: bool = False  # validated here and identical to eager (infinite SQNR)
     validated_on: str | None = None  # the inputs the verdict was measured on, e.g. "npz data/val.npz"
     samples: int | None = None
+    validated_by: str | None = None  # run here but not in the ExecuTorch runtime: on what (Verdict.runner_note)
     bundle: Path | None = None  # on-device: the .bpte
     bundle_sha256: str | None = None
     tolerances: dict = field(default_factory=dict)  # on-device: of TOLERANCES
@@ -238,6 +239,7 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             )
         else:
             facts["metrics"] = {k: getattr(verdict, k) for k in METRICS if getattr(verdict, k) is not None}
+            facts["validated_by"] = verdict.runner_note() or None
             # identical to eager: no SQNR (infinite), no error; a NaN SQNR is a number in the record
             facts["exact"] = _info(validate).get("sqnr_db") is None and verdict.max_abs_error == 0
     bench = by_kind.get("benchmark")
@@ -307,10 +309,15 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
         notes.append("random weights (transformers config, no checkpoint)")
     if export.note:  # what lowering noticed (an LLM's undelegated linears)
         notes.append(export.note)
+    if verdict.runner_note():  # run here, but not in the ExecuTorch runtime: say on what (and by which proxy)
+        notes.insert(0, verdict.runner_note())
     if _status(validate) == TaskStatus.NOT_RUNNABLE:
         return out(CellState.ON_DEVICE, "; ".join([validate.get("reason", "")] + notes))
     if str(evidence.validated_on or "").startswith("random"):
-        notes.insert(0, "validated on seeded random inputs only " + _validation_data_hint(cell.model))
+        notes.insert(
+            1 if verdict.runner_note() else 0,
+            "validated on seeded random inputs only " + _validation_data_hint(cell.model),
+        )
         return out(CellState.PROVISIONAL, "; ".join(notes))
     return out(CellState.OK, "; ".join(notes))
 
@@ -402,6 +409,8 @@ def verdict(o: CellOutcome) -> dict:
         # a null SQNR with exact: identical outputs (infinite SQNR)
         for k in METRICS:
             out.setdefault(k, None)
+        if ev.validated_by:  # e.g. on the TOSA reference model, or through a proxy
+            out["validated_by"] = ev.validated_by
     return out
 
 

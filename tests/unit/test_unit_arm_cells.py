@@ -1,0 +1,131 @@
+"""Arm cells in the plan and in their outcome: what recipes' runtime.validated_by and
+runtime.probe change (issue 20 points 1-2), from records, without torch.
+
+The end-to-end checks (the reference model, Vela, the VGF probe on this host) are in
+tests/test_arm_cells_validated_here.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from etforge.builders.ethos_u_vela import summary_fields
+from etforge.pipeline.keys import key_of
+from etforge.pipeline.stage_results import ExportResult, Verdict
+from etforge.pipeline.stages import STAGE
+from etforge.publish.outcome import CellState, verdict
+from unit.support import make_unit_project
+from unit.test_unit_outcome import Cell
+
+PIPELINE = """\
+name: t
+version: 0.0.1
+models:
+  a:
+    python: models.a:build
+    inputs: [{name: x, shape: [1, 4]}]
+backends:
+  arm_tosa: {}
+  ethos_u55: {}
+  arm_vgf: {}
+quantization: [fp32, int8]
+matrix:
+  exclude: [{backend: ethos_u55, quantization: fp32}]
+"""
+PROGRAM = b"the int8 program"
+SHA = hashlib.sha256(PROGRAM).hexdigest()
+RUNNER = "TOSA reference model (tosa-tools 2026.5.0)"
+
+
+@pytest.fixture
+def project(tmp_path):
+    return make_unit_project(tmp_path / "proj", PIPELINE, models=("a",))
+
+
+def _built(project, name: str) -> Cell:
+    cell = Cell(project, name)
+    cell.write("capture", inputs="random (seeded)", outputs=[{"path": "", "shape": [1, 1], "dtype": "float32"}])
+    if "quantize" in cell.stages():
+        cell.write("quantize", method="pt2e", calibration="npz data/calib.npz")
+    cell.write("export", sha256=SHA, size_bytes=len(PROGRAM), delegates=["TOSABackend"])
+    return cell
+
+
+def test_tosa_and_ethos_u_cells_are_validated_here_and_vgf_cells_bundled(project):
+    tosa, ethos, vgf = (Cell(project, n) for n in ("a/arm_tosa/int8", "a/ethos_u55/int8", "a/arm_vgf/fp32"))
+    for cell in (tosa, ethos):
+        assert cell.cell.backend.validated_here and not cell.cell.backend.host_runnable
+        assert list(cell.spec("validate").outputs) == ["numerics.json"]  # a verdict here, no .bpte
+        assert "benchmark" not in cell.stages()  # the reference model is no place to time a program
+    assert list(ethos.spec("export").outputs) == ["program.pte", "export.json", "delegates.tosa.npz"]
+    assert not vgf.cell.backend.validated_here
+    assert list(vgf.spec("validate").outputs) == ["program.bpte", "bundled.json"]
+    assert vgf.cell.backend.probe == "etforge.builders.vgf_probe:missing_note"
+
+
+def test_the_validate_key_covers_the_runner_and_its_tools(project):
+    cell = Cell(project, "a/arm_tosa/int8")
+    before = key_of(cell.plan, STAGE["validate"], cell.cell, fresh=True)
+    member = cell.cell.backend.members[0]
+    # another tosa-tools (what runs the program here) is another verdict
+    object.__setattr__(member, "runtime_tools", {"tosa-tools": "0.0.1"})
+    assert key_of(cell.plan, STAGE["validate"], cell.cell, fresh=True) != before
+    object.__setattr__(member, "validated_by", {**member.validated_by, "name": "another runner"})
+    assert key_of(cell.plan, STAGE["validate"], cell.cell, fresh=True) != before
+
+
+def test_the_outcome_says_where_the_numbers_come_from(project):
+    tosa = _built(project, "a/arm_tosa/fp32")
+    tosa.write(
+        "validate", program_sha256=SHA, passed=True, inputs="random (seeded)", samples=1, sqnr_db=150.0, runner=RUNNER
+    )
+    o = tosa.outcome()
+    assert o.status == CellState.PROVISIONAL
+    assert o.reason.startswith(f"run on the {RUNNER}, not the ExecuTorch runtime; validated on seeded random inputs")
+    assert verdict(o)["validated_by"] == f"run on the {RUNNER}, not the ExecuTorch runtime"
+    assert verdict(o)["checked"] == "here" and verdict(o)["sqnr_db"] == 150.0
+
+
+def test_an_ethos_u_verdict_names_its_proxy(project):
+    ethos = _built(project, "a/ethos_u55/int8")
+    proxy = "the TOSA-INT graph Vela compiled"
+    ethos.write(
+        "validate", program_sha256=SHA, passed=True, inputs="npz v.npz", sqnr_db=45.0, runner=RUNNER, proxy=proxy
+    )
+    o = ethos.outcome()
+    assert o.status == CellState.OK
+    assert o.reason == f"validated by proxy: {proxy}, run on the {RUNNER}"
+    # a failed proxy verdict fails the cell like any other
+    ethos.write("validate", "failed", reason="output 0: SQNR 3.0 dB < 20 dB", program_sha256=SHA, sqnr_db=3.0)
+    assert ethos.outcome().status == CellState.FAILED
+
+
+def test_vela_summary_of_two_delegates_adds_up():
+    row = {
+        "accelerator_configuration": "Ethos_U55_128",
+        "system_config": "Ethos_U55_High_End_Embedded",
+        "memory_mode": "Shared_Sram",
+        "core_clock": 500000000.0,
+        "sram_memory_used": 1.453125,
+        "off_chip_flash_memory_used": 2.359375,
+        "on_chip_flash_memory_used": 0.0,
+        "dram_memory_used": 0.0,
+        "cycles_npu": 2137,
+        "cycles_total": 3490,
+        "inference_time": 6.98e-06,
+    }
+    fields = summary_fields([{**row, "npu_ops": 7, "cpu_ops": 0}, {**row, "npu_ops": 5, "cpu_ops": 1}])
+    result = ExportResult.of(fields)  # every field a typed one of the export's result
+    assert (result.vela_npu_ops, result.vela_cpu_ops) == (12, 1)
+    assert (result.vela_sram_bytes, result.vela_offchip_flash_bytes) == (2 * 1488, 2 * 2416)
+    assert (result.vela_cycles_npu, result.vela_cycles_total) == (4274, 6980)
+    assert result.vela_inference_time_s == pytest.approx(2 * 6.98e-06)
+    assert result.vela_accelerator == "Ethos_U55_128" and len(result.vela_delegates) == 2
+    assert ExportResult.from_json(result.to_json()) == result
+
+
+def test_runner_note_is_empty_for_the_runtime():
+    assert Verdict(passed=True).runner_note() == ""
+    assert Verdict(runner="X").runner_note() == "run on the X, not the ExecuTorch runtime"
