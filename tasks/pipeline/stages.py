@@ -226,7 +226,12 @@ RELATIONS = {
 
 
 def _lowerable(cell) -> bool:
-    return not cell.backend.missing
+    return not cell.backend.missing and not cell.model.missing
+
+
+def missing_here(cell) -> str | None:
+    """What this host lacks to build ``cell`` (its model's labels, then its backend's needs), or None."""
+    return cell.model.missing or cell.backend.missing
 
 
 def _size_gated(plan, cell, selected) -> bool:
