@@ -3,7 +3,7 @@
     etforge                       every stage of pipeline.yaml but release (doit's default tasks)
     etforge export                one stage, for every cell (validate, benchmark, report, ...)
     etforge release --allow-failures
-    etforge list | info TASK | init [DIR] | help [COMMAND]
+    etforge list | info TASK | init [DIR] | ci-matrix | help [COMMAND]
 
 Everything is registered through doit's documented extension API: the task loader is
 handed to ``DoitMain``, the rest are plugins (``DOIT_PLUGINS``). The same table, in this
@@ -25,7 +25,11 @@ from doit.doit_cmd import DoitMain
 from etforge.app.loader import SELECTION_OPTIONS, PipelineLoader
 
 DOIT_PLUGINS = {
-    "COMMAND": {"run": "etforge.engine.run_command:Run", "init": "etforge.app.init:Init"},
+    "COMMAND": {
+        "run": "etforge.engine.run_command:Run",
+        "init": "etforge.app.init:Init",
+        "ci-matrix": "etforge.app.ci_matrix:CiMatrix",
+    },
     "BACKEND": {"etforge": "etforge.engine.doit_db:EtforgeDB"},
     "REPORTER": {"etforge": "etforge.publish.progress:EtforgeReporter"},
 }

@@ -106,10 +106,10 @@ def detected(environ: Mapping | None = None) -> frozenset:
 
 
 def offered(known: frozenset, environ: Mapping | None = None) -> frozenset:
-    """``ETFORGE_WORKER_LABELS`` when set (what the machine says it offers), else :func:`detected`."""
+    """``ETFORGE_WORKER_LABELS`` when set and not blank (what the machine says it offers), else :func:`detected`."""
     environ = os.environ if environ is None else environ
-    text = environ.get(ENV)
-    return parse(text, known) if text is not None else detected(environ)
+    text = environ.get(ENV) or ""
+    return parse(text, known) if text.strip() else detected(environ)  # set but blank: not said
 
 
 def lacking(needed: Iterable[str], offers: Iterable[str]) -> tuple:
