@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import sys
 
-from doit.cmd_run import Run as DoitRun
 from doit.doit_cmd import DoitMain
 
 from etforge.app.loader import SELECTION_OPTIONS, PipelineLoader
+from etforge.engine.run_command import Run
 
 DOIT_PLUGINS = {
     "COMMAND": {
@@ -48,7 +48,7 @@ def main(argv: list | None = None) -> int:
 def _option_table() -> dict:
     """'--name'/'-x' -> whether it takes a value, for the selection and run options."""
     table = {}
-    for opt in SELECTION_OPTIONS + DoitRun.cmd_options:
+    for opt in SELECTION_OPTIONS + Run.cmd_options:
         takes_value = opt["type"] is not bool
         if opt.get("long"):
             table[f"--{opt['long']}"] = takes_value

@@ -112,6 +112,12 @@ def offered(known: frozenset, environ: Mapping | None = None) -> frozenset:
     return parse(text, known) if text.strip() else detected(environ)  # set but blank: not said
 
 
+def declared_or_detected() -> frozenset:
+    """What this machine offers, unchecked (resolving the pipeline checked ETFORGE_WORKER_LABELS)."""
+    text = os.environ.get(ENV) or ""
+    return frozenset(p.strip() for p in text.split(",") if p.strip()) if text.strip() else detected()
+
+
 def lacking(needed: Iterable[str], offers: Iterable[str]) -> tuple:
     """The labels of ``needed`` that ``offers`` does not satisfy, sorted."""
     offers = frozenset(offers)

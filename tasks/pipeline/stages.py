@@ -255,6 +255,18 @@ PREDICATES = {
 }
 
 
+def needs_of(stage: Stage, subject) -> frozenset:
+    """The worker labels a task of ``stage`` needs (tasks/config/labels.py): its model's, a cell's
+    backend's for lowering, and for running its programs where this host runs them by label."""
+    needs = set(getattr(subject, "model", subject).labels)
+    if stage.subject == "cell":
+        backend = subject.backend
+        needs |= backend.labels
+        if stage.name in ("validate", "benchmark") and backend.host_runnable:
+            needs |= backend.runtime_labels
+    return frozenset(needs)
+
+
 def holds(predicate: str, plan, cell, selected=None) -> bool:
     return PREDICATES[predicate](plan, cell, selected)
 
