@@ -52,9 +52,10 @@ class ClusterLost(Exception):
 
 @dataclass
 class Slot:
-    name: str  # the Dask worker's name
+    name: str  # the Dask worker's name, as shown
     labels: frozenset
     busy: bool = False
+    handle: object = None  # the name as Dask knows it (LocalCluster names workers 0, 1: ints)
 
 
 @dataclass
@@ -128,13 +129,14 @@ class DaskEngine:
 
     def slots(self) -> list:
         info = self.client.scheduler_info(n_workers=-1)["workers"]
-        return sorted(
-            (Slot(str(w.get("name", address)), labels_of(w.get("resources"))) for address, w in info.items()),
-            key=lambda s: s.name,
-        )
+        slots = []
+        for address, w in info.items():
+            name = w.get("name", address)
+            slots.append(Slot(str(name), labels_of(w.get("resources")), handle=name))
+        return sorted(slots, key=lambda s: s.name)
 
     def submit(self, slot: Slot, *args):
-        return self.client.submit(run_job, *args, pure=False, workers=[slot.name], allow_other_workers=False)
+        return self.client.submit(run_job, *args, pure=False, workers=[slot.handle], allow_other_workers=False)
 
     def wait_any(self, futures: list, timeout: float | None = None) -> list:
         """The futures done, waiting for the first; [] after ``timeout`` seconds."""

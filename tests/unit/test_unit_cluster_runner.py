@@ -146,3 +146,15 @@ def test_a_runner_etforge_does_not_have_is_one_line(etforge):
     assert run.code == 3
     assert run.err.strip() == "etforge: error: -P ray: no such runner; use process or dask"
     assert run.calls == []
+
+
+def test_without_a_scheduler_the_runner_starts_a_local_cluster_of_n_workers(etforge, tmp_path, monkeypatch):
+    import dask
+
+    monkeypatch.setenv("ETFORGE_CLUSTER_STATS", str(tmp_path / "stats.json"))
+    with dask.config.set({"distributed.worker.preload": ["unit.cluster_preload"]}):  # (its workers' fakes)
+        run = etforge("-n", "2", "-P", "dask", "export")
+    assert run.code == 0, run.out + run.err
+    ran = stats(tmp_path / "stats.json")
+    assert {t for t in ran if t.startswith("export:")} == {t for t in ALL_TASKS if t.startswith("export:")}
+    assert {t["worker"] for t in ran.values()} == {"0", "1"}  # LocalCluster's names
