@@ -84,7 +84,12 @@ def main() -> int:
 
         start = time.perf_counter()
         cluster = LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None, memory_limit=0
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            memory_limit=0,
         )
         cluster_start = time.perf_counter() - start
         stats_file = base / "cluster-stats.json"

@@ -34,7 +34,7 @@ from doit.runner import ERROR
 
 from etforge.config import labels as worker_labels
 from etforge.core.console import say
-from etforge.engine.cluster_job import code_fingerprint, run_job
+from etforge.engine.cluster_job import code_fingerprint, run_job, write_if_changed
 from etforge.engine.runners import HOLD, LifecycleMixin, WorkerRunner
 
 CONNECT_TIMEOUT_S = 3.0  # a TCP check first: Dask's own client waits 30 s by default
@@ -117,7 +117,7 @@ class DaskEngine:
                 threads_per_worker=1,
                 processes=True,
                 host="127.0.0.1",
-                dashboard_address=None,
+                dashboard_address="127.0.0.1:0",  # its HTTP server (health, metrics) on loopback too
                 memory_limit=0,  # the Nanny would kill a worker past RAM/n (a large export needs more)
                 resources=resources_of(offers),
             )
@@ -358,8 +358,6 @@ class DaskRunner(WorkerRunner):
 
     def _adopt(self, task, result: dict) -> None:
         """The worker's record (and its log, when this disk has none) in this checkout."""
-        from etforge.engine.cluster_job import write_if_changed
-
         spec = self.lifecycle.specs.get(task.name)
         if spec is None or result.get("record") is None:
             return
