@@ -13,8 +13,9 @@ Placement is the driver's, by worker labels (tasks/config/labels.py): a worker o
 resources (``dask worker --resources "macos=1 qnn_sdk=1 mem_gb=64"``; ``mem_gb=N`` is ``memN``),
 a task needs its model's and backend's labels, and runs on a free worker that has them, one task
 per worker at a time (torch.export is not thread-safe and a task's log is a process-wide
-redirect: start workers with ``--nthreads 1``). A task that no worker of the cluster can take
-fails at once, naming the labels: Dask would leave it pending forever (measured).
+redirect: start workers with ``--nthreads 1``). A task whose capable workers are all busy waits
+in the driver while other tasks go to the other workers. A task that no worker of the cluster
+can take fails at once, naming the labels: Dask would leave it pending forever (measured).
 
 A worker lost mid-task (``KilledWorker``: the scheduler is told not to re-run it elsewhere)
 fails that task with the reason; its dependents say blocked and the run goes on. A lost
@@ -186,6 +187,7 @@ class DaskRunner(WorkerRunner):
         self.engine = None
         self.pool: list = []
         self.running: dict = {}  # future -> Running
+        self.waiting: list = []  # ready tasks whose capable workers are all busy
         self.lost: str | None = None
         self.gone: dict = {}  # worker name -> when it was first seen missing
         self.stats: dict = {"connect_s": 0.0, "tasks": []}
@@ -193,9 +195,15 @@ class DaskRunner(WorkerRunner):
         exhausted = False
         try:
             while True:
+                if self.waiting and not self._stop_running:
+                    self._place_waiting(completed)
                 if not exhausted and not self._stop_running:
                     exhausted = self._hand_out(self.pool, completed)
                 if not self.running:
+                    for node in self.waiting:  # every worker is free: what still waits never can run
+                        self._failed(node, "every worker of the cluster that could run it has left")
+                        completed.append(node)
+                    self.waiting = []
                     if completed and not exhausted and not self._stop_running:
                         continue  # tell the dispatcher: it may release more tasks
                     break
@@ -220,8 +228,10 @@ class DaskRunner(WorkerRunner):
     def _hand_out(self, workers: list, completed: list) -> bool:
         """Tell the dispatcher what finished and give every free worker a task; True once all are handed out."""
         while True:
-            if self.engine is not None and not self.lost and all(s.busy for s in self.pool):
-                return False
+            if self.engine is not None and not self.lost:
+                self._place_waiting(completed)
+                if all(s.busy for s in self.pool) or len(self.waiting) >= len(self.pool):
+                    return False
             node = self._next_node(completed.pop() if completed else None)
             if node is None:
                 return True
@@ -244,8 +254,7 @@ class DaskRunner(WorkerRunner):
                 self.final_result = ERROR
                 self._stop_running = True
                 return True
-            if not self._start_on_cluster(node, completed):
-                completed.append(node)
+            self._place(node, completed)
 
     def _connect(self) -> None:
         if self.engine is not None:
@@ -277,33 +286,32 @@ class DaskRunner(WorkerRunner):
     def _needs(self, node) -> frozenset:
         return frozenset(((node.task.meta or {}).get("etforge") or {}).get("needs") or ())
 
-    def _start_on_cluster(self, node, completed: list) -> bool:
-        """Submit ``node`` to a free capable worker (waiting for one); False when none can ever take it."""
+    def _place(self, node, completed: list) -> None:
+        """Start ``node`` on a free worker that offers its labels, else park it until one is free
+        (other tasks go on meanwhile); fail it when no worker of the cluster ever could take it."""
+        if self.lost:
+            self._failed(node, f"not run: {self.lost}")
+            completed.append(node)
+            return
         needs = self._needs(node)
         capable = [s for s in self.pool if not worker_labels.lacking(needs, s.labels)]
         if not capable:
             have = ", ".join(f"{s.name}[{','.join(sorted(s.labels)) or '-'}]" for s in self.pool)
             self._failed(node, f"no worker of the cluster offers {', '.join(sorted(needs))} (workers: {have})")
-            return False
-        while True:
-            capable = [s for s in capable if s in self.pool]  # (a worker that left is dropped)
-            free = [s for s in capable if not s.busy]
-            if free or not capable:
-                break
-            try:  # every capable worker is busy: wait for one of their tasks
-                done = self.engine.wait_any([f for f, r in self.running.items() if r.slot in capable], WATCH_S)
-            except ClusterLost as lost:
-                self.lost = str(lost)
-                self._failed(node, f"not run: {lost}")
-                return False
-            if not done:
-                self._fail_orphans(completed)
-            for future in done:
-                self._collect(future, completed)
+            completed.append(node)
+            return
+        free = [s for s in capable if not s.busy]
         if not free:
-            self._failed(node, "every worker of the cluster that could run it has left")
-            return False
-        slot = min(free, key=lambda s: len(s.labels))  # keep the special workers for special tasks
+            self.waiting.append(node)
+            return
+        self._submit(node, min(free, key=lambda s: len(s.labels)))  # keep special workers for special tasks
+
+    def _place_waiting(self, completed: list) -> None:
+        waiting, self.waiting = self.waiting, []
+        for node in waiting:
+            self._place(node, completed)
+
+    def _submit(self, node, slot: Slot) -> None:
         task = node.task
         self.reporter.execute_task(task)
         if task.teardown:
@@ -315,7 +323,6 @@ class DaskRunner(WorkerRunner):
         )
         slot.busy = True
         self.running[future] = Running(node, slot, time.time())
-        return True
 
     def _upstream_records(self, task) -> dict:
         records = {}
