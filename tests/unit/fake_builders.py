@@ -9,7 +9,7 @@ They read ``fakes.json`` in the project directory (written by the test; a later 
 change it) and append one line per call to ``calls.log`` there:
 ``<task> <builder> heavy=<the heavy packages imported in this process, comma-separated>``.
 
-    {"fail": {"<task name>": "raise" | "exit" | "os_exit" | "kill" | "status"},
+    {"fail": {"<task name>": "raise" | "exit" | "os_exit" | "kill" | "sleep" | "status"},
      "sqnr_db": 99.0,                # what every fake validation measures
      "omit": ["max_abs_error"],      # metrics its verdict leaves out (as an older record may)
      "inputs": "random (seeded)"}    # what it says it measured on
@@ -23,6 +23,7 @@ import os
 import signal
 import struct
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,8 @@ def _enter(request, stage: str, builder: str) -> str:
         os._exit(0)  # what a model's code or an abort in native code does to its worker
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+    if how == "sleep":
+        time.sleep(30)  # a long task (the test kills something meanwhile)
     return how
 
 

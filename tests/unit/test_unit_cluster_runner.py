@@ -158,3 +158,51 @@ def test_without_a_scheduler_the_runner_starts_a_local_cluster_of_n_workers(etfo
     ran = stats(tmp_path / "stats.json")
     assert {t for t in ran if t.startswith("export:")} == {t for t in ALL_TASKS if t.startswith("export:")}
     assert {t["worker"] for t in ran.values()} == {"0", "1"}  # LocalCluster's names
+
+
+def test_a_lost_scheduler_fails_the_running_and_remaining_tasks_and_the_run_ends(etforge, remote, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    bin_dir = os.path.dirname(sys.executable)
+    file = tmp_path / "scheduler.json"
+    scheduler = subprocess.Popen(
+        [f"{bin_dir}/dask", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard"]
+        + ["--scheduler-file", str(file)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    workers = []
+    try:
+        while not file.exists():
+            time.sleep(0.1)
+        address = json.loads(file.read_text())["address"]
+        for name in ("s1", "s2"):
+            workers.append(
+                subprocess.Popen(
+                    [f"{bin_dir}/dask", "worker", address, "--name", name, "--nthreads", "1", "--host", "127.0.0.1"]
+                    + ["--no-dashboard", "--memory-limit", "0", "--preload", "unit.cluster_preload"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env={**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), *sys.path])},
+                )
+            )
+        with distributed.Client(address, timeout=30) as client:
+            client.wait_for_workers(2, timeout=60)
+        etforge.control(fail={"capture:a": "sleep", "capture:b": "sleep"})
+        threading.Timer(5.0, scheduler.send_signal, [signal.SIGKILL]).start()
+        start = time.monotonic()
+        run = etforge("-n", "2", "-P", "dask", "--scheduler", address, "export")
+        assert time.monotonic() - start < 30  # the captures would sleep 30 s
+        assert run.code == 1, run.out + run.err
+        reason = etforge.record("capture:a")["reason"]
+        assert reason.startswith(f"lost the connection to the cluster scheduler {address} while running it"), reason
+        assert etforge.record("export:a/xnnpack/fp32")["status"] in ("failed", "blocked")
+    finally:
+        for process in (scheduler, *workers):
+            process.kill()
+            process.wait()
