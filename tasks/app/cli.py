@@ -3,7 +3,7 @@
     etforge                       every stage of pipeline.yaml but release (doit's default tasks)
     etforge export                one stage, for every cell (validate, benchmark, report, ...)
     etforge release --allow-failures
-    etforge list | info TASK | init [DIR] | help [COMMAND]
+    etforge list | info TASK | init [DIR] | ci-matrix | help [COMMAND]
 
 Everything is registered through doit's documented extension API: the task loader is
 handed to ``DoitMain``, the rest are plugins (``DOIT_PLUGINS``). The same table, in this
@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import sys
 
-from doit.cmd_run import Run as DoitRun
 from doit.doit_cmd import DoitMain
 
 from etforge.app.loader import SELECTION_OPTIONS, PipelineLoader
+from etforge.engine.run_command import Run
 
 DOIT_PLUGINS = {
-    "COMMAND": {"run": "etforge.engine.run_command:Run", "init": "etforge.app.init:Init"},
+    "COMMAND": {
+        "run": "etforge.engine.run_command:Run",
+        "init": "etforge.app.init:Init",
+        "ci-matrix": "etforge.app.ci_matrix:CiMatrix",
+    },
     "BACKEND": {"etforge": "etforge.engine.doit_db:EtforgeDB"},
     "REPORTER": {"etforge": "etforge.publish.progress:EtforgeReporter"},
 }
@@ -44,7 +48,7 @@ def main(argv: list | None = None) -> int:
 def _option_table() -> dict:
     """'--name'/'-x' -> whether it takes a value, for the selection and run options."""
     table = {}
-    for opt in SELECTION_OPTIONS + DoitRun.cmd_options:
+    for opt in SELECTION_OPTIONS + Run.cmd_options:
         takes_value = opt["type"] is not bool
         if opt.get("long"):
             table[f"--{opt['long']}"] = takes_value

@@ -81,6 +81,15 @@ SELECTION_OPTIONS = (
     },
     {
         "section": "etforge",
+        "name": "cells",
+        "short": "",
+        "long": "cells",
+        "type": str,
+        "default": None,
+        "help": "only these cells (comma-separated model/backend/scheme names: a CI job's list from `etforge ci-matrix`)",
+    },
+    {
+        "section": "etforge",
         "name": "dodo_file",
         "short": "f",
         "long": "file",
@@ -124,6 +133,7 @@ def request_from(options: dict, workdir: str | None = None) -> tuple[Request, di
         backend=values["backends"],
         quantization=values["schemes"],
         shard=values["shard"],
+        cells=options.get("cells"),
     )
     return request, defaults
 

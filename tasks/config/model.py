@@ -112,6 +112,10 @@ class ModelSpec:
     # (``inputs`` is always the first method's).
     methods: tuple = ()
     kind: ModelKind = ModelKind.MODULE  # follows from the source (in the key through it)
+    # Worker labels its tasks need (pipeline.yaml `labels`, e.g. mem64) and what this host lacks of
+    # them (tasks/config/labels.py): routing, not content, so neither joins a key.
+    labels: frozenset = frozenset()
+    missing: str | None = None
 
     @property
     def method_names(self) -> tuple:
@@ -159,6 +163,9 @@ class BackendMember:
     validated_by: dict = field(default_factory=dict)
     probe: str | None = None  # module:function saying what this host lacks to run its programs (runtime.probe)
     reproducible: bool | str | None = None  # True, why not, or None: not measured
+    # Worker labels (tasks/config/labels.py) lowering and running its programs need: routing, not content.
+    labels: frozenset = frozenset()
+    runtime_labels: frozenset = frozenset()
 
     @property
     def description(self) -> str:
@@ -223,6 +230,16 @@ class BackendSpec:
     @property
     def runtime_tools(self) -> dict:
         return {name: v for m in self.members for name, v in m.runtime_tools.items()}
+
+    @property
+    def labels(self) -> frozenset:
+        """Worker labels lowering it needs (tasks/config/labels.py)."""
+        return frozenset().union(*(m.labels for m in self.members))
+
+    @property
+    def runtime_labels(self) -> frozenset:
+        """Worker labels running its programs needs."""
+        return frozenset().union(*(m.runtime_labels for m in self.members))
 
     def canonical(self) -> dict:
         return {"members": [m.canonical() for m in self.members]}

@@ -13,6 +13,7 @@ from etforge.config import defaults, npz_index, recipes, schema
 from etforge.config.code_deps import CodeDigests, ImportGraph
 from etforge.config.digest_cache import DigestCache, digest_cache_for
 from etforge.config.hf_source import model_kind, reject_llm_cells, resolve_transformers
+from etforge.config.labels import HostLabels
 from etforge.config.manifest_options import check_options as check_manifest_options
 from etforge.config.matrix import MatrixResolver
 from etforge.config.model import (
@@ -25,7 +26,6 @@ from etforge.config.model import (
     Plan,
     QuantSpec,
 )
-from etforge.config.requirements import missing_requirement
 from etforge.config.selection import cache_settings
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
 from etforge.config.yamlfile import LoadedYaml, load_yaml
@@ -43,6 +43,7 @@ class _Resolver:
         self.versions = versions
         self.imports = ImportGraph(root, digests)  # parses a project file once, memoised by content
         self.recipes = recipes.RecipePath.for_project(root)  # the project's own recipes/ first
+        self.labels = HostLabels(self.recipes)  # worker labels: what cells need, what this host offers
 
     def inside_root(self, rel: str, path: tuple) -> Path:
         full = (self.root / rel).resolve()
@@ -145,6 +146,7 @@ class _Resolver:
             calibration=self.calibration(spec.get("calibration"), path + ("calibration",), inputs),
             validation=self.calibration(spec.get("validation"), path + ("validation",), inputs),
             task=spec.get("task", "other"),
+            **self.labels.model_fields(spec.get("labels") or (), lambda i, m: self.doc.error(path + ("labels", i), m)),
         )
 
     def inputs(self, items: list, where: tuple, dim_ranges: dict) -> tuple:
@@ -276,8 +278,7 @@ class _Resolver:
             partitioner=recipe.data.get("partitioner"),
             options={**recipe.defaults(), **options},
             delegates=delegates,
-            host_runnable=bool(runtime.get("host_runnable", False)),
-            missing=missing_requirement(recipe.data.get("needs")),
+            **self.labels.member_fields(recipe.data, bool(runtime.get("host_runnable", False))),
             min_coverage=recipe.data.get("min_delegation_coverage") if delegates else None,
             tools=self.versions.versions(stage_tools(recipe.data, "lowering")),
             runtime_tools=self.versions.versions(stage_tools(recipe.data, "runtime")),

@@ -8,6 +8,7 @@ $ETFORGE_CACHE_REMOTE, $ETFORGE_CACHE_READ_ONLY   over pipeline.yaml's `cache:` 
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 
@@ -52,6 +53,19 @@ def shard(plan: Plan, cells: tuple, spec: str) -> tuple:
     except ValueError:
         raise PipelineError(f"--shard {spec!r}: expected k/n with 1 <= k <= n, e.g. 2/4", file=plan.display) from None
     return tuple(c for c in cells if int(digest(c.name)[:8], 16) % n == k - 1)
+
+
+def named(plan: Plan, cells: tuple, names: str) -> tuple:
+    """The cells of ``cells`` named in a comma-separated list (``etforge ci-matrix`` hands each CI job
+    its exact list); a name that is no cell of the matrix is one line."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    known = {c.name for c in plan.cells}
+    for name in wanted:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise PipelineError(f"--cells: {name!r} is no cell of the matrix{hint}", file=plan.display)
+    return tuple(c for c in cells if c.name in set(wanted))
 
 
 def cache_settings(section: dict | None, root: Path) -> tuple:

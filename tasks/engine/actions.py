@@ -24,7 +24,7 @@ from etforge.engine.inputs import judges_current_program, upstream_entries
 from etforge.pipeline.keys import content_key
 from etforge.pipeline.results import BuildRequest, Skip, TaskStatus
 from etforge.pipeline.specs import spec_of
-from etforge.pipeline.stages import STAGE, holds, kind_of
+from etforge.pipeline.stages import STAGE, holds, kind_of, missing_here
 
 
 def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = None) -> bool:
@@ -38,7 +38,7 @@ def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = 
     def inputs() -> dict:
         for predicate, reason in stage.skip_if:
             if holds(predicate, plan, subject):
-                raise Skip(reason.format(missing=subject.backend.missing))
+                raise Skip(reason.format(missing=missing_here(subject)))
         return upstream_entries(plan, stage, subject, store, host, rebuild)
 
     def build(workdir: Path, upstream: dict):

@@ -19,7 +19,7 @@ from etforge.config.digest_cache import digest_cache_for
 from etforge.config.machine import host_fingerprint
 from etforge.config.model import Plan
 from etforge.config.resolve import resolve
-from etforge.config.selection import select, shard
+from etforge.config.selection import named, select, shard
 from etforge.core.console import say
 from etforge.core.errors import PipelineError
 from etforge.engine import doit_db
@@ -40,6 +40,7 @@ class Request:
     backend: str | None = None
     quantization: str | None = None
     shard: str | None = None  # k/n
+    cells: str | None = None  # exact cell names (a CI job's list from `etforge ci-matrix`)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,8 @@ def load_selection(request: Request) -> Selection:
         cells = select(plan, model=request.model, backend=request.backend, quantization=request.quantization)
         if request.shard:
             cells = shard(plan, cells, request.shard)
+        if request.cells:
+            cells = named(plan, cells, request.cells)
         ensure_writable(plan)
         specs, cells_by_task = run_specs(plan, cells, host)  # every key, so the digest memo holds their code
         for stage in STAGES:  # matrix-wide keys are computed later, after the memo is saved

@@ -25,11 +25,19 @@ from doit.task import Stream
 from etforge.engine.lifecycle import RunLifecycle
 from etforge.engine.runners import runner_class
 
+
+def dask_runner(lifecycle: RunLifecycle, scheduler: str | None):
+    from etforge.engine.cluster import bound_runner  # (cloudpickle; Dask itself only when it connects)
+
+    return bound_runner(lifecycle, scheduler)
+
+
 PARALLEL_TYPE = {
     **opt_parallel_type,
     "help": (
         "how -n workers run tasks: 'process' (the default: worker processes, each importing torch once; a "
-        "worker that dies fails its task) ['thread' is refused: torch.export is not thread-safe]"
+        "worker that dies fails its task) ['thread' is refused: torch.export is not thread-safe]; 'dask': "
+        "a Dask cluster (--scheduler, else a local one of -n workers; docs/cluster.md)"
     ),
 }
 
@@ -53,9 +61,19 @@ def session_of(loader: TaskLoader2) -> RunSession:
     return session
 
 
+SCHEDULER = {
+    "name": "scheduler",
+    "long": "scheduler",
+    "type": str,
+    "default": None,
+    "env_var": "ETFORGE_SCHEDULER",
+    "help": "with -P dask: the Dask scheduler's address (tcp://host:8786) [default: a local cluster of -n workers]",
+}
+
+
 class Run(DoitRun):
     doc_purpose = "run tasks (default: every stage of the pipeline but release)"
-    cmd_options = tuple(PARALLEL_TYPE if o["name"] == "par_type" else o for o in DoitRun.cmd_options)
+    cmd_options = tuple(PARALLEL_TYPE if o["name"] == "par_type" else o for o in DoitRun.cmd_options) + (SCHEDULER,)
 
     def _execute(
         self,
@@ -71,6 +89,7 @@ class Run(DoitRun):
         force_verbosity=False,
         failure_verbosity=0,
         pdb=False,
+        scheduler=None,
     ):
         session = session_of(self.loader)
         self.control = TaskControl(self.task_list, auto_delayed_regex=auto_delayed_regex)
@@ -88,7 +107,7 @@ class Run(DoitRun):
                 reporter_obj = session.make_reporter(outstream, options)
             else:
                 reporter_obj = self.reporters[reporter](outstream, options)
-            runner = runner_class(session.lifecycle, num_process, par_type)(
+            runner = runner_class(session.lifecycle, num_process, par_type, scheduler, dask_runner)(
                 self.dep_manager,
                 reporter_obj,
                 continue_,

@@ -52,10 +52,23 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 FORK = get_context("fork")
 
 
-def runner_class(lifecycle: RunLifecycle, workers: int, parallel_type: str):
-    """The runner class for ``-n workers -P parallel_type``, bound to this run's lifecycle."""
+RUNNER_NAMES = ("process", "dask")  # -P: forked worker processes, or a Dask cluster (tasks/engine/cluster.py)
+
+
+def runner_class(
+    lifecycle: RunLifecycle, workers: int, parallel_type: str, scheduler: str | None = None, cluster_runner=None
+):
+    """The runner class for ``-n workers -P parallel_type``, bound to this run's lifecycle.
+
+    ``cluster_runner(lifecycle, scheduler)``: the class of ``-P dask`` (tasks/engine/cluster.py,
+    handed in by the run command: it builds on this module's runners)."""
     if workers and parallel_type == "thread":
         return ThreadsRefused
+    if parallel_type not in RUNNER_NAMES + ("thread",):
+        message = f"etforge: error: -P {parallel_type}: no such runner; use {' or '.join(RUNNER_NAMES)}"
+        return type("UnknownRunner", (ThreadsRefused,), {"THREADS_REFUSED": message})
+    if parallel_type == "dask":
+        return cluster_runner(lifecycle, scheduler)
     base = WorkerRunner if workers else OneWorkerRunner
     return type(f"Etforge{base.__name__}", (LifecycleMixin, base), {"lifecycle": lifecycle})
 

@@ -15,7 +15,7 @@ from etforge.engine.actions import matrix_up_to_date, run_matrix_stage, run_stag
 from etforge.engine.cached_run import is_up_to_date
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.specs import spec_of, subjects
-from etforge.pipeline.stages import STAGE, Stage, holds, task_name, upstream_of
+from etforge.pipeline.stages import STAGE, Stage, holds, needs_of, task_name, upstream_of
 
 
 def doc_fields(plan, stage: Stage, subject) -> dict:
@@ -79,6 +79,7 @@ def stage_tasks(plan, stage: Stage, cells, store, host: dict, options: dict | No
                 "uptodate": [(is_up_to_date, [spec, store])],
                 "task_dep": list(dict.fromkeys(_deps(plan, stage, subject))),
                 "verbosity": 2,  # builders send their own output to the task's log file
+                "meta": {"etforge": {"needs": sorted(needs_of(stage, subject))}},  # cluster routing
             }
         )
     return tasks

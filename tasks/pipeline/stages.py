@@ -227,7 +227,12 @@ RELATIONS = {
 
 
 def _lowerable(cell) -> bool:
-    return not cell.backend.missing
+    return not cell.backend.missing and not cell.model.missing
+
+
+def missing_here(cell) -> str | None:
+    """What this host lacks to build ``cell`` (its model's labels, then its backend's needs), or None."""
+    return cell.model.missing or cell.backend.missing
 
 
 def _size_gated(plan, cell, selected) -> bool:
@@ -252,6 +257,18 @@ PREDICATES = {
         m.options.get("external_weights") for m in cell.backend.members
     ),
 }
+
+
+def needs_of(stage: Stage, subject) -> frozenset:
+    """The worker labels a task of ``stage`` needs (tasks/config/labels.py): its model's, a cell's
+    backend's for lowering, and for running its programs where this host runs them by label."""
+    needs = set(getattr(subject, "model", subject).labels)
+    if stage.subject == "cell":
+        backend = subject.backend
+        needs |= backend.labels
+        if stage.name in ("validate", "benchmark") and backend.host_runnable:
+            needs |= backend.runtime_labels
+    return frozenset(needs)
 
 
 def holds(predicate: str, plan, cell, selected=None) -> bool:

@@ -9,7 +9,7 @@ They read ``fakes.json`` in the project directory (written by the test; a later 
 change it) and append one line per call to ``calls.log`` there:
 ``<task> <builder> heavy=<the heavy packages imported in this process, comma-separated>``.
 
-    {"fail": {"<task name>": "raise" | "exit" | "os_exit" | "status"},
+    {"fail": {"<task name>": "raise" | "exit" | "os_exit" | "kill" | "sleep" | "status"},
      "sqnr_db": 99.0,                # what every fake validation measures
      "omit": ["max_abs_error"],      # metrics its verdict leaves out (as an older record may)
      "inputs": "random (seeded)"}    # what it says it measured on
@@ -20,8 +20,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import struct
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +90,10 @@ def _enter(request, stage: str, builder: str) -> str:
         sys.exit(7)
     if how == "os_exit":
         os._exit(0)  # what a model's code or an abort in native code does to its worker
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+    if how == "sleep":
+        time.sleep(30)  # a long task (the test kills something meanwhile)
     return how
 
 
