@@ -131,6 +131,10 @@ class ExportResult(StageResult):
     constant_bytes: int | None = None
     llm_metadata: dict = field(default_factory=dict)  # an LLM's runner metadata methods -> values
     note: str | None = None
+    # where the program's bytes go and the memory its methods plan, when the export measured them
+    # ({"constants", "delegates": {id: bytes}, "program", "total"}; {method: [buffer bytes]})
+    size_breakdown: dict = field(default_factory=dict)
+    planned_bytes: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,59 @@
+"""The report's "changes since <baseline>" section: the baseline the last ``etforge diff`` named.
+
+    remember(plan, baseline)            what ``etforge diff`` leaves for the report
+    changes_since(plan, cells, host)    the section's rows, recomputed from the current records
+
+The report recomputes the comparison at every render from the remembered baseline and the
+cells' current records, so the section is never older than the report (and, being part of
+the report's content, it joins the report's key).
+"""
+
+from __future__ import annotations
+
+import json
+
+from etforge.core.atomic import atomic_write_text
+from etforge.core.digest import canonical_json
+from etforge.pipeline.layout import layout_of
+from etforge.publish import cell_metrics, diff, diff_baseline
+
+
+def _pointer(plan):
+    return layout_of(plan).out_dir / ".diff-baseline.json"
+
+
+def remember(plan, baseline: diff_baseline.Baseline) -> None:
+    atomic_write_text(_pointer(plan), canonical_json({"source": str(baseline.source.resolve())}) + "\n")
+
+
+def scoped(plan, cells, baseline_cells: dict) -> dict:
+    """The baseline's cells a comparison of ``cells`` covers: the selected ones, and those the
+    pipeline no longer has (removed); a cell of the pipeline left out of the selection is not."""
+    models = {c.model.name for c in cells}
+    selected = {c.name for c in cells} | {r.name for r in plan.rejected if r.model in models}
+    known = {c.name for c in plan.cells} | {r.name for r in plan.rejected}
+    return {n: v for n, v in baseline_cells.items() if n in selected or n not in known}
+
+
+def compare(plan, cells, host, baseline: diff_baseline.Baseline) -> list:
+    current = cell_metrics.snapshot(plan, cells, host)
+    return diff.compare(scoped(plan, cells, baseline.cells), baseline.timings, current, plan.diff)
+
+
+def changes_since(plan, cells, host) -> dict | None:
+    """{"label", "summary", "rows"} against the remembered baseline; None when there is none (or it
+    is gone: the section then leaves the report rather than show a comparison with nothing)."""
+    try:
+        source = json.loads(_pointer(plan).read_text(encoding="utf-8"))["source"]
+        baseline = diff_baseline.load(plan, source)
+    except (OSError, ValueError, KeyError, TypeError, diff_baseline.BaselineError):
+        return None
+    changes = compare(plan, cells, host, baseline)
+    return {
+        "label": baseline.label,
+        "summary": diff.summary_line(changes, baseline.label),
+        "rows": [
+            {"cell": c.cell, "what": c.what, "before": c.before, "after": c.after, "kind": c.kind, "note": c.note}
+            for c in diff.ordered(changes)
+        ],
+    }
