@@ -105,13 +105,15 @@ def _pct_change(name, what, a, b, pct, fmt, higher_is_worse=True, note="") -> li
     return [Change(name, what, fmt(a), fmt(b), kind, f"{change:+.1f}% (tolerance {pct:g}%)" + note)]
 
 
-def _abs_change(name, what, a, b, bound, fmt, unit="") -> list:
-    """A change of a higher-is-better figure judged by an absolute tolerance."""
+def _abs_change(name, what, a, b, bound, fmt, unit="", scale=1.0) -> list:
+    """A change of a higher-is-better figure judged by an absolute tolerance (shown times ``scale``)."""
     a, b = finite(a), finite(b)
     if a is None or b is None or a == b:
         return []
     kind = REGRESSION if a - b > bound else IMPROVEMENT if b - a > bound else CHANGED
-    return [Change(name, what, fmt(a), fmt(b), kind, f"{b - a:+.4g}{unit} (tolerance {bound:g}{unit})")]
+    return [
+        Change(name, what, fmt(a), fmt(b), kind, f"{(b - a) * scale:+.4g}{unit} (tolerance {bound * scale:g}{unit})")
+    ]
 
 
 def fmt_bytes(value) -> str:
@@ -144,7 +146,7 @@ def _metrics(name: str, a: dict, b: dict, tol: dict) -> list:
     if _get(a, "numerics", "exact") and finite(_get(b, "numerics", "sqnr_db")) is not None:
         out.append(Change(name, "sqnr_db", "exact", _db(_get(b, "numerics", "sqnr_db")), CHANGED, "no longer exact"))
     for k in ("top1_agreement", "top5_agreement"):
-        out += _abs_change(name, k, _get(a, "numerics", k), _get(b, "numerics", k), tol["top_k"], _frac)
+        out += _abs_change(name, k, _get(a, "numerics", k), _get(b, "numerics", k), tol["top_k"], _frac, " points", 100)
     outputs_a = {o.get("output"): o for o in _get(a, "numerics", "outputs") or () if isinstance(o, dict)}
     outputs_b = {o.get("output"): o for o in _get(b, "numerics", "outputs") or () if isinstance(o, dict)}
     if len(outputs_b) > 1:  # one output: the worst output's figures above already say it
@@ -153,7 +155,7 @@ def _metrics(name: str, a: dict, b: dict, tol: dict) -> list:
             what = f"{output} sqnr_db"
             out += _abs_change(name, what, oa.get("sqnr_db"), ob.get("sqnr_db"), tol["sqnr_db"], _db, " dB")
             for k in ("top1_agreement", "top5_agreement"):
-                out += _abs_change(name, f"{output} {k}", oa.get(k), ob.get(k), tol["top_k"], _frac)
+                out += _abs_change(name, f"{output} {k}", oa.get(k), ob.get(k), tol["top_k"], _frac, " points", 100)
     out += _abs_change(
         name,
         "coverage",
@@ -161,6 +163,8 @@ def _metrics(name: str, a: dict, b: dict, tol: dict) -> list:
         _get(b, "delegation", "coverage"),
         tol["coverage_pct"] / 100,
         _frac,
+        " points",
+        100,
     )
     return out
 
