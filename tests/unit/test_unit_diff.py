@@ -232,3 +232,90 @@ def test_explain_names_a_changed_model_helper_module_and_a_changed_threshold(etf
     assert "models/blocks.py changed (sha " in again.out, again.out
     assert etforge("export", "validate").code == 0
     assert cli(etforge, "explain", "export:a/xnnpack/fp32").out.strip() == "export:a/xnnpack/fp32: up to date"
+
+
+def test_a_git_revision_names_the_release_built_from_it(etforge, project):
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(
+            ["git", "-c", "user.email=t@example.com", "-c", "user.name=t", *args],
+            cwd=project.root,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+
+    git("init", "-q")
+    git("add", "pipeline.yaml", "models")
+    git("commit", "-q", "-m", "the models")
+    assert etforge("release").code == 0
+    run = cli(etforge, "diff", "--baseline", "HEAD")
+    assert run.code == 0, run.out + run.err
+    assert "0 regression(s)" in run.out
+    unknown = cli(etforge, "diff", "--baseline", "HEAD~3")
+    assert unknown.code == 2 and "baseline HEAD~3 is missing" in unknown.err, unknown.err
+    git("commit", "-q", "--allow-empty", "-m", "later")
+    later = cli(etforge, "diff", "--baseline", "HEAD")
+    assert later.code == 2 and "no release of revision" in later.err, later.err
+
+
+# ---------------------------------------------------------------- states, outputs, structure, on recorded figures
+
+
+def _kinds(base: dict, now: dict, **tolerances) -> set:
+    tol = {**defaults.DIFF_TOLERANCES, **tolerances}
+    return {(c.cell, c.what, c.kind) for c in diff.compare(base, {}, {"cells": now}, tol)}
+
+
+def test_state_transitions_new_lost_broken_fixed_and_no_longer_provisional():
+    base = {"a": {"status": "ok"}, "b": {"status": "failed"}, "c": {"status": "provisional"}, "d": {"status": "ok"}}
+    now = {"a": {"status": "failed"}, "b": {"status": "ok"}, "c": {"status": "ok"}, "e": {"status": "ok"}}
+    assert _kinds(base, now) == {
+        ("a", "state", "regression"),
+        ("b", "state", "improvement"),
+        ("c", "state", "improvement"),
+        ("d", "state", "regression"),  # shipped, and gone: a lost cell
+        ("e", "state", "new"),
+    }
+
+
+def _shipped(**metrics) -> dict:
+    return {"status": "ok", "sha256": metrics.pop("sha256", "1" * 64), "metrics": metrics}
+
+
+def test_each_output_is_judged_on_its_own():
+    outputs = [{"output": "boxes", "sqnr_db": 40.0}, {"output": "logits", "sqnr_db": 40.0, "top1_agreement": 1.0}]
+    worse = [{"output": "boxes", "sqnr_db": 39.5}, {"output": "logits", "sqnr_db": 30.0, "top1_agreement": 0.9}]
+    base = {"m": _shipped(numerics={"sqnr_db": 40.0, "outputs": outputs})}
+    now = {"m": _shipped(numerics={"sqnr_db": 30.0, "outputs": worse})}
+    assert _kinds(base, now) == {
+        ("m", "sqnr_db", "regression"),
+        ("m", "boxes sqnr_db", "changed"),  # 0.5 dB: within the default 1 dB
+        ("m", "logits sqnr_db", "regression"),
+        ("m", "logits top1_agreement", "regression"),
+    }
+    assert ("m", "logits sqnr_db", "changed") in _kinds(base, now, sqnr_db=20)
+
+
+def test_a_changed_program_is_summarised_by_its_structure():
+    before = {
+        "size": {"bytes": 1000, "breakdown": {"constants": 600, "delegates": {"XnnpackBackend": 300}, "program": 100}},
+        "delegation": {"not_delegated": {"aten.atan.default": 1}, "delegated_by_backend": {"XnnpackBackend": 4}},
+        "memory": {"planned_bytes": {"forward": [1024]}},
+    }
+    after = {
+        "size": {"bytes": 1010, "breakdown": {"constants": 600, "delegates": {"XnnpackBackend": 310}, "program": 100}},
+        "delegation": {"not_delegated": {}, "delegated_by_backend": {"XnnpackBackend": 5}},
+        "memory": {"planned_bytes": {"forward": [2048]}},
+    }
+    changes = diff.compare(
+        {"m": _shipped(**before)}, {}, {"cells": {"m": _shipped(sha256="2" * 64, **after)}}, defaults.DIFF_TOLERANCES
+    )
+    found = {c.what: c for c in changes}
+    assert found["size"].kind == "changed" and "delegates.XnnpackBackend 300 B -> 310 B" in found["size"].note
+    assert found["planned memory"].kind == "regression"  # twice the arena
+    program = found["program"].note
+    assert "portable op aten.atan.default x1 -> x0" in program
+    assert "ops delegated to XnnpackBackend x4 -> x5" in program
+    assert "planned buffers of forward [1024] -> [2048]" in program
