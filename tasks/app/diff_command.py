@@ -19,7 +19,7 @@ from etforge.app.loader import SELECTION_OPTIONS, request_from
 from etforge.core.atomic import atomic_write_text
 from etforge.core.console import say
 from etforge.engine.entry import load_selection
-from etforge.publish import diff, diff_baseline, diff_section
+from etforge.publish import diff, diff_baseline, diff_section, outcome
 
 OPTIONS = (
     {
@@ -70,6 +70,14 @@ class Diff(Command):
             say(f"etforge: error: {exc}")
             return 2
         changes = diff_section.compare(plan, selection.cells, selection.host, baseline)
+        pending = [
+            o.cell for o in outcome.outcomes(plan, selection.cells, selection.host) if o.status in outcome.PENDING
+        ]
+        if pending:
+            say(
+                f"etforge: diff: {len(pending)} cell(s) have no current verdict ({', '.join(pending[:3])}"
+                f"{', ...' if len(pending) > 3 else ''}): run `etforge` first to compare what this checkout builds"
+            )
         print(diff.console_table(changes, baseline.label), end="")
         text = diff.markdown(changes, baseline.label)
         target = Path(params["markdown"]) if params.get("markdown") else selection.layout.out_dir / "diff.md"

@@ -24,10 +24,11 @@ from pathlib import Path
 
 from etforge.pipeline.layout import layout_of
 from etforge.publish import outcome
+from etforge.publish.release import PROVENANCE_FORMAT
 
 PROVENANCE = "provenance.json"
-KNOWN_FORMAT = 2  # etforge-provenance/<n>: the newest this etforge reads
 FORMAT = re.compile(r"^etforge-provenance/(\d+)$")
+KNOWN_FORMAT = int(PROVENANCE_FORMAT.rsplit("/", 1)[1])  # the newest format this etforge reads
 
 
 class BaselineError(Exception):

@@ -3,7 +3,8 @@
     remember(plan, baseline)            what ``etforge diff`` leaves for the report
     changes_since(plan, cells, host)    the section's rows, recomputed from the current records
 
-The report recomputes the comparison at every render from the remembered baseline and the
+The report recomputes the comparison at every render from the remembered baseline (what it
+recorded, kept here with the stat of its file: no archive is read on a no-op run) and the
 cells' current records, so the section is never older than the report (and, being part of
 the report's content, it joins the report's key).
 """
@@ -11,6 +12,7 @@ the report's content, it joins the report's key).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from etforge.core.atomic import atomic_write_text
 from etforge.core.digest import canonical_json
@@ -22,8 +24,26 @@ def _pointer(plan):
     return layout_of(plan).out_dir / ".diff-baseline.json"
 
 
+def _stat(path) -> list | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
+
+
 def remember(plan, baseline: diff_baseline.Baseline) -> None:
-    atomic_write_text(_pointer(plan), canonical_json({"source": str(baseline.source.resolve())}) + "\n")
+    """Keep what the report needs of ``baseline``: what it recorded, and the stat of where it came
+    from (so that a report renders without reading an archive, and drops the section once the
+    release there is replaced or gone)."""
+    kept = {
+        "source": str(baseline.source.resolve()),
+        "stat": _stat(baseline.source / "provenance.json" if baseline.source.is_dir() else baseline.source),
+        "label": baseline.label,
+        "cells": baseline.cells,
+        "timings": baseline.timings,
+    }
+    atomic_write_text(_pointer(plan), canonical_json(kept) + "\n")
 
 
 def scoped(plan, cells, baseline_cells: dict) -> dict:
@@ -41,12 +61,17 @@ def compare(plan, cells, host, baseline: diff_baseline.Baseline) -> list:
 
 
 def changes_since(plan, cells, host) -> dict | None:
-    """{"label", "summary", "rows"} against the remembered baseline; None when there is none (or it
-    is gone: the section then leaves the report rather than show a comparison with nothing)."""
+    """{"label", "summary", "rows"} against the remembered baseline; None when there is none, or
+    when the release it came from was replaced or removed since (no comparison with nothing)."""
     try:
-        source = json.loads(_pointer(plan).read_text(encoding="utf-8"))["source"]
-        baseline = diff_baseline.load(plan, source)
-    except (OSError, ValueError, KeyError, TypeError, diff_baseline.BaselineError):
+        kept = json.loads(_pointer(plan).read_text(encoding="utf-8"))
+        source = Path(kept["source"])
+        if kept["stat"] != _stat(source / "provenance.json" if source.is_dir() else source):
+            return None
+        baseline = diff_baseline.Baseline(
+            label=str(kept["label"]), source=source, cells=dict(kept["cells"]), timings=dict(kept["timings"])
+        )
+    except (OSError, ValueError, KeyError, TypeError):
         return None
     changes = compare(plan, cells, host, baseline)
     return {
