@@ -49,6 +49,9 @@ def why(spec: TaskSpec, current_inputs: Callable[[str], dict | None]) -> Explana
     if not isinstance(record, dict) or not record.get("key"):
         return Explanation(spec.name, False, ("never run here (no record of a run under any key)",))
     if record.get("key") == spec.key:
+        if record.get("status") == "failed":  # the same inputs: whether it runs again is the engine's call
+            reason = str(record.get("reason") or "failed").splitlines()[0]
+            return Explanation(spec.name, False, (f"inputs unchanged since its last run, which failed: {reason}",))
         return Explanation(spec.name, True, ())
     old = record.get("inputs") if isinstance(record.get("inputs"), dict) else inputs_by_key(spec, record["key"])
     new = spec.inputs or {}

@@ -322,3 +322,16 @@ def test_a_changed_program_is_summarised_by_its_structure():
     assert "portable op aten.atan.default x1 -> x0" in program
     assert "ops delegated to XnnpackBackend x4 -> x5" in program
     assert "planned buffers of forward [1024] -> [2048]" in program
+
+
+def test_explain_says_when_the_last_run_under_these_inputs_failed(etforge, project):
+    etforge.control(fail={"validate:a/xnnpack/fp32": "raise"})
+    assert etforge("export", "validate").code == 1
+    run = cli(etforge, "explain", "validate:a/xnnpack/fp32", "validate")
+    assert run.code == 0, run.err
+    lines = run.out.splitlines()
+    assert lines[0] == (
+        "validate:a/xnnpack/fp32: inputs unchanged since its last run, which failed: RuntimeError: fake validate broke on purpose"
+    )
+    assert "validate:b/xnnpack/fp32: up to date" in lines  # a stage name explains each of its tasks
+    assert cli(etforge, "explain", "nosuch:task").code == 3
