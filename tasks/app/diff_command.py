@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from doit import get_var
 from doit.cmd_base import Command
 
 from etforge.app.loader import SELECTION_OPTIONS, request_from
@@ -52,12 +53,7 @@ class Diff(Command):
     cmd_options = SELECTION_OPTIONS + OPTIONS
 
     def execute(self, params, args):
-        given = params.get("baseline")
-        for arg in args:
-            if arg.startswith("baseline=") and not given:
-                given = arg.split("=", 1)[1]
-            elif not given:
-                given = arg
+        given = params.get("baseline") or get_var("baseline", None) or (args[0] if args else None)
         if not given:
             say("etforge: error: diff needs a baseline: etforge diff --baseline <release .tar.gz | dir | git revision>")
             return 2

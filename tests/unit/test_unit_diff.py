@@ -256,6 +256,7 @@ def test_a_git_revision_names_the_release_built_from_it(etforge, project):
     run = cli(etforge, "diff", "--baseline", "HEAD")
     assert run.code == 0, run.out + run.err
     assert "0 regression(s)" in run.out
+    assert cli(etforge, "diff", "baseline=HEAD").code == 0  # the doit form: `doit diff baseline=<...>`
     unknown = cli(etforge, "diff", "--baseline", "HEAD~3")
     assert unknown.code == 2 and "baseline HEAD~3 is missing" in unknown.err, unknown.err
     git("commit", "-q", "--allow-empty", "-m", "later")
