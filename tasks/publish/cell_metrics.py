@@ -24,6 +24,7 @@ from etforge.pipeline.layout import layout_of
 from etforge.publish import outcome
 
 MEASURED_FORMAT = 1  # the shape of measured(): a diff reads older ones as far as they go
+PROVENANCE_FORMAT = "etforge-provenance/2"  # a release's provenance.json; etforge diff refuses a newer one
 
 
 def _round(value, digits: int):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from etforge.pipeline.layout import layout_of
 from etforge.publish import outcome
-from etforge.publish.release import PROVENANCE_FORMAT
+from etforge.publish.cell_metrics import PROVENANCE_FORMAT
 
 PROVENANCE = "provenance.json"
 FORMAT = re.compile(r"^etforge-provenance/(\d+)$")

@@ -62,7 +62,6 @@ from etforge.publish import cell_metrics, outcome
 from etforge.publish.manifests.naming import data_file_name
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
-PROVENANCE_FORMAT = "etforge-provenance/2"  # etforge diff refuses a release of a newer format
 NOT_MEASURED = "not measured: this backend does not lower where etforge is tested"
 
 
@@ -168,7 +167,7 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
     by_name = {c.name: c for c in plan.cells}
     members = {m.recipe: m for o in shipped for m in by_name[o.cell].backend.members}
     return {
-        "format": PROVENANCE_FORMAT,
+        "format": cell_metrics.PROVENANCE_FORMAT,
         "release": release_name(plan),
         "etforge_version": etforge.__version__,
         "git_revision": git_revision(plan.root),
