@@ -69,12 +69,25 @@ def measured(plan, cell, o: outcome.CellOutcome) -> dict:
         {
             "format": MEASURED_FORMAT,
             "model_sha256": digest(cell.model.canonical()),
+            "tools": tools(cell),
             "size": _compact(size),
             "delegation": _compact(delegation),
             "numerics": _compact(numerics),
             "memory": _compact(memory),
         }
     )
+
+
+def tools(cell) -> dict:
+    """The versions of the compilers, SDKs and runtimes the cell's recipes use (beyond the
+    pipeline's toolchain): its lowering, quantizer and runtime tools, by name."""
+    out: dict = {}
+    for member in cell.backend.members:
+        out.update(member.tools)
+        out.update(member.runtime_tools)
+    if cell.transform is not None:
+        out.update(cell.transform.tools)
+    return {k: out[k] for k in sorted(out)}
 
 
 def per_output(plan, cell, o: outcome.CellOutcome) -> list:
@@ -129,4 +142,4 @@ def snapshot(plan, cells, host: dict | None) -> dict:
     for r in plan.rejected:
         if r.model in models:
             rows.setdefault(r.name, {"status": "rejected"})
-    return {"cells": rows, "timings": bench}
+    return {"cells": rows, "timings": bench, "toolchain": dict(plan.toolchain or {})}

@@ -50,10 +50,11 @@ def _ships(status) -> bool:
     return status in {str(s) for s in SHIPS}
 
 
-def compare(base_cells: dict, base_timings: dict, current: dict, tol: dict) -> list:
-    """Every change between the baseline's cells and the current snapshot, cell by cell."""
+def compare(base_cells: dict, base_timings: dict, current: dict, tol: dict, base_toolchain: dict | None = None) -> list:
+    """Every change between the baseline's cells and the current snapshot, cell by cell (and the
+    pipeline's toolchain, under the name ``toolchain``)."""
     now_cells, now_timings = current.get("cells") or {}, current.get("timings") or {}
-    out: list = []
+    out: list = toolchain(base_toolchain or {}, current.get("toolchain") or {})
     for name in sorted(base_cells.keys() | now_cells.keys()):
         before, after = base_cells.get(name), now_cells.get(name)
         if before is None and after is not None:
@@ -243,12 +244,26 @@ def _inputs(name: str, before: dict, after: dict) -> list:
             f"{k} {ta.get(k, '-')} -> {tb.get(k, '-')}" for k in sorted(ta.keys() | tb.keys()) if ta.get(k) != tb.get(k)
         ]
         out.append(Change(name, "thresholds", _kv(ta), _kv(tb), CHANGED, ", ".join(shown)))
+    ka, kb = _get(before, "metrics", "tools"), _get(after, "metrics", "tools")
+    if isinstance(ka, dict) and isinstance(kb, dict) and ka != kb:
+        for k in sorted(ka.keys() | kb.keys()):
+            if ka.get(k) != kb.get(k):
+                out.append(Change(name, k, str(ka.get(k, "-")), str(kb.get(k, "-")), CHANGED, "a recipe's tool"))
     ma, mb = _get(before, "metrics", "model_sha256"), _get(after, "metrics", "model_sha256")
     if ma and mb and ma != mb:
         out.append(
             Change(name, "model", ma[:12], mb[:12], CHANGED, "the model's definition changed (code, weights or inputs)")
         )
     return out
+
+
+def toolchain(before: dict, after: dict) -> list:
+    """The toolchain versions that differ (torch, executorch, ...): context for every other change."""
+    return [
+        Change("toolchain", str(k), str(before.get(k, "-")), str(after.get(k, "-")), CHANGED)
+        for k in sorted(before.keys() | after.keys())
+        if before and before.get(k) != after.get(k)
+    ]
 
 
 def _kv(mapping: dict) -> str:

@@ -42,6 +42,7 @@ def remember(plan, baseline: diff_baseline.Baseline) -> None:
         "label": baseline.label,
         "cells": baseline.cells,
         "timings": baseline.timings,
+        "toolchain": baseline.toolchain,
     }
     atomic_write_text(_pointer(plan), canonical_json(kept) + "\n")
 
@@ -57,7 +58,7 @@ def scoped(plan, cells, baseline_cells: dict) -> dict:
 
 def compare(plan, cells, host, baseline: diff_baseline.Baseline) -> list:
     current = cell_metrics.snapshot(plan, cells, host)
-    return diff.compare(scoped(plan, cells, baseline.cells), baseline.timings, current, plan.diff)
+    return diff.compare(scoped(plan, cells, baseline.cells), baseline.timings, current, plan.diff, baseline.toolchain)
 
 
 def changes_since(plan, cells, host) -> dict | None:
@@ -69,7 +70,11 @@ def changes_since(plan, cells, host) -> dict | None:
         if kept["stat"] != _stat(source / "provenance.json" if source.is_dir() else source):
             return None
         baseline = diff_baseline.Baseline(
-            label=str(kept["label"]), source=source, cells=dict(kept["cells"]), timings=dict(kept["timings"])
+            label=str(kept["label"]),
+            source=source,
+            cells=dict(kept["cells"]),
+            timings=dict(kept["timings"]),
+            toolchain=dict(kept.get("toolchain") or {}),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -336,3 +336,16 @@ def test_explain_says_when_the_last_run_under_these_inputs_failed(etforge, proje
     )
     assert "validate:b/xnnpack/fp32: up to date" in lines  # a stage name explains each of its tasks
     assert cli(etforge, "explain", "nosuch:task").code == 3
+
+
+def test_toolchain_and_recipe_tool_versions_that_changed_are_named():
+    base = {"m": _shipped(tools={"openvino": "2025.3.0"})}
+    now = {"m": _shipped(tools={"openvino": "2025.4.1"})}
+    current = {"cells": now, "toolchain": {"torch": "2.13.0", "executorch": "1.5.1"}}
+    changes = diff.compare(base, {}, current, defaults.DIFF_TOLERANCES, {"torch": "2.12.0", "executorch": "1.5.1"})
+    found = {(c.cell, c.what, c.before, c.after, c.kind) for c in changes}
+    assert found == {
+        ("toolchain", "torch", "2.12.0", "2.13.0", "changed"),
+        ("m", "openvino", "2025.3.0", "2025.4.1", "changed"),
+    }
+    assert not any(c.fails for c in changes)  # context for the other changes, not a regression
