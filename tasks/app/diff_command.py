@@ -77,12 +77,16 @@ class Diff(Command):
         print(diff.console_table(changes, baseline.label), end="")
         text = diff.markdown(changes, baseline.label)
         target = Path(params["markdown"]) if params.get("markdown") else selection.layout.out_dir / "diff.md"
-        atomic_write_text(target, text)
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        if summary:
-            with open(summary, "a", encoding="utf-8") as f:
-                f.write(text)
-        diff_section.remember(plan, baseline)
+        try:
+            atomic_write_text(target, text)
+            if summary:
+                with open(summary, "a", encoding="utf-8") as f:
+                    f.write(text)
+            diff_section.remember(plan, baseline)
+        except OSError as exc:
+            say(f"etforge: error: cannot write {exc.filename or target}: {exc.strerror or exc}")
+            return 1
         failing = [c for c in changes if c.fails]
         if failing:
             say(f"etforge: diff: {len(failing)} regression(s) beyond tolerance since {baseline.label}")
