@@ -4,6 +4,8 @@
     etforge export                one stage, for every cell (validate, benchmark, report, ...)
     etforge release --allow-failures
     etforge list | info TASK | init [DIR] | ci-matrix | help [COMMAND]
+    etforge explain TASK          what changed in the task's key inputs since its last recorded run
+    etforge diff --baseline R     this run against a release (archive, directory or git revision)
 
 Everything is registered through doit's documented extension API: the task loader is
 handed to ``DoitMain``, the rest are plugins (``DOIT_PLUGINS``). The same table, in this
@@ -29,6 +31,8 @@ DOIT_PLUGINS = {
         "run": "etforge.engine.run_command:Run",
         "init": "etforge.app.init:Init",
         "ci-matrix": "etforge.app.ci_matrix:CiMatrix",
+        "explain": "etforge.app.explain:Explain",
+        "diff": "etforge.app.diff_command:Diff",
     },
     "BACKEND": {"etforge": "etforge.engine.doit_db:EtforgeDB"},
     "REPORTER": {"etforge": "etforge.publish.progress:EtforgeReporter"},

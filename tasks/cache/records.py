@@ -7,6 +7,12 @@ size and mtime), so deciding "up to date" is a JSON read and a stat per file.
 
 A record counts only for the key it was made from (:func:`current`): one with any
 other key was made before an input changed, by another revision, or by hand.
+
+A record made under the spec's own key also keeps the named inputs of that key
+(``inputs``: facts, tool versions, code digests, upstream keys; etforge.pipeline.keys
+inputs_of), and each key's inputs are kept once more by key (``.state/keys/<key>.json``,
+:func:`inputs_by_key`), so that ``etforge explain`` can say what changed, upstream too,
+after the upstream task ran again.
 """
 
 from __future__ import annotations
@@ -65,7 +71,28 @@ def write_state(
         "entry": entry or {},
         "log": str(log) if log else None,
     }
+    if key is None and spec.inputs is not None:
+        record["inputs"] = spec.inputs
+        _keep_inputs(spec)
     atomic_write_text(spec.state_file, canonical_json(record))
+
+
+def _keys_dir(spec: TaskSpec) -> Path:
+    return spec.state_file.parent / "keys"
+
+
+def _keep_inputs(spec: TaskSpec) -> None:
+    path = _keys_dir(spec) / f"{spec.key}.json"
+    if not path.exists():  # a key's inputs never change: written once
+        atomic_write_text(path, canonical_json(spec.inputs))
+
+
+def inputs_by_key(spec: TaskSpec, key: str | None) -> dict | None:
+    """The named inputs a task of ``spec``'s pipeline once recorded for ``key``, or None."""
+    if not key or not all(c in "0123456789abcdef" for c in key):
+        return None
+    found = read_state(_keys_dir(spec) / f"{key}.json")
+    return found if isinstance(found, dict) else None
 
 
 def record_failure(spec: TaskSpec, reason: str) -> None:

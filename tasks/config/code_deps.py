@@ -232,7 +232,15 @@ class CodeDigests:
         """sha256 over the relative names and contents of the closure of ``modules``."""
         key = tuple(sorted(modules))
         if key not in self._memo:
-            self._memo[key] = digest({rel: self._file_digest(self.root / rel) for rel in self.files(key)})
+            self._memo[key] = digest(self.file_digests(key))
+        return self._memo[key]
+
+    def file_digests(self, modules: Iterable[str]) -> dict:
+        """{relative file: sha256} of the closure of ``modules``: what :meth:`of` digests, kept by
+        name so that a task's record can say which file changed (``etforge explain``)."""
+        key = ("files",) + tuple(sorted(modules))
+        if key not in self._memo:
+            self._memo[key] = {rel: self._file_digest(self.root / rel) for rel in self.files(key[1:])}
         return self._memo[key]
 
     def _file_digest(self, path: Path) -> str:

@@ -25,6 +25,19 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")  # the files an `images:` fol
 BENCHMARK = {"warmup": 5, "iterations": 50, "threads": None, "max_seconds": 10.0, "method": "forward"}
 REGRESSION_PCT = 10.0  # benchmark.regression_pct: slower than the baseline by more than this is flagged
 
+# ---------------------------------------------------------------- etforge diff (pipeline.yaml `diff:`)
+# What counts as a regression against a baseline release (tasks/publish/diff.py). Timings also
+# get NOISE_SIGMA times the baseline's own spread (its latency stdev) on top of latency_pct.
+DIFF_TOLERANCES = {
+    "size_pct": 2.0,  # a program (or its external weights, or planned memory) this much larger
+    "sqnr_db": 1.0,  # SQNR this many dB lower (the worst output, and each output)
+    "top_k": 0.01,  # top-1/top-5 agreement this much lower (a fraction)
+    "coverage_pct": 1.0,  # delegation coverage this many percentage points lower
+    "latency_pct": 10.0,  # p50 or p90 this much slower, or tokens per second this much fewer
+    "memory_pct": 10.0,  # peak RSS this much higher
+    "noise_sigma": 2.0,
+}
+
 # ---------------------------------------------------------------- gates
 # Bytes a scheme may add for its own bookkeeping (quantization parameters, quantize and
 # dequantize nodes, casts) before its saving shows; a recipe's size_gate.overhead_bytes wins.

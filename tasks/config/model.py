@@ -371,6 +371,7 @@ class Plan:
     artifacts_allow_outside: bool = False  # `artifacts: {allow_outside: true}`: follow links out of the project
     recipe_path: recipes.RecipePath = field(default_factory=recipes.RecipePath)  # a project's recipes/ first
     expected_failures: tuple = ()  # of ExpectedFailure; never part of a key (they change no output)
+    diff: dict = field(default_factory=dict)  # `diff:` tolerances, every default filled in (etforge diff)
     # Values derived from this plan and nothing else (task keys), computed once per process.
     memo: dict = field(default_factory=dict, repr=False, compare=False)
 

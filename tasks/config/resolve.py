@@ -404,6 +404,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         manifests=data.get("manifests") or {},
         expected_failures=expected_failures,
         artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False),
+        diff={**defaults.DIFF_TOLERANCES, **(data.get("diff") or {})},
     )
 
 

@@ -106,24 +106,51 @@ def key_of(plan, stage: Stage, subject, host: dict | None = None, fresh: bool = 
     anyway (to check that the subjects sharing one task name share its key).
     """
     if fresh or "host" in stage.key_inputs:
-        return _key(plan, stage, subject, host)
+        return key_from(inputs_of(plan, stage, subject, host, fresh))
     memo = plan.memo.setdefault("keys", {})
     name = task_name(stage, subject)
     if name not in memo:
-        memo[name] = _key(plan, stage, subject, host)
+        memo[name] = key_from(inputs_of(plan, stage, subject, host))
     return memo[name]
 
 
-def _key(plan, stage: Stage, subject, host: dict | None) -> str:
+def inputs_of(plan, stage: Stage, subject, host: dict | None = None, fresh: bool = False) -> dict:
+    """The named inputs of the task's key (:func:`key_from` digests them), memoised like the key:
+
+        {"stage": name, "facts": {fact: value}, "upstream": {relation: {"task", "key"}},
+         "code": {etforge file: sha256}}
+
+    A task's record keeps them, so that ``etforge explain`` can name what changed."""
+    if fresh or "host" in stage.key_inputs:
+        return _inputs(plan, stage, subject, host)
+    memo = plan.memo.setdefault("inputs", {})
+    name = task_name(stage, subject)
+    if name not in memo:
+        memo[name] = _inputs(plan, stage, subject, host)
+    return memo[name]
+
+
+def _inputs(plan, stage: Stage, subject, host: dict | None) -> dict:
+    return {
+        "stage": stage.name,
+        "facts": {name: FACTS[name](plan, subject, host) for name in stage.key_inputs},
+        "upstream": {
+            relation: {"task": task_name(up, up_subject), "key": key_of(plan, up, up_subject, host)}
+            for relation, up, up_subject in upstream_of(plan, stage, subject)
+        },
+        "code": plan.code.file_digests(stage.code_for(kind_of(subject))),
+    }
+
+
+def key_from(inputs: dict) -> str:
+    """The key named by :func:`inputs_of`'s inputs: the stage, the facts, the upstream keys and one
+    digest of the code (the same digest as before the inputs were kept by name)."""
     return digest(
         {
-            "stage": stage.name,
-            "facts": {name: FACTS[name](plan, subject, host) for name in stage.key_inputs},
-            "upstream": {
-                relation: key_of(plan, up, up_subject, host)
-                for relation, up, up_subject in upstream_of(plan, stage, subject)
-            },
-            "code": plan.code.of(stage.code_for(kind_of(subject))),
+            "stage": inputs["stage"],
+            "facts": inputs["facts"],
+            "upstream": {relation: up["key"] for relation, up in inputs["upstream"].items()},
+            "code": digest(inputs["code"]),
         }
     )
 

@@ -9,10 +9,10 @@ cells_of_tasks(plan, task_names, cells)     the cells those tasks belong to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from etforge.pipeline.keys import key_of
+from etforge.pipeline.keys import inputs_of, key_of
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.stages import STAGE, STAGES, Stage, holds, subject_of, task_name, upstream_of
 
@@ -28,6 +28,8 @@ class TaskSpec:
     log_file: Path
     keep_entry: bool = False  # other tasks read this task's store entry: up to date only while it is there
     judges: TaskSpec | None = None  # the export whose program.pte this task's verdict is about
+    # the named inputs of ``key`` (etforge.pipeline.keys.inputs_of): its record keeps them (explain)
+    inputs: dict | None = field(default=None, compare=False, repr=False)
 
 
 def _stage(stage) -> Stage:
@@ -67,6 +69,7 @@ def spec_of(plan, stage, subject=None, host: dict | None = None, key: str | None
         log_file=layout.log_path(name),
         keep_entry=stage.keep_entry,
         judges=judges,
+        inputs=inputs_of(plan, stage, subject, host),
     )
 
 

@@ -18,8 +18,11 @@ other than the packed file's. <name>-<version>.tar.gz packs the directory with
 sorted entries, fixed mtimes, owners and modes and a gzip header without a
 timestamp, so two builds of the same revision give identical bytes. Host
 timings vary run to run, so they stay out of the archive: they go to
-<name>-<version>.bench.json beside it. provenance.json says, per backend recipe
-in the release, whether its programs are byte-reproducible.
+<name>-<version>.bench.json beside it (NOT reproducible: p50, p90, spread, peak
+RSS and an LLM's tokens per second, per cell, with the host). provenance.json says,
+per backend recipe in the release, whether its programs are byte-reproducible, and
+per shipped cell every deterministic figure a later ``etforge diff`` compares
+(tasks/publish/cell_metrics.py ``metrics``), with the toolchain versions.
 
 The release refuses (one line) when a cell fails (failed, unexpectedly passing)
 unless ``--allow-failures``, which packs the rest, records the failures in
@@ -55,7 +58,7 @@ from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import spec_of
 from etforge.pipeline.stage_results import ReleaseResult
 from etforge.pipeline.stages import STAGE, task_name
-from etforge.publish import outcome
+from etforge.publish import cell_metrics, outcome
 from etforge.publish.manifests.naming import data_file_name
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
@@ -164,12 +167,12 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
     by_name = {c.name: c for c in plan.cells}
     members = {m.recipe: m for o in shipped for m in by_name[o.cell].backend.members}
     return {
-        "format": "etforge-provenance/2",
+        "format": cell_metrics.PROVENANCE_FORMAT,
         "release": release_name(plan),
         "etforge_version": etforge.__version__,
         "git_revision": git_revision(plan.root),
         "toolchain": plan.toolchain,
-        "pipeline": {"file": plan.file.name, "sha256": sha256_file(plan.file)},
+        "pipeline": {"file": plan.file.name, "sha256": sha256_file(plan.file), "name": plan.name},
         "files": {name: {"sha256": meta["sha256"], "size": meta["size"]} for name, meta in sorted(files.items())},
         "cells": [
             {
@@ -180,6 +183,7 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
                 "delegated_ops": o.evidence.delegated_ops,
                 "non_delegated_ops": o.evidence.non_delegated_ops,
                 "verdict": outcome.verdict(o),
+                "metrics": cell_metrics.measured(plan, by_name[o.cell], o),  # what a later diff compares
             }
             for o in shipped
         ],
@@ -300,7 +304,7 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
         shutil.rmtree(staging, ignore_errors=True)
         raise
     atomic_write_bytes(archive_path(plan), archive)
-    bench = {o.cell: o.evidence.benchmark.to_json() for o in results if o.evidence.benchmark}
+    bench = {o.cell: cell_metrics.timings(o) for o in results if o.evidence.benchmark}
     atomic_write_text(bench_path(plan), canonical_json({c: bench[c] for c in sorted(bench)}) + "\n")
     return {
         "archive": str(archive_path(plan)),

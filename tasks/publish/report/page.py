@@ -19,7 +19,7 @@ from pathlib import Path
 from etforge.core.atomic import atomic_write_text
 from etforge.pipeline.results import BuildResult
 from etforge.pipeline.stage_results import ReportResult
-from etforge.publish import baseline, outcome, summary, templates
+from etforge.publish import baseline, diff_section, outcome, summary, templates
 from etforge.publish.outcome import finite as _num
 from etforge.publish.report.charts import BACKEND_MARKERS, SCHEME_COLOURS, bar_chart, marker_path, scatter_chart
 from etforge.publish.report.llm_table import COLUMNS as LLM_COLUMNS
@@ -306,6 +306,7 @@ def build_context(
         "regressions": [{"cell": c, "text": t} for c, t in sorted(flags.items())],
         "unknown_regressions": sorted(set(flags) - known),
         "toolchain": sorted((plan.toolchain or {}).items()),
+        "changes": None,  # "changes since <baseline>": report_content fills it (etforge diff)
     }
 
 
@@ -348,9 +349,11 @@ def report_content(plan, cells, host: dict) -> dict:
     """What the report stage renders (its digest is the key): the page's context for the selected cells."""
     models = {c.model.name for c in cells}
     bench = benchmark_results(plan, cells, host)
-    return build_context(
+    context = build_context(
         plan, cells, [r for r in plan.rejected if r.model in models], bench, baseline.regressions(plan, bench), host
     )
+    context["changes"] = diff_section.changes_since(plan, cells, host)  # against the last `etforge diff`'s baseline
+    return context
 
 
 def report_stage(context: dict, workdir: Path) -> BuildResult:
