@@ -12,6 +12,7 @@ from pathlib import Path
 from etforge.config import defaults, npz_index, recipes, schema
 from etforge.config.code_deps import CodeDigests, ImportGraph
 from etforge.config.digest_cache import DigestCache, digest_cache_for
+from etforge.config.dynamic_cells import reject_dynamic
 from etforge.config.hf_source import model_kind, reject_llm_cells, resolve_transformers
 from etforge.config.labels import HostLabels
 from etforge.config.manifest_options import check_options as check_manifest_options
@@ -363,7 +364,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     m.check_threshold_keys(list(quants))
     m.check_scheme_options(list(quants))
     cells, rejected = m.cells(models, backends, quants, quant_thresholds)
-    cells, rejected = _reject_dynamic(doc, cells, rejected)
+    cells, rejected = reject_dynamic(doc, cells, rejected)
     cells, rejected = reject_llm_cells(cells, rejected, models, backends, r.recipes)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
@@ -406,43 +407,6 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False),
         diff={**defaults.DIFF_TOLERANCES, **(data.get("diff") or {})},
     )
-
-
-def dynamic_refusal(cell) -> str | None:
-    """Why ``cell`` (a model with dynamic dims or several methods) cannot be built, or None."""
-    if cell.model.multi_method:
-        if cell.transform is not None and cell.transform.method == "pt2e":
-            return (
-                "several methods are not calibrated yet (PT2E quantizes one exported graph): "
-                "use a weight scheme (8da4w, 8da8w, fp16) for this model"
-            )
-    if not any(i.dims for _, inputs in cell.model.methods for i in inputs):
-        return None
-    unable = [m.recipe for m in cell.backend.members if not m.dynamic_shapes]
-    if unable:
-        return (
-            f"{', '.join(unable)} cannot lower dynamic shapes (its recipe has no `dynamic_shapes: true`; "
-            "OpenVINO and Arm TOSA fail on SymInt sizes): give the model fixed shapes for it"
-        )
-    return None
-
-
-def _reject_dynamic(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
-    from etforge.config.model import RejectedCell
-
-    kept, refused = [], list(rejected)
-    for cell in cells:
-        reason = dynamic_refusal(cell)
-        if reason:
-            refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
-        else:
-            kept.append(cell)
-    if not kept:
-        raise doc.error(
-            ("quantization",),
-            "every cell of the matrix is refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused[:3]),
-        )
-    return tuple(kept), tuple(refused)
 
 
 def _display(path: Path) -> str:
