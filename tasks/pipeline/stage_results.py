@@ -131,6 +131,14 @@ class ExportResult(StageResult):
     constant_bytes: int | None = None
     llm_metadata: dict = field(default_factory=dict)  # an LLM's runner metadata methods -> values
     note: str | None = None
+    # What the program costs (etforge.builders.program_costs): {"constants", "delegates": {backend
+    # id: bytes}, "program", "total"}; method -> planned buffer bytes; what that figure is;
+    # backend id -> delegated subgraphs over every method; the program's Program.version.
+    size_breakdown: dict = field(default_factory=dict)
+    planned_bytes: dict = field(default_factory=dict)
+    planned_note: str | None = None
+    delegate_subgraphs: dict = field(default_factory=dict)
+    schema_version: int | None = None
 
 
 @dataclass(frozen=True)

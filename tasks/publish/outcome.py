@@ -25,6 +25,7 @@ The state machine, first rule that applies:
     skipped        export skipped: this host cannot lower the backend (says what is missing)
     blocked        a current record says blocked (a task it needs did not succeed)
     not built      no current export record
+    failed         over a budget (gates.max_program_bytes / max_planned_bytes): both numbers
     skipped        validation skipped
     not validated  exported, but no current verdict on this program
     on-device      this host cannot run it: its .bpte carries the validation inputs, eager
@@ -69,6 +70,7 @@ from etforge.pipeline.stage_results import (
     Verdict,
 )
 from etforge.pipeline.stages import STAGE, task_name
+from etforge.publish.budget_gate import over_budget
 
 
 class CellState(StrEnum):
@@ -125,6 +127,12 @@ class Evidence:
     tolerances: dict = field(default_factory=dict)  # on-device: of TOLERANCES
     benchmark: BenchmarkResult | None = None  # benchmarked here, under its current key, on this program
     llm_metadata: dict | None = None  # an LLM program's runner metadata methods -> values (its export record)
+    # what the program costs (its export record; etforge.builders.program_costs)
+    size_breakdown: dict = field(default_factory=dict)
+    planned_bytes: dict = field(default_factory=dict)
+    planned_note: str | None = None
+    delegate_subgraphs: dict = field(default_factory=dict)
+    schema_version: int | None = None
 
     @property
     def latency_p50_ms(self) -> float | None:
@@ -212,6 +220,11 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             delegated_ops=export.delegated_ops,
             non_delegated_ops=export.non_delegated_ops,
             llm_metadata=export.llm_metadata or None,
+            size_breakdown=export.size_breakdown,
+            planned_bytes=export.planned_bytes,
+            planned_note=export.planned_note,
+            delegate_subgraphs=export.delegate_subgraphs,
+            schema_version=export.schema_version,
         )
     if _status(by_kind.get("capture")) == TaskStatus.OK:
         capture = CaptureResult.from_json(_info(by_kind["capture"]))
@@ -282,6 +295,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
             return out(CellState.BLOCKED, f"{name}: {record.get('reason', '')}", task=name)
     if export is None:
         return out(CellState.NOT_BUILT, f"run `etforge {task_name(STAGE['export'], cell)}`")
+    budget = over_budget(plan, cell, export)
+    if budget:  # decided here, not by a task: a budget changes no program (no log to name)
+        return out(CellState.FAILED, budget)
     validate = by_kind["validate"]
     if _status(validate) == TaskStatus.SKIPPED:
         return out(CellState.SKIPPED, validate.get("reason", ""), task=task_name(STAGE["validate"], cell))
@@ -409,6 +425,8 @@ def listing_reason(o: CellOutcome, layout: ArtifactLayout) -> str:
     """One line on why a cell is not shipped, the same on every identical run: a failure names
     the task and its log (as ``layout`` shows it), not the error text, which may name temp paths."""
     entry = o.expected
+    if o.task is None and o.status in (CellState.FAILED, CellState.EXPECTED_FAILURE):
+        return o.reason  # the budget gate's line: deterministic, no task or log to name
     if o.status == CellState.FAILED or (o.status == CellState.EXPECTED_FAILURE and o.task and entry):
         log = layout.shown(o.log) if o.log else None
         failure = f"{o.task} failed" + (f", log: {log}" if log else "")
