@@ -32,6 +32,7 @@ MODELS = {"linreg": (1, 4), "cnn": (1, 3, 8, 8)}
 BACKENDS = ("xnnpack", "portable")
 FAKE_VULKAN = "linreg/vulkan/fp32"
 TAMPERED = "linreg_tampered"
+FUTURE = "linreg_future"  # built by a (pretend) ExecuTorch 9.0: outside this runtime's load window
 RTOL, ATOL = 1e-5, 1e-6
 RUN_ARGS = ("--warmup", "3", "--iterations", "20", "--values", "-1")
 
@@ -90,6 +91,9 @@ def context(built) -> dict:
     tampered = copy.deepcopy(next(v for v in linreg["variants"] if v["backend"] == "portable"))
     tampered.update(id=f"{TAMPERED}/portable/fp32", model=TAMPERED, sha256="0" * 64)
     ctx["models"].append({"name": TAMPERED, "variants": [tampered]})
+    future = copy.deepcopy(next(v for v in linreg["variants"] if v["backend"] == "portable"))
+    future.update(id=f"{FUTURE}/portable/fp32", model=FUTURE, built_by="9.0.0", runtime_min="9.0", runtime_max="9.1")
+    ctx["models"].append({"name": FUTURE, "variants": [future]})
     return ctx
 
 
@@ -245,6 +249,11 @@ def test_runner_runs_each_runnable_variant_and_matches_the_python_runtime(
         assert got["status"] == "ok", got
         assert got["repeatable"] == "1" and int(got["iterations"]) == 20
         assert got["delegates"] == ",".join(spec["delegates"])
+        # The planned arena the runtime's MethodMeta reports is the one the export recorded.
+        cell = next(c for c in built.plan.cells if c.name == spec["id"])
+        export = read_state(spec_of(built.plan, "export", cell).state_file)["info"]
+        assert got["planned"] == ",".join(map(str, export["planned_bytes"]["forward"])) != ""
+        assert int(got["planned"].split(",")[0]) == spec["planned_bytes"] > 0
         assert 0 < float(got["min_ms"]) <= float(got["mean_ms"]) <= float(got["max_ms"])
         ran.append(got["id"])
         mine = [o for o in outputs if o["id"] == spec["id"]]
@@ -288,6 +297,20 @@ def test_a_changed_file_fails_its_sha256_check_unless_only_the_size_is_checked(b
     assert of_kind(parse(sized.stdout), "variant")[0]["status"] == "ok"
 
 
+def test_a_variant_outside_the_runtimes_load_window_is_skipped_with_why(built, runner):
+    proc = run_runner(runner, built.out, "--warmup", "0", "--iterations", "1", FUTURE)
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # no variant this runtime can run
+    records = parse(proc.stdout)
+    runtime = records[0][1]["runtime_version"]
+    assert runtime.startswith("1.")
+    (variant,) = of_kind(records, "variant")
+    assert variant["status"] == "skipped"
+    assert variant["reason"] == (
+        f"built by ExecuTorch 9.0.0: runtime {runtime} is outside its load window 9.0.x-9.1.x "
+        "(ExecuTorch's compatibility policy)"
+    )
+
+
 def test_bad_input_file_unknown_model_and_missing_models_dir(built, runner, inputs):
     wrong = run_runner(runner, built.out, "--input", str(inputs["cnn"][1]), "--iterations", "1", "linreg")
     assert wrong.returncode == 1
@@ -296,7 +319,7 @@ def test_bad_input_file_unknown_model_and_missing_models_dir(built, runner, inpu
     unknown = run_runner(runner, built.out, "nosuchmodel")
     assert (
         unknown.returncode == 2
-        and "unknown model 'nosuchmodel'; the header has: linreg, cnn, linreg_tampered" in unknown.stderr
+        and "unknown model 'nosuchmodel'; the header has: linreg, cnn, linreg_tampered, linreg_future" in unknown.stderr
     )
     missing = run_runner(runner, built.root / "nowhere", "--iterations", "1", "cnn")
     assert missing.returncode == 1

@@ -26,7 +26,9 @@ unless ``--allow-failures``, which packs the rest, records the failures in
 provenance.json and lets the run exit 0; when a cell has no current verdict
 (not built, not validated, blocked); with ``--strict`` when a cell is only
 provisional (validated on seeded random inputs); when a file differs from its
-record; when nothing ships. A refused or failed release removes the previous
+record; when nothing ships; when a shipped variant's program is outside the load window
+(ExecuTorch's compatibility policy) of a ``manifests.app_runtime`` version, one line per
+variant. A refused or failed release removes the previous
 archive of the same version (the .tar.gz, its directory and .bench.json), saying
 so, so that nothing left there looks current.
 """
@@ -55,7 +57,7 @@ from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import spec_of
 from etforge.pipeline.stage_results import ReleaseResult
 from etforge.pipeline.stages import STAGE, task_name
-from etforge.publish import outcome
+from etforge.publish import outcome, runtime_gate
 from etforge.publish.manifests.naming import data_file_name
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
@@ -243,6 +245,11 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     shipped = [o for o in results if o.ships]
     if not shipped:
         raise ReleaseRefused("no cell built a program to release")
+    outside = runtime_gate.refusals(plan, shipped)
+    if outside:  # one line per variant
+        raise ReleaseRefused(
+            f"{len(outside)} variant(s) may not load on the app's runtime:\n" + "\n".join(f"  {x}" for x in outside)
+        )
     payload: dict = {}  # archive name -> bytes, read and checked once
     for name, path, recorded, task in programs(plan, shipped):
         if name not in payload:  # a shared .ptd is read (and checked) once

@@ -48,7 +48,7 @@ from etforge.config.model import Plan
 from etforge.core.text import one_line
 from etforge.pipeline.layout import layout_of
 from etforge.publish import outcome
-from etforge.publish.manifests import cpp_header
+from etforge.publish.manifests import cpp_header, ship_fields
 from etforge.publish.manifests.interface import cell_interface
 from etforge.publish.manifests.llm_fields import llm_spec
 from etforge.publish.manifests.naming import (
@@ -217,6 +217,9 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
                 "data_file": _data_file(ev, layout, options),
                 # A weight-group scheme's layers: how many it quantized, which it kept in float and why.
                 "layers": ({k: ev.layers.get(k) for k in ("quantized", "float", "kept_float")} if ev.layers else None),
+                # what the program costs (bytes, planned memory) and which runtimes load it (ship_fields.py)
+                "costs": ship_fields.costs(ev),
+                "runtime": ship_fields.runtime(ev, plan.toolchain.get("executorch") or ""),
             }
         )
         problem = check_program(cell.name, ev.program, variants[-1])  # what the program says of itself
