@@ -12,6 +12,7 @@ its outputs are compared with executorch.runtime's on the same input.
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import subprocess
 import sys
@@ -309,6 +310,22 @@ def test_a_variant_outside_the_runtimes_load_window_is_skipped_with_why(built, r
         f"built by ExecuTorch 9.0.0: runtime {runtime} is outside its load window 9.0.x-9.1.x "
         "(ExecuTorch's compatibility policy)"
     )
+
+
+def test_a_planned_memory_budget_under_the_real_arena_fails_the_cell_without_a_rebuild(built, tmp_path):
+    copy = copy_project(built, tmp_path / "proj")
+    plan = resolve(copy.pipeline)
+    cell = next(c for c in plan.cells if c.name == "cnn/portable/fp32")
+    planned = sum(read_state(spec_of(plan, "export", cell).state_file)["info"]["planned_bytes"]["forward"])
+    copy.write_pipeline(copy.pipeline.read_text() + f"gates: {{max_planned_bytes: {{portable: {planned - 1}}}}}\n")
+    run = copy.doit("manifest")
+    assert run.started == {"manifest"}, run.stdout  # a budget changes no program: nothing is rebuilt
+    assert run.returncode != 0, run.stdout  # a cell over budget fails the run
+    reason = f"over budget: planned memory {planned} B > gates.max_planned_bytes.portable {planned - 1} B"
+    assert reason in run.stdout + run.stderr
+    index = json.loads((copy.out / "manifests" / "index.json").read_text())
+    assert {"cell": "cnn/portable/fp32", "status": "failed", "reason": reason} in index["excluded"]
+    assert "cnn_portable_fp32.pte" not in [m["name"] for m in index["models"]]
 
 
 def test_bad_input_file_unknown_model_and_missing_models_dir(built, runner, inputs):
