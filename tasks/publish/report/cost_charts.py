@@ -80,8 +80,14 @@ def size_breakdown_chart(title: str, rows: list) -> dict:
             )
             x += w
         chart["rows"].append(
-            {"cell": r["cell"], "y": _r(y + 3), "h": ROW_H - 6, "label_y": _r(y + ROW_H / 2 + 4), "segments": segments}
-            | {"title": f"{r['cell']}: {r['size_title']}"}
+            {
+                "cell": r["cell"],
+                "y": _r(y + 3),
+                "h": ROW_H - 6,
+                "label_y": _r(y + ROW_H / 2 + 4),
+                "segments": segments,
+                "title": f"{r['cell']}: {r['size_title']}",
+            }
         )
     return chart
 
@@ -133,5 +139,4 @@ def planned_chart(title: str, rows: list, colours: dict) -> dict:
                 + (f" ({r['planned_title']})" if r["planned_title"] else ""),
             }
         )
-    chart["legend"] = []
     return chart

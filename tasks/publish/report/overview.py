@@ -30,8 +30,13 @@ def best_per_platform(plan, rows: list) -> dict:
             backend = plan.backends[r["backend"]]
             chain = [m.recipe for m in backend.members] if len(backend.members) > 1 else []
             variants.append(
-                {"id": r["cell"], "backend": r["backend"], "recipe": backend.primary.recipe, "chain": chain}
-                | {"quantization": r["quant"]}
+                {
+                    "id": r["cell"],
+                    "backend": r["backend"],
+                    "recipe": backend.primary.recipe,
+                    "chain": chain,
+                    "quantization": r["quant"],
+                }
             )
         config = options["models"].get(model) or {}
         platforms = {**options["platforms"], **(config.get("platforms") or {})}
