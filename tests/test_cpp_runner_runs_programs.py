@@ -255,6 +255,15 @@ def test_runner_runs_each_runnable_variant_and_matches_the_python_runtime(
         export = read_state(spec_of(built.plan, "export", cell).state_file)["info"]
         assert got["planned"] == ",".join(map(str, export["planned_bytes"]["forward"])) != ""
         assert int(got["planned"].split(",")[0]) == spec["planned_bytes"] > 0
+        # MethodMeta lists one backend per delegated subgraph: as many as the export counted.
+        called = [d for d in got["delegates"].split(",") if d]
+        assert {d: called.count(d) for d in called} == export["delegate_subgraphs"]
+        assert (
+            sum(export["size_breakdown"]["delegates"].values())
+            + export["size_breakdown"]["constants"]
+            + export["size_breakdown"]["program"]
+            == (built.out / spec["file"]).stat().st_size
+        )
         assert 0 < float(got["min_ms"]) <= float(got["mean_ms"]) <= float(got["max_ms"])
         ran.append(got["id"])
         mine = [o for o in outputs if o["id"] == spec["id"]]
