@@ -163,9 +163,9 @@ def build_export(
         executorch_version=metadata.version("executorch"),
         input_dtypes=tuple(input_dtypes),
         **data_info,
+        **program_costs(pte.read_bytes(), dynamic=any(i.dims for _, inputs in cell.model.methods for i in inputs)),
         llm_metadata=llm_metadata,
         note=note,
-        **program_costs(pte.read_bytes(), dynamic=any(i.dims for _, inputs in cell.model.methods for i in inputs)),
     )
     (workdir / INFO).write_text(
         json.dumps({"cell": cell.canonical(), **result.to_json()}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
