@@ -111,6 +111,12 @@ class Evidence:
     data_sha256: str | None = None  # of that .ptd, as its export recorded it (the program names it too)
     data_size: int | None = None
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
+    # what the program costs (its export record; etforge.builders.program_costs)
+    size_breakdown: dict = field(default_factory=dict)
+    planned_bytes: dict = field(default_factory=dict)
+    planned_note: str | None = None
+    delegate_subgraphs: dict = field(default_factory=dict)
+    schema_version: int | None = None
     outputs: tuple = ()  # the capture's eager outputs: {"path", "shape", "dtype"} each
     method_outputs: dict = field(default_factory=dict)  # several methods: method -> its outputs, likewise
     delegated_ops: int | None = None
@@ -127,12 +133,6 @@ class Evidence:
     tolerances: dict = field(default_factory=dict)  # on-device: of TOLERANCES
     benchmark: BenchmarkResult | None = None  # benchmarked here, under its current key, on this program
     llm_metadata: dict | None = None  # an LLM program's runner metadata methods -> values (its export record)
-    # what the program costs (its export record; etforge.builders.program_costs)
-    size_breakdown: dict = field(default_factory=dict)
-    planned_bytes: dict = field(default_factory=dict)
-    planned_note: str | None = None
-    delegate_subgraphs: dict = field(default_factory=dict)
-    schema_version: int | None = None
 
     @property
     def latency_p50_ms(self) -> float | None:
@@ -217,14 +217,14 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             data_sha256=export.data_sha256,
             data_size=export.data_size_bytes,
             input_dtypes=export.input_dtypes,
-            delegated_ops=export.delegated_ops,
-            non_delegated_ops=export.non_delegated_ops,
-            llm_metadata=export.llm_metadata or None,
             size_breakdown=export.size_breakdown,
             planned_bytes=export.planned_bytes,
             planned_note=export.planned_note,
             delegate_subgraphs=export.delegate_subgraphs,
             schema_version=export.schema_version,
+            delegated_ops=export.delegated_ops,
+            non_delegated_ops=export.non_delegated_ops,
+            llm_metadata=export.llm_metadata or None,
         )
     if _status(by_kind.get("capture")) == TaskStatus.OK:
         capture = CaptureResult.from_json(_info(by_kind["capture"]))

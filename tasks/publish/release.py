@@ -57,7 +57,7 @@ from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import spec_of
 from etforge.pipeline.stage_results import ReleaseResult
 from etforge.pipeline.stages import STAGE, task_name
-from etforge.publish import outcome, runtime_gate
+from etforge.publish import outcome
 from etforge.publish.manifests.naming import data_file_name
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
@@ -217,6 +217,7 @@ def _listed(plan, o) -> dict:
 
 
 def build_release(plan, cells, allow_failures: bool, host: dict | None = None, strict: bool = False) -> dict:
+    from etforge.publish import runtime_gate
     from etforge.publish.manifests import context as manifest
     from etforge.publish.manifests import render
     from etforge.publish.report.page import render_report
