@@ -26,6 +26,7 @@ from conftest import REPO, copy_project, make_project
 from etforge.cache.records import read_state
 from etforge.config.resolve import resolve
 from etforge.pipeline.specs import spec_of
+from etforge.program.compat import load_window
 from etforge.publish import literals
 from etforge.publish.manifests import cpp_header
 
@@ -319,6 +320,28 @@ def test_a_variant_outside_the_runtimes_load_window_is_skipped_with_why(built, r
         f"built by ExecuTorch 9.0.0: runtime {runtime} is outside its load window 9.0.x-9.1.x "
         "(ExecuTorch's compatibility policy)"
     )
+
+
+def test_a_release_for_an_older_app_runtime_refuses_each_variant_outside_its_window(built, tmp_path):
+    copy = copy_project(built, tmp_path / "proj")
+    copy.write_pipeline(copy.pipeline.read_text() + 'manifests: {app_runtime: ["1.5.0", "1.4.0"]}\n')
+    run = copy.doit("release")
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert not any(t.startswith(("capture:", "export:", "validate:")) for t in run.started)  # nothing rebuilt
+    plan = resolve(copy.pipeline)
+    built_by = {
+        c.name: read_state(spec_of(plan, "export", c).state_file)["info"]["executorch_version"] for c in plan.cells
+    }
+    first, last = load_window(built_by["linreg/xnnpack/fp32"])
+    assert first != "1.4"  # this wheel's programs are not promised to load on 1.4
+    lines = run.stderr[run.stderr.index("release refused: ") :].splitlines()
+    assert lines[0] == f"release refused: {len(plan.cells)} variant(s) may not load on the app's runtime:"
+    assert sorted(line for line in lines[1:] if line.startswith("  ")) == sorted(
+        f"  {cell}: built by ExecuTorch {version}: runtime 1.4.0 is outside its load window {first}.x-{last}.x "
+        "(ExecuTorch's compatibility policy) (manifests.app_runtime)"
+        for cell, version in built_by.items()
+    )
+    assert not (copy.root / "artifacts" / "release" / "t-0.0.1.tar.gz").exists()
 
 
 def test_a_planned_memory_budget_under_the_real_arena_fails_the_cell_without_a_rebuild(built, tmp_path):
