@@ -23,6 +23,7 @@ import yaml
 from conftest import SMALL_PIPELINE, Project, copy_project, make_project
 
 from etforge.cache.store import Store
+from etforge.config.machine import host_fingerprint
 from etforge.config.manifest_options import check_options
 from etforge.config.model import Plan
 from etforge.config.resolve import resolve
@@ -31,6 +32,7 @@ from etforge.pipeline.keys import content_key
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.specs import spec_of
 from etforge.pipeline.stages import STAGE
+from etforge.program.compat import load_window
 from etforge.publish.manifests import context as manifest
 from etforge.publish.manifests import naming, render
 
@@ -94,6 +96,8 @@ def _literal(node):
         return items
     if node.type == "identifier":
         return node.text.decode()
+    if node.type == "set_or_map_literal":  # <K, V>{key: value, ...}
+        return {_literal(p.children[0]): _literal(p.children[-1]) for p in node.children if p.type == "pair"}
     raise AssertionError(f"unexpected {node.type}: {node.text.decode()[:60]}")
 
 
@@ -279,7 +283,8 @@ def test_second_manifest_run_executes_nothing(copy):
 def test_manifests_are_deterministic_and_restored_byte_identical(copy):
     before = read_manifests(copy)
     plan = resolve(copy.pipeline)
-    rendered = render.render(manifest.build_context(plan))  # rendered afresh, not from the cache
+    # rendered afresh, not from the cache; with this host's benchmarks (each platform's default)
+    rendered = render.render(manifest.build_context(plan, host=host_fingerprint()))
     assert {k: v.encode() for k, v in rendered.items()} == before
     shutil.rmtree(copy.out / "manifests")
     run = copy.doit("manifest")
@@ -341,6 +346,10 @@ def test_dart_manifest_parses_and_matches_the_exports(built):
         assert v["executorchVersion"] == info["executorch_version"]
         assert [i["dtype"] for i in v["inputs"]] == info["input_dtypes"]
         assert [o["shape"] for o in v["outputs"]] == [o["shape"] for o in captures[model]["info"]["outputs"]]
+        planned = sum(info["planned_bytes"]["forward"])
+        assert v["plannedBytes"] == planned and v["minRamBytes"] == planned + info["size_breakdown"]["constants"]
+        assert [v["runtimeMin"], v["runtimeMax"]] == list(load_window(info["executorch_version"]))
+        assert v["schemaVersion"] == 0 and v["capabilities"] == {}
     assert variants["cnnXnnpackFp32"]["inputs"] == [{"name": "image", "shape": [1, 3, 8, 8], "dtype": "float32"}]
     assert variants["cnnXnnpackFp32"]["outputs"] == [{"name": "output_0", "shape": [1, 3], "dtype": "float32"}]
     entries = dart_constants(tree, "ModelEntry")
@@ -349,7 +358,11 @@ def test_dart_manifest_parses_and_matches_the_exports(built):
     assert set(order) == {"android", "ios", "macos", "linux", "windows", "default"}
     assert order["ios"] == order["android"] == ["linregXnnpackFp32", "linregPortableFp32"]
     assert entries["cnn"]["variants"] == ["cnnXnnpackFp32", "cnnPortableFp32"]
-    assert {"loadBest", "variantsFor"} <= dart_functions(tree)
+    assert {"loadBest", "variantsFor", "runtimeProblem"} <= dart_functions(tree)
+    for name in ("linreg", "cnn"):  # one default per platform, a shipped variant, with its reason
+        defaults, reasons = entries[name]["defaults"], entries[name]["defaultReasons"]
+        assert set(defaults) == set(reasons) == set(entries[name]["fallbackOrder"])
+        assert set(defaults.values()) <= set(entries[name]["variants"])
 
 
 def test_dart_parser_catches_broken_dart(built):
@@ -413,6 +426,26 @@ def test_index_json_has_the_model_store_shape(built):
         assert entry["labelsFile"] is None and entry["labelsRemoteUrl"] is None
         assert isinstance(entry["backendDescription"], str) and isinstance(entry["category"], str)
         assert entry["platforms"] == ["android", "ios", "linux", "macos", "windows"]
+        # What it costs, which runtimes load it, what a device needs: the export's own figures.
+        breakdown = info["size_breakdown"]
+        assert entry["costs"]["size_breakdown"] == breakdown
+        assert (
+            breakdown["constants"] + sum(breakdown["delegates"].values()) + breakdown["program"] == info["size_bytes"]
+        )
+        assert set(breakdown["delegates"]) == set(info["delegates"])
+        planned = info["planned_bytes"]["forward"]
+        assert entry["costs"]["planned_peak_bytes"] == sum(planned) > 0
+        assert entry["capabilities"]["min_ram_bytes"] == sum(planned) + breakdown["constants"]
+        assert entry["capabilities"]["delegates_required"] == info["delegates"]
+        assert entry["runtime"]["executorch_version"] == info["executorch_version"]
+        assert entry["runtime"]["schema_version"] == info["schema_version"] == 0
+        assert entry["runtime"]["load_window"] == list(load_window(info["executorch_version"]))
+    # Each platform's default is named once per model, with its reason.
+    for model in MODELS:
+        own = [e for e in index["models"] if e["modelName"] == model]
+        for platform in ("android", "ios", "linux", "macos", "windows", "default"):
+            (chosen,) = [e for e in own if platform in e["defaultFor"]]
+            assert chosen["defaultFor"][platform].startswith(("fastest measured", "first in the declared"))
 
 
 # ---------------------------------------------------------------- CMake

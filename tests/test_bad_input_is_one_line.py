@@ -533,6 +533,28 @@ CASES = [
         "pipeline.yaml:10: gates.min_delegation_coverage.xnnpack: expected a fraction between 0 and 1, got 1.5",
     ),
     Case(
+        "budget-negative",
+        base(append="gates: {max_planned_bytes: {xnnpack: -4096}}\n"),
+        "pipeline.yaml:10: gates.max_planned_bytes.xnnpack: expected a number of bytes (an integer >= 0), got -4096",
+    ),
+    Case(
+        "budget-not-a-number",
+        base(append="gates: {max_program_bytes: {xnnpack: 2MB}}\n"),
+        'pipeline.yaml:10: gates.max_program_bytes.xnnpack: expected a number of bytes (an integer >= 0), got "2MB"',
+    ),
+    Case(
+        "budget-unused-backend",
+        base(append="gates: {max_program_bytes: {coreml: 1000000}}\n"),
+        "pipeline.yaml:10: gates.max_program_bytes.coreml: a budget for backend 'coreml', which no cell uses "
+        "(the cells use: xnnpack)",
+    ),
+    Case(
+        "app-runtime-not-a-version",
+        base(append="manifests: {app_runtime: latest}\n"),
+        "pipeline.yaml:10: manifests.app_runtime: expected an ExecuTorch version such as 1.4.0, or a list of them, "
+        'got "latest"',
+    ),
+    Case(
         "gate-coverage-undeclared-backend",
         base(append="gates: {min_delegation_coverage: {coreml: 0.5}}\n"),
         "pipeline.yaml:10: gates.min_delegation_coverage.coreml: backend 'coreml' is not declared in "

@@ -12,6 +12,7 @@ its outputs are compared with executorch.runtime's on the same input.
 from __future__ import annotations
 
 import copy
+import json
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,7 @@ from conftest import REPO, copy_project, make_project
 from etforge.cache.records import read_state
 from etforge.config.resolve import resolve
 from etforge.pipeline.specs import spec_of
+from etforge.program.compat import load_window
 from etforge.publish import literals
 from etforge.publish.manifests import cpp_header
 
@@ -32,6 +34,7 @@ MODELS = {"linreg": (1, 4), "cnn": (1, 3, 8, 8)}
 BACKENDS = ("xnnpack", "portable")
 FAKE_VULKAN = "linreg/vulkan/fp32"
 TAMPERED = "linreg_tampered"
+FUTURE = "linreg_future"  # built by a (pretend) ExecuTorch 9.0: outside this runtime's load window
 RTOL, ATOL = 1e-5, 1e-6
 RUN_ARGS = ("--warmup", "3", "--iterations", "20", "--values", "-1")
 
@@ -90,6 +93,9 @@ def context(built) -> dict:
     tampered = copy.deepcopy(next(v for v in linreg["variants"] if v["backend"] == "portable"))
     tampered.update(id=f"{TAMPERED}/portable/fp32", model=TAMPERED, sha256="0" * 64)
     ctx["models"].append({"name": TAMPERED, "variants": [tampered]})
+    future = copy.deepcopy(next(v for v in linreg["variants"] if v["backend"] == "portable"))
+    future.update(id=f"{FUTURE}/portable/fp32", model=FUTURE, built_by="9.0.0", runtime_min="9.0", runtime_max="9.1")
+    ctx["models"].append({"name": FUTURE, "variants": [future]})
     return ctx
 
 
@@ -245,6 +251,20 @@ def test_runner_runs_each_runnable_variant_and_matches_the_python_runtime(
         assert got["status"] == "ok", got
         assert got["repeatable"] == "1" and int(got["iterations"]) == 20
         assert got["delegates"] == ",".join(spec["delegates"])
+        # The planned arena the runtime's MethodMeta reports is the one the export recorded.
+        cell = next(c for c in built.plan.cells if c.name == spec["id"])
+        export = read_state(spec_of(built.plan, "export", cell).state_file)["info"]
+        assert got["planned"] == ",".join(map(str, export["planned_bytes"]["forward"])) != ""
+        assert int(got["planned"].split(",")[0]) == spec["planned_bytes"] > 0
+        # MethodMeta lists one backend per delegated subgraph: as many as the export counted.
+        called = [d for d in got["delegates"].split(",") if d]
+        assert {d: called.count(d) for d in called} == export["delegate_subgraphs"]
+        assert (
+            sum(export["size_breakdown"]["delegates"].values())
+            + export["size_breakdown"]["constants"]
+            + export["size_breakdown"]["program"]
+            == (built.out / spec["file"]).stat().st_size
+        )
         assert 0 < float(got["min_ms"]) <= float(got["mean_ms"]) <= float(got["max_ms"])
         ran.append(got["id"])
         mine = [o for o in outputs if o["id"] == spec["id"]]
@@ -288,6 +308,58 @@ def test_a_changed_file_fails_its_sha256_check_unless_only_the_size_is_checked(b
     assert of_kind(parse(sized.stdout), "variant")[0]["status"] == "ok"
 
 
+def test_a_variant_outside_the_runtimes_load_window_is_skipped_with_why(built, runner):
+    proc = run_runner(runner, built.out, "--warmup", "0", "--iterations", "1", FUTURE)
+    assert proc.returncode == 3, proc.stdout + proc.stderr  # no variant this runtime can run
+    records = parse(proc.stdout)
+    runtime = records[0][1]["runtime_version"]
+    assert runtime.startswith("1.")
+    (variant,) = of_kind(records, "variant")
+    assert variant["status"] == "skipped"
+    assert variant["reason"] == (
+        f"built by ExecuTorch 9.0.0: runtime {runtime} is outside its load window 9.0.x-9.1.x "
+        "(ExecuTorch's compatibility policy)"
+    )
+
+
+def test_a_release_for_an_older_app_runtime_refuses_each_variant_outside_its_window(built, tmp_path):
+    copy = copy_project(built, tmp_path / "proj")
+    copy.write_pipeline(copy.pipeline.read_text() + 'manifests: {app_runtime: ["1.5.0", "1.4.0"]}\n')
+    run = copy.doit("release")
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert not any(t.startswith(("capture:", "export:", "validate:")) for t in run.started)  # nothing rebuilt
+    plan = resolve(copy.pipeline)
+    built_by = {
+        c.name: read_state(spec_of(plan, "export", c).state_file)["info"]["executorch_version"] for c in plan.cells
+    }
+    first, last = load_window(built_by["linreg/xnnpack/fp32"])
+    assert first != "1.4"  # this wheel's programs are not promised to load on 1.4
+    lines = run.stderr[run.stderr.index("release refused: ") :].splitlines()
+    assert lines[0] == f"release refused: {len(plan.cells)} variant(s) may not load on the app's runtime:"
+    assert sorted(line for line in lines[1:] if line.startswith("  ")) == sorted(
+        f"  {cell}: built by ExecuTorch {version}: runtime 1.4.0 is outside its load window {first}.x-{last}.x "
+        "(ExecuTorch's compatibility policy) (manifests.app_runtime)"
+        for cell, version in built_by.items()
+    )
+    assert not (copy.root / "artifacts" / "release" / "t-0.0.1.tar.gz").exists()
+
+
+def test_a_planned_memory_budget_under_the_real_arena_fails_the_cell_without_a_rebuild(built, tmp_path):
+    copy = copy_project(built, tmp_path / "proj")
+    plan = resolve(copy.pipeline)
+    cell = next(c for c in plan.cells if c.name == "cnn/portable/fp32")
+    planned = sum(read_state(spec_of(plan, "export", cell).state_file)["info"]["planned_bytes"]["forward"])
+    copy.write_pipeline(copy.pipeline.read_text() + f"gates: {{max_planned_bytes: {{portable: {planned - 1}}}}}\n")
+    run = copy.doit("manifest")
+    assert run.started == {"manifest"}, run.stdout  # a budget changes no program: nothing is rebuilt
+    assert run.returncode != 0, run.stdout  # a cell over budget fails the run
+    reason = f"over budget: planned memory {planned} B > gates.max_planned_bytes.portable {planned - 1} B"
+    assert reason in run.stdout + run.stderr
+    index = json.loads((copy.out / "manifests" / "index.json").read_text())
+    assert {"cell": "cnn/portable/fp32", "status": "failed", "reason": reason} in index["excluded"]
+    assert "cnn_portable_fp32.pte" not in [m["name"] for m in index["models"]]
+
+
 def test_bad_input_file_unknown_model_and_missing_models_dir(built, runner, inputs):
     wrong = run_runner(runner, built.out, "--input", str(inputs["cnn"][1]), "--iterations", "1", "linreg")
     assert wrong.returncode == 1
@@ -296,7 +368,7 @@ def test_bad_input_file_unknown_model_and_missing_models_dir(built, runner, inpu
     unknown = run_runner(runner, built.out, "nosuchmodel")
     assert (
         unknown.returncode == 2
-        and "unknown model 'nosuchmodel'; the header has: linreg, cnn, linreg_tampered" in unknown.stderr
+        and "unknown model 'nosuchmodel'; the header has: linreg, cnn, linreg_tampered, linreg_future" in unknown.stderr
     )
     missing = run_runner(runner, built.root / "nowhere", "--iterations", "1", "cnn")
     assert missing.returncode == 1

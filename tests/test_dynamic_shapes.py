@@ -136,6 +136,14 @@ def test_manifests_carry_the_dim_ranges(built):
     assert ids["shape"] == [1, 64] and ids["dynamic"] == [{"axis": 1, "min": 1, "max": 64, "name": "seq"}]
     assert x["dynamic"] == [{"axis": 1, "min": 1, "max": 64, "name": "seq"}]
     assert [o["path"] for o in entry["outputs"]] == ["[0]", "[1]"]
+    # The planned arena is sized at the dims' upper bound, and the manifests say so.
+    portable = next(e for e in index["models"] if e["backend"] == "portable")
+    assert portable["costs"]["planned_note"] == "at the maximum shape (dynamic dims are planned at their upper bound)"
+    assert (
+        entry["costs"]["planned_note"].startswith("at the maximum shape")
+        and "lower bound" in entry["costs"]["planned_note"]
+    )
+    assert portable["costs"]["planned_peak_bytes"] >= 64 * 16 * 4  # at least one [1, 64, 16] float32 activation
 
 
 def test_benchmark_reports_latency_at_each_measured_size(built):

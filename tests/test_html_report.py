@@ -269,6 +269,29 @@ def test_charts_have_one_bar_per_measured_cell_and_one_point_per_quantized_cell(
     assert labels == quantized
 
 
+def test_the_page_opens_with_the_model_backend_matrix_and_marks_the_best(page):
+    plan, dom, html = page["plan"], page["dom"], page["dom_text"]
+    assert html.index('id="overview"') < html.index('id="matrix"')
+    rows = {a["data-cell"]: a["data-status"] for a in dom.find("tr", data_cell=True)}
+    chips = {a["data-cell"]: a for a in dom.find("span", data_cell=True, data_status=True)}
+    assert {c: a["data-status"] for c, a in chips.items()} == rows  # one chip per cell, coloured by its state
+    assert all(a["class"].split()[1] in ("ok", "provisional", "failed", "skipped", "rejected") for a in chips.values())
+    for model in ("linreg", "cnn"):  # each platform's pick is marked once per model, on a shipped variant
+        marked = [a for c, a in chips.items() if c.startswith(model + "/") and "data-best-for" in a]
+        platforms = [p for a in marked for p in a["data-best-for"].split()]
+        assert sorted(platforms) == sorted(set(platforms)) and "linux" in platforms
+        assert all(a["data-status"] in ("ok", "provisional") for a in marked)
+    dots = re.findall(r'<span class="dot" style="background: ([^"]+)"></span>([\w-]+)<', html)
+    by_scheme: dict = {}
+    for colour, scheme in dots:
+        by_scheme.setdefault(scheme, set()).add(colour)
+    assert all(len(c) == 1 for c in by_scheme.values())  # one colour per scheme ...
+    assert len({next(iter(c)) for c in by_scheme.values()}) == len(by_scheme)  # ... and its own
+    hbars = [a for t, a in dom.elements if t == "svg" and "hbar-chart" in a.get("class", "")]
+    assert len(hbars) == 2 * len({c.model.name for c in plan.cells})  # bytes and planned memory per model
+    assert dom.find("g", data_cell="cnn/xnnpack/fp32")
+
+
 def test_report_is_deterministic_and_self_contained(page):
     html = page["html"].read_text(encoding="utf-8")
     assert page["first"] == page["html"].read_bytes()

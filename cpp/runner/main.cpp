@@ -3,7 +3,8 @@
 //
 //   etforge_runner [options] <model>...
 //
-// For each variant, best first: skip it when a delegate it needs is not
+// For each variant, best first: skip it when this runtime is outside the load window
+// ExecuTorch's compatibility policy gives its program (the header records it), or when a delegate it needs is not
 // registered (or not available) in this runtime; check the .pte's size and
 // sha256 against the header; when the program keeps its weights in a separate
 // .ptd (its etforge metadata names the sha256; the header names the file, --data
@@ -14,10 +15,10 @@
 // ranking by mean latency. Every stdout line is one record: a kind, then
 // tab-separated key=value fields (values never hold a tab or a newline):
 //
-//   etforge-runner  format=1 pipeline=... executorch=... models_dir=... warmup=N iterations=N
+//   etforge-runner  format=1 pipeline=... executorch=... runtime_version=... models_dir=... warmup=N iterations=N
 //   runtime         registered=XnnpackBackend,OpenvinoBackend
 //   model           name=cnn variants=3
-//   variant         model= id= backend= quant= status=ok|skipped|failed [reason=] ...timings
+//   variant         model= id= backend= quant= status=ok|skipped|failed [reason=] planned=B,... ...timings
 //   output          model= id= index= dtype= shape=1,3 numel= shown= values=v0,v1,...
 //   rank            model= position= id= backend= quant= mean_ms= min_ms= vs_fastest=
 //   summary         model= ok= skipped= failed= chosen= fastest=
@@ -36,6 +37,9 @@
 #endif
 #ifndef ETFORGE_DEFAULT_OPENVINO_LIB_PATH
 #define ETFORGE_DEFAULT_OPENVINO_LIB_PATH ""
+#endif
+#ifndef ETFORGE_RUNTIME_VERSION
+#define ETFORGE_RUNTIME_VERSION ""  // unknown: no variant is skipped for its load window
 #endif
 
 #include <executorch/extension/data_loader/file_data_loader.h>
@@ -729,8 +733,35 @@ std::string find_data_file(const Variant& v, const Options& o, const std::string
   return "";
 }
 
+// "1.5" of "1.5.1+cpu" as (1, 5); false when it does not start with two numbers.
+bool release_line(const char* version, long* major, long* minor) {
+  return version != nullptr && std::sscanf(version, "%ld.%ld", major, minor) == 2;
+}
+
+// Why this runtime is outside the variant's load window (ExecuTorch's compatibility policy,
+// recorded in the header), or "" when it is inside or either side is not known.
+std::string window_problem(const Variant& v) {
+  long major = 0, minor = 0, lo_major = 0, lo_minor = 0, hi_major = 0, hi_minor = 0;
+  if (!release_line(ETFORGE_RUNTIME_VERSION, &major, &minor) || !release_line(v.runtime_min, &lo_major, &lo_minor) ||
+      !release_line(v.runtime_max, &hi_major, &hi_minor)) {
+    return "";
+  }
+  bool below = major < lo_major || (major == lo_major && minor < lo_minor);
+  bool above = major > hi_major || (major == hi_major && minor > hi_minor);
+  if (!below && !above) {
+    return "";
+  }
+  return std::string("built by ExecuTorch ") + v.built_by + ": runtime " + ETFORGE_RUNTIME_VERSION +
+         " is outside its load window " + v.runtime_min + ".x-" + v.runtime_max + ".x (ExecuTorch's compatibility policy)";
+}
+
 VariantResult run_variant(const Variant& v, const Options& o, const std::vector<std::vector<uint8_t>>& files,
                    std::vector<Fields>* outputs) {
+  // 0. The runtime: a program outside its load window may not load (or may misbehave).
+  std::string outside = window_problem(v);
+  if (!outside.empty()) {
+    return skipped(outside);
+  }
   // 1. Delegates the header says the program needs.
   for (size_t i = 0; i < v.num_delegates; ++i) {
     std::string problem = delegate_problem(v.delegates[i]);
@@ -819,8 +850,10 @@ VariantResult run_variant(const Variant& v, const Options& o, const std::vector<
   }
   std::vector<Buffer> planned;
   std::vector<Span<uint8_t>> spans;
+  std::vector<std::string> planned_sizes;  // what the runtime itself says the method plans
   for (size_t i = 0; i < meta.num_memory_planned_buffers(); ++i) {
     size_t n = static_cast<size_t>(meta.memory_planned_buffer_size(i).get());
+    planned_sizes.push_back(std::to_string(n));
     planned.push_back(aligned_buffer(n));
     if (!planned.back()) {
       return failed("out of memory for planned buffer " + std::to_string(i) + " (" + std::to_string(n) + " bytes)");
@@ -932,6 +965,7 @@ VariantResult run_variant(const Variant& v, const Options& o, const std::vector<
              {"method", method_name},
              {"data_file", data_path},
              {"delegates", join(used)},
+             {"planned", join(planned_sizes)},
              {"outputs", std::to_string(method->outputs_size())},
              {"repeatable", repeatable ? "1" : "0"}};
   return r;
@@ -1057,6 +1091,7 @@ int main(int argc, char** argv) {
                           {"pipeline", etforge::models::kPipeline},
                           {"pipeline_version", etforge::models::kPipelineVersion},
                           {"executorch", etforge::models::kExecutorchVersion},
+                          {"runtime_version", ETFORGE_RUNTIME_VERSION},
                           {"models_dir", o.models_dir},
                           {"method", o.method.empty() ? "default" : o.method},
                           {"data", o.data},

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from etforge.builders.capture import load_programs
 from etforge.builders.gates import delegation_coverage, delegation_gate
+from etforge.builders.program_costs import program_costs
 from etforge.builders.program_io import check_loads
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
 from etforge.pipeline.stage_results import CaptureResult, ExportResult
@@ -177,6 +178,7 @@ def build_export(
         executorch_version=metadata.version("executorch"),
         input_dtypes=tuple(input_dtypes),
         **data_info,
+        **program_costs(pte.read_bytes(), dynamic=any(i.dims for _, inputs in cell.model.methods for i in inputs)),
         llm_metadata=llm_metadata,
         note=note,
         **recorded,

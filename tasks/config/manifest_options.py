@@ -22,7 +22,7 @@ def check_options(raw, backends, recipes, quantizations) -> list:
     if not isinstance(raw, dict):
         return [((), f"expected a mapping, got {_kind(raw)}")]
     problems: list = []
-    allowed = {"assets_dir", "base_url", "install_dir", "platforms", "models"}
+    allowed = {"assets_dir", "base_url", "install_dir", "platforms", "models", "app_runtime"}
     for key in sorted(set(raw) - allowed):
         problems.append(((key,), f"unknown key; expected one of {', '.join(sorted(allowed))}"))
     for key in ("assets_dir", "base_url", "install_dir"):

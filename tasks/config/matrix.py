@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+from etforge.config.budgets import check_budgets
 from etforge.config.model import SECTIONS, BackendSpec, Cell, ExpectedFailure, QuantSpec, RejectedCell, Transform
 from etforge.config.tools import ToolVersions, stage_tools
 from etforge.config.yamlfile import LoadedYaml, format_path
@@ -166,6 +167,7 @@ class MatrixResolver:
                 )
             if name not in used:
                 raise self.doc.error(path, f"a coverage minimum for backend {name!r}, {why}")
+        check_budgets(self.doc, cells)  # gates.max_program_bytes / max_planned_bytes
 
     def expected_failures(self, cells: tuple, rejected: tuple, known: dict) -> tuple:
         """``matrix.expected_failures``; an entry that names no buildable cell is a mistake."""

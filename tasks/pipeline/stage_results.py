@@ -128,6 +128,14 @@ class ExportResult(StageResult):
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
     data_sha256: str | None = None  # external weights: the .ptd the program needs
     data_size_bytes: int | None = None
+    # What the program costs (etforge.builders.program_costs): {"constants", "delegates": {backend
+    # id: bytes}, "program", "total"}; method -> planned buffer bytes; what that figure is;
+    # backend id -> delegated subgraphs over every method; the program's Program.version.
+    size_breakdown: dict = field(default_factory=dict)
+    planned_bytes: dict = field(default_factory=dict)
+    planned_note: str | None = None
+    delegate_subgraphs: dict = field(default_factory=dict)
+    schema_version: int | None = None
     constant_bytes: int | None = None
     llm_metadata: dict = field(default_factory=dict)  # an LLM's runner metadata methods -> values
     note: str | None = None

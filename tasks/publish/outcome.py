@@ -25,6 +25,7 @@ The state machine, first rule that applies:
     skipped        export skipped: this host cannot lower the backend (says what is missing)
     blocked        a current record says blocked (a task it needs did not succeed)
     not built      no current export record
+    failed         over a budget (gates.max_program_bytes / max_planned_bytes): both numbers
     skipped        validation skipped
     not validated  exported, but no current verdict on this program
     on-device      this host cannot run it: its .bpte carries the validation inputs, eager
@@ -69,6 +70,7 @@ from etforge.pipeline.stage_results import (
     Verdict,
 )
 from etforge.pipeline.stages import STAGE, task_name
+from etforge.publish.budget_gate import over_budget
 
 
 class CellState(StrEnum):
@@ -109,6 +111,12 @@ class Evidence:
     data_sha256: str | None = None  # of that .ptd, as its export recorded it (the program names it too)
     data_size: int | None = None
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
+    # what the program costs (its export record; etforge.builders.program_costs)
+    size_breakdown: dict = field(default_factory=dict)
+    planned_bytes: dict = field(default_factory=dict)
+    planned_note: str | None = None
+    delegate_subgraphs: dict = field(default_factory=dict)
+    schema_version: int | None = None
     outputs: tuple = ()  # the capture's eager outputs: {"path", "shape", "dtype"} each
     method_outputs: dict = field(default_factory=dict)  # several methods: method -> its outputs, likewise
     delegated_ops: int | None = None
@@ -211,6 +219,11 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             data_sha256=export.data_sha256,
             data_size=export.data_size_bytes,
             input_dtypes=export.input_dtypes,
+            size_breakdown=export.size_breakdown,
+            planned_bytes=export.planned_bytes,
+            planned_note=export.planned_note,
+            delegate_subgraphs=export.delegate_subgraphs,
+            schema_version=export.schema_version,
             delegated_ops=export.delegated_ops,
             non_delegated_ops=export.non_delegated_ops,
             llm_metadata=export.llm_metadata or None,
@@ -286,6 +299,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
             return out(CellState.BLOCKED, f"{name}: {record.get('reason', '')}", task=name)
     if export is None:
         return out(CellState.NOT_BUILT, f"run `etforge {task_name(STAGE['export'], cell)}`")
+    budget = over_budget(plan, cell, export)
+    if budget:  # decided here, not by a task: a budget changes no program (no log to name)
+        return out(CellState.FAILED, budget)
     validate = by_kind["validate"]
     if _status(validate) == TaskStatus.SKIPPED:
         return out(CellState.SKIPPED, validate.get("reason", ""), task=task_name(STAGE["validate"], cell))
@@ -420,6 +436,8 @@ def listing_reason(o: CellOutcome, layout: ArtifactLayout) -> str:
     """One line on why a cell is not shipped, the same on every identical run: a failure names
     the task and its log (as ``layout`` shows it), not the error text, which may name temp paths."""
     entry = o.expected
+    if o.task is None and o.status in (CellState.FAILED, CellState.EXPECTED_FAILURE):
+        return o.reason  # the budget gate's line: deterministic, no task or log to name
     if o.status == CellState.FAILED or (o.status == CellState.EXPECTED_FAILURE and o.task and entry):
         log = layout.shown(o.log) if o.log else None
         failure = f"{o.task} failed" + (f", log: {log}" if log else "")

@@ -29,7 +29,9 @@ unless ``--allow-failures``, which packs the rest, records the failures in
 provenance.json and lets the run exit 0; when a cell has no current verdict
 (not built, not validated, blocked); with ``--strict`` when a cell is only
 provisional (validated on seeded random inputs); when a file differs from its
-record; when nothing ships. A refused or failed release removes the previous
+record; when nothing ships; when a shipped variant's program is outside the load window
+(ExecuTorch's compatibility policy) of a ``manifests.app_runtime`` version, one line per
+variant. A refused or failed release removes the previous
 archive of the same version (the .tar.gz, its directory and .bench.json), saying
 so, so that nothing left there looks current.
 """
@@ -219,6 +221,7 @@ def _listed(plan, o) -> dict:
 
 
 def build_release(plan, cells, allow_failures: bool, host: dict | None = None, strict: bool = False) -> dict:
+    from etforge.publish import runtime_gate
     from etforge.publish.manifests import context as manifest
     from etforge.publish.manifests import render
     from etforge.publish.report.page import render_report
@@ -247,12 +250,18 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     shipped = [o for o in results if o.ships]
     if not shipped:
         raise ReleaseRefused("no cell built a program to release")
+    outside = runtime_gate.refusals(plan, shipped)
+    if outside:  # one line per variant
+        raise ReleaseRefused(
+            f"{len(outside)} variant(s) may not load on the app's runtime:\n" + "\n".join(f"  {x}" for x in outside)
+        )
     payload: dict = {}  # archive name -> bytes, read and checked once
     for name, path, recorded, task in programs(plan, shipped):
         if name not in payload:  # a shared .ptd is read (and checked) once
             payload[name] = read_verified(plan, path, recorded, task)
     try:
-        context = manifest.build_context(plan, cells, host, results={o.cell: o for o in results})
+        # no timings: the defaults per platform follow the declared order, so the archive is reproducible
+        context = manifest.build_context(plan, cells, host, results={o.cell: o for o in results}, timings=False)
     except manifest.ManifestError as exc:
         raise ReleaseRefused(str(exc)) from None
     for v in context["variants"]:  # the manifests name the bytes being packed, nothing else

@@ -48,7 +48,7 @@ from etforge.config.model import Plan
 from etforge.core.text import one_line
 from etforge.pipeline.layout import layout_of
 from etforge.publish import outcome
-from etforge.publish.manifests import cpp_header
+from etforge.publish.manifests import cpp_header, ship_fields
 from etforge.publish.manifests.interface import cell_interface
 from etforge.publish.manifests.llm_fields import llm_spec
 from etforge.publish.manifests.naming import (
@@ -136,12 +136,16 @@ def shared_data_files(variants: list) -> list:
     return list(by_sha.values())
 
 
-def build_context(plan: Plan, cells=None, host: dict | None = None, results: dict | None = None) -> dict:
+def build_context(
+    plan: Plan, cells=None, host: dict | None = None, results: dict | None = None, timings: bool = True
+) -> dict:
     """Everything the manifests are rendered from (JSON-serializable; its digest is the key).
 
     ``cells``: the cells to describe (default: every cell of the plan); ``host``: read the
     benchmark records too (a failed benchmark fails its cell, tasks/publish/outcome.py); ``results``:
-    their outcomes (cell name -> CellOutcome) when the caller has them already.
+    their outcomes (cell name -> CellOutcome) when the caller has them already; ``timings``: rank each
+    platform's default by the host latency measured (False: by the declared order alone, as a
+    release does, whose files must not vary with timings).
     """
     options = options_for(plan)
     layout = layout_of(plan)
@@ -217,6 +221,10 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
                 "data_file": _data_file(ev, layout, options),
                 # A weight-group scheme's layers: how many it quantized, which it kept in float and why.
                 "layers": ({k: ev.layers.get(k) for k in ("quantized", "float", "kept_float")} if ev.layers else None),
+                # what the program costs (bytes, planned memory) and which runtimes load it (ship_fields.py)
+                "costs": ship_fields.costs(ev),
+                "runtime": ship_fields.runtime(ev, plan.toolchain.get("executorch") or ""),
+                "capabilities": ship_fields.capabilities(cell, ev),
             }
         )
         problem = check_program(cell.name, ev.program, variants[-1])  # what the program says of itself
@@ -242,6 +250,8 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         }
         for v in own:
             v["platforms"] = sorted(p for p, ids in fallback.items() if v["id"] in ids and p != "default")
+        # host latency only where the caller wants timings (a release leaves them out: reproducible)
+        latency = {v["id"]: results[v["id"]].evidence.latency_p50_ms for v in own} if timings else {}
         labels_file = config.get("labels_file")
         models.append(
             {
@@ -250,6 +260,8 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
                 "cmake_id": cmake_models[name],
                 "variants": [v["id"] for v in own],
                 "fallback": fallback,
+                # per platform, the variant to pick first and why (ship_fields.platform_defaults)
+                "defaults": ship_fields.platform_defaults(fallback, latency),
                 "category": config.get("category", name),
                 "input_size": _input_size(plan.models[name], config),
                 "labels_file": labels_file,

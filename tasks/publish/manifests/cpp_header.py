@@ -34,6 +34,7 @@ from etforge.core.text import one_line
 from etforge.pipeline.layout import layout_of
 from etforge.publish import outcome, templates
 from etforge.publish.literals import C_COMMENT_LIMIT
+from etforge.publish.manifests import ship_fields
 from etforge.publish.manifests.interface import cell_interface
 from etforge.publish.manifests.llm_fields import llm_spec
 from etforge.publish.manifests.naming import data_file_name, fallback_order
@@ -72,6 +73,19 @@ def _data_file(cell, ev, layout: str) -> str:
     if not ev.data_sha256:
         return ""
     return data_file_name(ev.data_sha256) if layout == "flat" else f"{cell.model.name}/{cell.stem}.ptd"
+
+
+def _runtime_fields(ev, fallback_version: str) -> dict:
+    """built_by, schema_version, runtime_min/max (the policy's load window) and planned_bytes."""
+    runtime, costs = ship_fields.runtime(ev, fallback_version), ship_fields.costs(ev)
+    window = runtime["load_window"] or ("", "")
+    return {
+        "built_by": runtime["executorch_version"],
+        "schema_version": runtime["schema_version"] or 0,
+        "runtime_min": window[0],
+        "runtime_max": window[1],
+        "planned_bytes": costs["planned_peak_bytes"] or 0,
+    }
 
 
 def header_context(
@@ -144,6 +158,7 @@ def header_context(
                 "data_sha256": ev.data_sha256 or "",
                 "rtol": verdict.get("rtol"),
                 "atol": verdict.get("atol"),
+                **_runtime_fields(ev, plan.toolchain.get("executorch") or ""),
             }
         )
     excluded += [

@@ -58,6 +58,15 @@ def index_document(context: dict) -> dict:
                 "methods": v["methods"],  # [{name, inputs, outputs}]; the two above are the first method's
                 # external weights: the name of the one .ptd (in dataFiles) to load it with, or null
                 "dataFile": v["data_file"]["file"] if v["data_file"] else None,
+                # bytes by part, planned memory per method, delegated subgraphs (ship_fields.costs)
+                "costs": v["costs"],
+                # the ExecuTorch that built it, the program's schema version, the runtimes it is
+                # guaranteed to load on (ExecuTorch's compatibility policy)
+                "runtime": v["runtime"],
+                # what a device must have: min RAM, delegates, Core ML target, QNN SoC (ship_fields.capabilities)
+                "capabilities": v["capabilities"],
+                # the platforms whose default (first pick) this variant is, each with why
+                "defaultFor": {p: d["reason"] for p, d in m["defaults"].items() if d["variant"] == v["id"]},
             }
         )
         if v.get("llm"):  # a decoder-only LLM: methods, metadata values, KV cache (manifests/llm.py)

@@ -10,10 +10,52 @@ from __future__ import annotations
 
 import math
 
-# Okabe-Ito: distinguishable with the common colour-vision deficiencies.
-SCHEME_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#8C6D1F", "#4D4D4D")
+# Okabe-Ito (distinguishable with the common colour-vision deficiencies), then Paul Tol's muted
+# scheme: 14 distinct colours; scheme_colours makes more, each its own, beyond that.
+SCHEME_COLOURS = (
+    "#0072B2",
+    "#E69F00",
+    "#009E73",
+    "#CC79A7",
+    "#56B4E9",
+    "#D55E00",
+    "#8C6D1F",
+    "#4D4D4D",
+    "#882255",
+    "#44AA99",
+    "#999933",
+    "#AA4499",
+    "#332288",
+    "#DDCC77",
+)
 BACKEND_MARKERS = ("circle", "square", "diamond", "triangle", "triangle-down")
 CHAR_W = 6.4  # approximate advance of an 11px sans-serif character, for label layout
+VALUE_CHAR_W = 5.9  # the same for the 10px value labels above bars
+LOG_RATIO = 20  # a latency chart whose slowest bar is this many times the fastest uses a log scale
+
+
+def scheme_colours(names: list) -> dict:
+    """A colour of its own for every scheme: the palette, then evenly spaced hues (golden angle)."""
+    out = {}
+    for i, name in enumerate(names):
+        if i < len(SCHEME_COLOURS):
+            out[name] = SCHEME_COLOURS[i]
+        else:
+            hue = (i * 137.508) % 360
+            out[name] = f"hsl({hue:.0f}, 55%, {40 + 10 * (i % 2)}%)"
+    return out
+
+
+def log_ticks(lo: float, hi: float) -> list:
+    """1-2-5 values within 10**lo .. 10**hi (fewer per decade when there are many decades)."""
+    steps = (1, 2, 5) if hi - lo <= 3 else (1,)
+    out = []
+    for k in range(math.floor(lo), math.ceil(hi) + 1):
+        for m in steps:
+            v = m * 10.0**k
+            if lo - 1e-9 <= math.log10(v) <= hi + 1e-9:
+                out.append(v)
+    return out
 
 
 def _r(x: float) -> float:
@@ -54,9 +96,9 @@ def _size_unit(max_bytes: float) -> tuple[str, float]:
 
 def bar_chart(title: str, rows: list, metric: str, backends: list, schemes: list, colours: dict) -> dict:
     """Grouped bars: one group per backend, one bar per scheme; rows lacking the metric get no bar."""
-    width, height = 640, 270
-    left, right, top, bottom = 62, 14, 34, 44
-    plot_w, plot_h = width - left - right, height - top - bottom
+    width, height = 640.0, 270
+    left, right, top, bottom = 62, 14, 34, 44.0
+    plot_w, plot_h = float(width - left - right), height - top - bottom
     values = {r["cell"]: (r["size_bytes"] if metric == "size" else r["p50_ms"]) for r in rows}
     present = [v for v in values.values() if v is not None]
     chart: dict = {
@@ -79,18 +121,45 @@ def bar_chart(title: str, rows: list, metric: str, backends: list, schemes: list
             "no benchmark results for this model" if metric == "latency" else "no program was built for this model"
         )
         return chart
+    # Backend names under their groups never overlap: rotated when they do not fit side by side,
+    # and the chart widened when even rotated ones (one line each) would not.
+    longest = max((len(b) for b in backends), default=1) * CHAR_W
+    rotate = longest + 8 > plot_w / max(len(backends), 1)
+    if rotate:  # vertical, one line each: 18 px apart, wider than a line is tall
+        plot_w = max(plot_w, 18.0 * len(backends))
+        width = left + right + plot_w
+        bottom = 14 + longest
+        height = int(top + plot_h + bottom)
+        chart.update(width=_r(width), height=height, plot={"x": left, "y": top, "w": plot_w, "h": plot_h})
+    chart["rotate_groups"] = rotate
+    log_scale = metric == "latency" and min(present) > 0 and max(present) / min(present) > LOG_RATIO
+    chart["log_scale"] = log_scale
     if metric == "size":
         unit, div = _size_unit(max(present))
         chart["ylabel"] = f"program size ({unit})"
     else:
         unit, div = "ms", 1.0
-        chart["ylabel"] = "latency p50 (ms)"
-    vmax = max(present) / div
-    step = nice_step(vmax, 4)
-    top_value = step * math.ceil(vmax / step) if vmax > 0 else step
-    for i in range(int(round(top_value / step)) + 1):
-        v = i * step
-        chart["yticks"].append({"y": _r(top + plot_h - v / top_value * plot_h), "text": _tick_text(v, step)})
+        chart["ylabel"] = "latency p50 (ms, log scale)" if log_scale else "latency p50 (ms)"
+    if log_scale:  # one slow backend would flatten every other bar: decades instead
+        lo, hi = math.floor(math.log10(min(present))), math.ceil(math.log10(max(present)))
+        hi = hi if hi > lo else lo + 1
+
+        def height_of(v):
+            return (math.log10(v) - lo) / (hi - lo) * plot_h
+
+        for v in log_ticks(lo, hi):
+            chart["yticks"].append({"y": _r(top + plot_h - height_of(v)), "text": f"{v:g}"})
+    else:
+        vmax = max(present) / div
+        step = nice_step(vmax, 4)
+        top_value = step * math.ceil(vmax / step) if vmax > 0 else step
+
+        def height_of(v):
+            return v / div / top_value * plot_h
+
+        for i in range(int(round(top_value / step)) + 1):
+            v = i * step
+            chart["yticks"].append({"y": _r(top + plot_h - v / top_value * plot_h), "text": _tick_text(v, step)})
     by_slot = {(r["backend"], r["quant"]): r for r in rows}
     group_w = plot_w / max(len(backends), 1)
     bar_w = min(40.0, group_w * 0.8 / max(len(schemes), 1))
@@ -109,8 +178,9 @@ def bar_chart(title: str, rows: list, metric: str, backends: list, schemes: list
                     {"x": _r(x + bar_w / 2), "y": _r(top + plot_h - 4), "cell": row["cell"], "status": row["status"]}
                 )
                 continue
-            h = max(value / div / top_value * plot_h, 1.0)
+            h = max(height_of(value), 1.0)
             label = row["size_text"] if metric == "size" else row["latency_text"]
+            shown = label.replace(" ms", "") if metric == "latency" else label.split(" ")[0]
             chart["bars"].append(
                 {
                     "x": _r(x + 1),
@@ -120,8 +190,8 @@ def bar_chart(title: str, rows: list, metric: str, backends: list, schemes: list
                     "cell": row["cell"],
                     "status": row["status"],
                     "colour": colours[scheme],
-                    "label": label.replace(" ms", "") if metric == "latency" else label.split(" ")[0],
-                    "show_label": bar_w >= 22,
+                    "label": shown,
+                    "show_label": len(shown) * VALUE_CHAR_W <= bar_w,  # never wider than its bar
                     "label_y": _r(top + plot_h - h - 4),
                     "title": f"{row['cell']}: {label} ({row['status']})",
                     "regression": bool(row["regression"]) and metric == "latency",
@@ -164,6 +234,7 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
         "ylabel": "SQNR vs eager (dB)",
         "empty": not points,
         "omitted": [r["cell"] for r in candidates if r not in points],
+        "unlabelled": [],  # points whose label found no place clear of the others
     }
     if not points:
         return chart
@@ -217,7 +288,7 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
         options = [(9, -3), (-9 - w, -3)] + [
             (dx, dy) for dy in (-14, 12, -26, 24, -38, 36) for dx in (9, -w / 2, -9 - w)
         ]
-        chosen = None
+        chosen: tuple | None = None
         for dx, dy in options:
             box = (px + dx, py + dy - h + 3, px + dx + w, py + dy + 3)
             if box[0] < left or box[2] > left + plot_w or box[1] < top or box[3] > top + plot_h:
@@ -225,10 +296,13 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
             if not any(_overlaps(box, other) for other in placed):
                 chosen = (dx, dy, box)
                 break
-        if chosen is None:
-            chosen = (9, -3, (px + 9, py - h, px + 9 + w, py + 3))
-        dx, dy, box = chosen
-        placed.append(box)
+        dx, dy = 0.0, 0
+        if chosen is None:  # no free place: no label over another; the point keeps its tooltip
+            chart["unlabelled"].append(text)
+            text = ""
+        else:
+            dx, dy, box = chosen
+            placed.append(box)
         chart["points"].append(
             {
                 "cell": r["cell"],
@@ -244,4 +318,17 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
             }
         )
     chart["points"].sort(key=lambda p: p["cell"])
+    chart["unlabelled"].sort()
+    chart["xticks"] = spaced_ticks(chart["xticks"])
     return chart
+
+
+def spaced_ticks(ticks: list, gap: float = 6.0) -> list:
+    """The x ticks whose labels do not overlap the previous kept one (left to right)."""
+    kept: list = []
+    for t in sorted(ticks, key=lambda t: t["x"]):
+        half = len(t["text"]) * CHAR_W / 2
+        if kept and t["x"] - half < kept[-1]["x"] + len(kept[-1]["text"]) * CHAR_W / 2 + gap:
+            continue
+        kept.append(t)
+    return kept

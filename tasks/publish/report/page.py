@@ -21,9 +21,13 @@ from etforge.pipeline.results import BuildResult
 from etforge.pipeline.stage_results import ReportResult
 from etforge.publish import baseline, diff_section, outcome, summary, templates
 from etforge.publish.outcome import finite as _num
-from etforge.publish.report.charts import BACKEND_MARKERS, SCHEME_COLOURS, bar_chart, marker_path, scatter_chart
+from etforge.publish.report.charts import BACKEND_MARKERS, bar_chart, marker_path, scatter_chart, scheme_colours
+from etforge.publish.report.cost_charts import planned_chart, size_breakdown_chart
+from etforge.publish.report.cost_fields import EMPTY as COST_EMPTY
+from etforge.publish.report.cost_fields import cost_fields
 from etforge.publish.report.llm_table import COLUMNS as LLM_COLUMNS
 from etforge.publish.report.llm_table import llm_rows
+from etforge.publish.report.overview import overview
 
 TEMPLATE = "report.html.j2"
 STATUS_ORDER = outcome.STATUSES
@@ -181,6 +185,7 @@ def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict)
         "coverage": coverage,
         "coverage_text": format_fraction(coverage),
         "coverage_title": (f"{delegated} delegated, {non_delegated} not delegated" if coverage is not None else ""),
+        **cost_fields(ev),  # size breakdown, planned memory (tasks/publish/report/cost_fields.py)
     }
 
 
@@ -215,6 +220,7 @@ def rejected_data(rejected) -> dict:
         "coverage": None,
         "coverage_text": "-",
         "coverage_title": "",
+        **COST_EMPTY,
     }
 
 
@@ -252,7 +258,7 @@ def build_context(
     built_rows = [r for r in rows if r["status"] != "rejected"]  # only these get bars and points
     present_quants = [q for q in plan.quantizations if any(r["quant"] == q for r in built_rows)]
     present_quants += sorted({r["quant"] for r in built_rows} - set(present_quants))
-    colours = {q: SCHEME_COLOURS[i % len(SCHEME_COLOURS)] for i, q in enumerate(present_quants)}
+    colours = scheme_colours(present_quants)  # every scheme its own colour
     present_backends = [b for b in plan.backends if any(r["backend"] == b for r in built_rows)]
     present_backends += sorted({r["backend"] for r in built_rows} - set(present_backends))
     markers = {b: BACKEND_MARKERS[i % len(BACKEND_MARKERS)] for i, b in enumerate(present_backends)}
@@ -271,7 +277,15 @@ def build_context(
             if built
             else []
         )
-        models.append({"name": model, "rows": model_rows, "charts": charts})
+        cost_charts = (
+            [
+                size_breakdown_chart(f"{model}: where the bytes go", built),
+                planned_chart(f"{model}: planned memory (largest method arena)", built, colours),
+            ]
+            if built
+            else []
+        )
+        models.append({"name": model, "rows": model_rows, "charts": charts, "cost_charts": cost_charts})
 
     counts: dict = {}
     for r in rows:
@@ -287,6 +301,8 @@ def build_context(
         "models": models,
         "status_counts": status_counts,
         "scheme_legend": [{"name": q, "colour": c} for q, c in colours.items()],
+        # model x backend, coloured by state, each platform's best variant marked (overview.py)
+        "overview": overview(plan, rows, colours, BADGES),
         "scatter": scatter,
         "scatter_schemes": [
             {"name": q, "colour": c} for q, c in colours.items() if any(p["quant"] == q for p in scatter["points"])

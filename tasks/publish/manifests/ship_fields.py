@@ -1,0 +1,80 @@
+"""What an app needs to decide whether a variant can ship to a device: its costs and its runtime.
+
+    costs(ev) -> {"size_breakdown", "planned_bytes", "planned_peak_bytes", "planned_note",
+                  "delegate_subgraphs", "program_bytes"}
+    runtime(ev) -> {"executorch_version", "schema_version", "load_window": [first, last] | None}
+    capabilities(cell, ev) -> {"min_ram_bytes", "delegates_required", recipe capability options...}
+    platform_defaults(fallback, latency) -> platform -> {"variant", "ranked_by", "reason"}
+
+Both read the outcome's evidence (the export's current record; etforge.builders.program_costs
+measured the figures), so every manifest and the report show one set of numbers.
+"""
+
+from __future__ import annotations
+
+from etforge.program.compat import load_window
+from etforge.program.costs import min_ram_bytes, planned_peak, program_bytes
+
+
+def costs(ev) -> dict:
+    return {
+        "size_breakdown": dict(ev.size_breakdown) or None,
+        "planned_bytes": {m: list(v) for m, v in ev.planned_bytes.items()} or None,
+        "planned_peak_bytes": planned_peak(ev.planned_bytes),
+        "planned_note": ev.planned_note,
+        "delegate_subgraphs": dict(ev.delegate_subgraphs),
+        "program_bytes": program_bytes(ev.size_bytes, ev.data_size),
+    }
+
+
+def runtime(ev, fallback_version: str = "") -> dict:
+    version = ev.executorch_version or fallback_version
+    window = load_window(version)
+    return {
+        "executorch_version": version,
+        "schema_version": ev.schema_version,
+        "load_window": list(window) if window else None,
+    }
+
+
+def capabilities(cell, ev) -> dict:
+    """What a device must have to load the variant: RAM (planned memory plus constants, a lower
+    bound), the delegates the program calls, and the recipe options its backend names as
+    capabilities (``manifest.capabilities``: Core ML's minimum deployment target, QNN's SoC)."""
+    out: dict = {
+        "min_ram_bytes": min_ram_bytes(ev.planned_bytes, ev.size_breakdown, ev.data_size),
+        "delegates_required": sorted(ev.delegate_subgraphs) or [str(d) for d in ev.delegates],
+    }
+    for member in cell.backend.members:
+        for name, option in (member.manifest.get("capabilities") or {}).items():
+            if member.options.get(option) is not None:
+                out.setdefault(name, member.options[option])
+    return out
+
+
+def platform_defaults(fallback: dict, latency: dict) -> dict:
+    """platform -> {"variant", "ranked_by", "reason"}: the variant a loader should pick first.
+
+    ``fallback``: platform -> variant ids in the declared order (recipes' ``manifest.rank`` or
+    ``manifests.platforms``); ``latency``: variant id -> host p50 ms, where etforge measured it.
+    When the order's first variant was measured here, the fastest measured variant is the
+    default; otherwise (it runs only on the device) the declared order decides.
+    """
+    out = {}
+    for platform, ids in fallback.items():
+        if not ids:
+            continue
+        measured = sorted((latency[i], n, i) for n, i in enumerate(ids) if latency.get(i) is not None)
+        if measured and latency.get(ids[0]) is not None:
+            ms, _, best = measured[0]
+            others = ", ".join(f"{i} {t:.3g} ms" for t, _, i in measured[1:])
+            reason = f"fastest measured on the build host: {ms:.3g} ms p50" + (f" (vs {others})" if others else "")
+            out[platform] = {"variant": best, "ranked_by": "host latency", "reason": reason}
+        else:
+            why = "not measured on the build host" if not measured else "the first is not measured on the build host"
+            out[platform] = {
+                "variant": ids[0],
+                "ranked_by": "fallback order",
+                "reason": f"first in the declared {platform} fallback order ({why})",
+            }
+    return out
