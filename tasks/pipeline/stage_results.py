@@ -157,10 +157,6 @@ class ExportResult(StageResult):
     vela_cycles_total: int | None = None
     vela_inference_time_s: float | None = None  # cycles_total / core clock
     vela_delegates: tuple = ()  # per delegate: Vela's whole summary row, its op split, its TOSA size
-    # where the program's bytes go and the memory its methods plan, when the export measured them
-    # ({"constants", "delegates": {id: bytes}, "program", "total"}; {method: [buffer bytes]})
-    size_breakdown: dict = field(default_factory=dict)
-    planned_bytes: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
