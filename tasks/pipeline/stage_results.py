@@ -131,6 +131,8 @@ class ExportResult(StageResult):
     constant_bytes: int | None = None
     llm_metadata: dict = field(default_factory=dict)  # an LLM's runner metadata methods -> values
     note: str | None = None
+    # op -> kernel keys, of every operator the program runs outside its delegates (tasks/builders/oplist.py)
+    operators: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,7 @@ class Evidence:
     tolerances: dict = field(default_factory=dict)  # on-device: of TOLERANCES
     benchmark: BenchmarkResult | None = None  # benchmarked here, under its current key, on this program
     llm_metadata: dict | None = None  # an LLM program's runner metadata methods -> values (its export record)
+    operators: dict | None = None  # op -> kernel keys, outside its delegates (its export record; selective build)
 
     @property
     def latency_p50_ms(self) -> float | None:
@@ -212,6 +213,7 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             delegated_ops=export.delegated_ops,
             non_delegated_ops=export.non_delegated_ops,
             llm_metadata=export.llm_metadata or None,
+            operators=export.operators,
         )
     if _status(by_kind.get("capture")) == TaskStatus.OK:
         capture = CaptureResult.from_json(_info(by_kind["capture"]))

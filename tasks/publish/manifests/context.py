@@ -60,6 +60,7 @@ from etforge.publish.manifests.naming import (
     unique,
 )
 from etforge.publish.manifests.program_check import check_program
+from etforge.publish.manifests.selective import pipeline_fields, variant_fields
 
 
 class ManifestError(Exception):
@@ -219,6 +220,9 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
                 "layers": ({k: ev.layers.get(k) for k in ("quantized", "float", "kept_float")} if ev.layers else None),
             }
         )
+        # selective build: its operators outside delegates and the wheel libraries it needs
+        oplist = layout.shown(layout.oplist_path(cell))
+        variants[-1].update(variant_fields(ev, oplist, variants[-1]["package_targets"]))
         problem = check_program(cell.name, ev.program, variants[-1])  # what the program says of itself
         if problem:
             raise ManifestError(problem)
@@ -273,6 +277,8 @@ def build_context(plan: Plan, cells=None, host: dict | None = None, results: dic
         "data_files": data_files,
         "models": models,
         "excluded": excluded,
+        # the union over the shipped programs (selected_operators.yaml, ETFORGE_PACKAGE_COMPONENTS)
+        "selective": pipeline_fields(variants, {c.name: dict(r.evidence.operators or {}) for c, r in built}),
         "delegate_targets": {
             d: [t for t in (targets.get(d, {}).get(k) for k in ("wheel", "source")) if t] for d in delegates
         },
