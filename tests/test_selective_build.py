@@ -10,7 +10,8 @@ binary's DT_NEEDED) and runs every variant of both models against the Python run
 
 Building only the selected kernels (etforge_selected_kernels) needs ExecuTorch's C++ sources at the
 wheel's revision, which the wheel does not carry and PyPI does not offer: that test runs only with
-ETFORGE_TEST_EXECUTORCH_SOURCE_DIR pointing at such a checkout (a directory named executorch).
+ETFORGE_TEST_EXECUTORCH_SOURCE_DIR pointing at such a checkout (a directory named executorch). It
+builds its own project, SMALL_PIPELINE with int8 too, so that the quantized kernels are selected.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from conftest import REPO
+from conftest import REPO, SMALL_PIPELINE, make_project
 from test_cpp_runner_runs_programs import ATOL, RTOL, of_kind, parse, python_outputs, run_runner
 
 MODELS = {"linreg": (1, 4), "cnn": (1, 3, 8, 8)}
@@ -108,7 +109,7 @@ def run_every_variant(binary: Path, project, python_runtime, tmp_path: Path) -> 
         assert proc.returncode == 0, proc.stdout + proc.stderr
         records = parse(proc.stdout)
         variants = of_kind(records, "variant")
-        assert [v["status"] for v in variants] == ["ok", "ok"], variants
+        assert variants and all(v["status"] == "ok" for v in variants), variants
         for v in variants:
             ran[v["id"]] = v
             mine = [o for o in of_kind(records, "output") if o["id"] == v["id"]]
@@ -123,6 +124,7 @@ def run_every_variant(binary: Path, project, python_runtime, tmp_path: Path) -> 
 
 @pytest.fixture(scope="module")
 def python_runtime():
+    import executorch.kernels.quantized  # noqa: F401  (the reference for portable int8 programs needs them)
     from executorch.runtime import Runtime
 
     return Runtime.get()
@@ -247,21 +249,48 @@ def test_selected_kernels_need_a_source_checkout_and_say_so_in_one_line(shipped,
     ], result.stderr
 
 
+@pytest.fixture(scope="module")
+def shipped_int8(tmp_path_factory):
+    """SMALL_PIPELINE with int8 too: the portable int8 programs need the quantized kernels."""
+    project = make_project(
+        tmp_path_factory.mktemp("selective_int8") / "proj",
+        SMALL_PIPELINE.replace("quantization: [fp32]", "quantization: [fp32, int8]"),
+    )
+    run = project.doit("-n", "2", "-P", "process")
+    assert run.returncode == 0, run.stdout + run.stderr
+    manifests = project.out / "manifests"
+    return project, manifests, cmake_vars(manifests / "models.cmake")
+
+
 @pytest.mark.skipif(
     not os.environ.get(SOURCE_ENV),
     reason=f"building only the selected kernels needs ExecuTorch's C++ sources at the wheel's revision "
     f"(executorch.version.git_version), which neither the pip wheel nor PyPI carry: set {SOURCE_ENV}",
 )
-def test_runner_with_only_the_selected_kernels_runs_every_variant(shipped, python_runtime, tmp_path):
-    project, manifests, variables = shipped
+def test_runner_with_only_the_selected_kernels_runs_every_variant(shipped_int8, python_runtime, tmp_path):
+    project, manifests, variables = shipped_int8
+    assert variables["ETFORGE_PACKAGE_COMPONENTS"] == [
+        "runtime",
+        "kernels_optimized",
+        "kernels_quantized",
+        "backend_xnnpack",
+    ]
     start = time.monotonic()
     binary = configure_and_build(
         tmp_path, manifests, "-DETFORGE_RUNNER_SELECTED_KERNELS=ON", f"-DEXECUTORCH_SOURCE_DIR={os.environ[SOURCE_ENV]}"
     )
     assert isinstance(binary, Path), binary.stdout + binary.stderr
     print(f"\nrunner with the selected kernels configured and built in {time.monotonic() - start:.1f}s")
-    libs = needed(binary)
-    assert "libexecutorch_kernels_optimized.so" not in libs and "libetforge_runner_kernels_portable.so" in libs
-    kernels = binary.parent / "libetforge_runner_kernels_portable.so"
-    print(f"selected portable kernels: {kernels.stat().st_size} bytes")
-    run_every_variant(binary, project, python_runtime, tmp_path)
+    libs = {lib for lib in needed(binary) if "executorch" in lib or "etforge" in lib}
+    assert libs == {
+        "libexecutorch.so",
+        "libexecutorch_backend_xnnpack.so",
+        "libetforge_runner_kernels_portable.so",
+        "libetforge_runner_kernels_quantized.so",
+    }  # not the wheel's kernel libraries
+    for family in ("portable", "quantized"):
+        print(
+            f"selected {family} kernels: {(binary.parent / f'libetforge_runner_kernels_{family}.so').stat().st_size} B"
+        )
+    ran = run_every_variant(binary, project, python_runtime, tmp_path)
+    assert len([k for k in ran if ":" not in k]) == 8
