@@ -294,3 +294,57 @@ def test_runner_with_only_the_selected_kernels_runs_every_variant(shipped_int8, 
         )
     ran = run_every_variant(binary, project, python_runtime, tmp_path)
     assert len([k for k in ran if ":" not in k]) == 8
+
+
+# ---------------------------------------------------------------- an app's CMake
+
+APP_CMAKELISTS = """\
+cmake_minimum_required(VERSION 3.19)
+project(app CXX)
+find_package(executorch CONFIG REQUIRED PATHS "${EXECUTORCH_ROOT}/share/cmake" NO_DEFAULT_PATH)
+set(ETFORGE_INSTALL_MODELS OFF)
+include("${MODELS_CMAKE}")
+add_executable(app main.cpp)
+etforge_link_package_components(app ${APP_VARIANTS})
+set_target_properties(app PROPERTIES BUILD_RPATH "${EXECUTORCH_RUNTIME_LIBRARY_DIR}")
+"""
+
+
+def test_an_app_links_the_components_of_the_variants_it_ships(shipped, tmp_path):
+    """models.cmake's etforge_link_package_components, in a plain app: per variant list, and a bad name."""
+    project, manifests, variables = shipped
+    from importlib.util import find_spec
+
+    root = list(find_spec("executorch").submodule_search_locations)[0]
+    (tmp_path / "CMakeLists.txt").write_text(APP_CMAKELISTS)
+    (tmp_path / "main.cpp").write_text("int main() { return 0; }\n")
+    portable = next(v for v in variables["ETFORGE_VARIANTS"] if variables[f"ETFORGE_{v}_BACKEND"] == ["portable"])
+
+    def build(variants: str, name: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [
+                "cmake",
+                "-S",
+                str(tmp_path),
+                "-B",
+                str(tmp_path / name),
+                f"-DEXECUTORCH_ROOT={root}",
+                f"-DMODELS_CMAKE={manifests / 'models.cmake'}",
+                f"-DAPP_VARIANTS={variants}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+
+    configured = build(portable, "one")
+    assert configured.returncode == 0, configured.stdout + configured.stderr
+    compiled = subprocess.run(["cmake", "--build", str(tmp_path / "one")], capture_output=True, text=True, timeout=300)
+    assert compiled.returncode == 0, compiled.stdout + compiled.stderr
+    # (libexecutorch.so itself only where the app calls it: this one does not, the kernels need it anyway)
+    assert {lib for lib in needed(tmp_path / "one" / "app") if "executorch" in lib} - {"libexecutorch.so"} == {
+        "libexecutorch_kernels_optimized.so"
+    }
+    wrong = build("NO_SUCH_VARIANT", "wrong")
+    assert wrong.returncode != 0
+    assert " etforge: unknown variant NO_SUCH_VARIANT; known: " in wrong.stderr, wrong.stderr
