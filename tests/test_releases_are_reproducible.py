@@ -109,7 +109,14 @@ def test_a_failed_cell_refuses_the_release_unless_allowed(built_small, tmp_path)
     assert "t-0.0.1/models/cnn_xnnpack_fp32.pte" not in names  # a failed program never ships
     assert "t-0.0.1/models/linreg_portable_fp32.pte" in names
     assert sorted(n.split("/", 2)[2] for n in names if n.startswith("t-0.0.1/manifests/")) == sorted(
-        ["etforge_models.h", "index.json", "models.cmake", "models.g.dart", "pubspec_assets.yaml"]
+        [
+            "etforge_models.h",
+            "index.json",
+            "models.cmake",
+            "models.g.dart",
+            "pubspec_assets.yaml",
+            "selected_operators.yaml",
+        ]
     )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from etforge.builders.capture import load_programs
 from etforge.builders.gates import delegation_coverage, delegation_gate
+from etforge.builders.oplist import program_operators, write_selected_operators
 from etforge.builders.program_costs import program_costs
 from etforge.builders.program_io import check_loads
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
@@ -27,6 +28,7 @@ from etforge.program.metadata import constant_methods, program_meta, stamp_data_
 
 PTE = "program.pte"
 PTD = "program.ptd"  # the external weights of a backend with `external_weights: true`
+OPLIST = "selected_operators.yaml"  # its operators outside delegates, for a selective build
 INFO = "export.json"
 DATA_TAG = "etforge_weights"  # one tag: the runtime takes one data file per program
 MIN_EXTERNAL_FRACTION = 0.5  # of the graph's constant bytes the .ptd must hold, else the option did nothing
@@ -158,6 +160,8 @@ def build_export(
         pte.write_bytes(stamp_data_sha256(executorch_program.buffer, data_info["data_sha256"]))
     else:
         pte.write_bytes(executorch_program.buffer)
+    operators = program_operators(pte)
+    files[OPLIST] = write_selected_operators(operators, workdir / OPLIST, cell.name)
     note = None
     llm_metadata = edge_options.get("constant_methods") or {}  # an LLM's runner metadata methods
     if llm_metadata:
@@ -182,6 +186,7 @@ def build_export(
         llm_metadata=llm_metadata,
         note=note,
         **recorded,
+        operators=operators,
     )
     (workdir / INFO).write_text(
         json.dumps({"cell": cell.canonical(), **result.to_json()}, indent=2, sort_keys=True) + "\n", encoding="utf-8"

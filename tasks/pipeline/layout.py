@@ -91,6 +91,10 @@ class ArtifactLayout:
     def export_info_path(self, cell) -> Path:
         return self.cell_dir(cell) / f"{cell.stem}.export.json"
 
+    def oplist_path(self, cell) -> Path:
+        """The program's operators outside its delegates, in ExecuTorch's selected_operators.yaml format."""
+        return self.cell_dir(cell) / f"{cell.stem}.selected_operators.yaml"
+
     def numerics_path(self, cell) -> Path:
         return self.cell_dir(cell) / f"{cell.stem}.numerics.json"
 

@@ -157,6 +157,8 @@ class ExportResult(StageResult):
     vela_cycles_total: int | None = None
     vela_inference_time_s: float | None = None  # cycles_total / core clock
     vela_delegates: tuple = ()  # per delegate: Vela's whole summary row, its op split, its TOSA size
+    # op -> kernel keys, of every operator the program runs outside its delegates (tasks/builders/oplist.py)
+    operators: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

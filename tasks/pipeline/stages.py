@@ -30,7 +30,14 @@ from etforge.config.model import ModelKind
 
 # Verdicts, gates and benchmarks: what a matrix-wide task waits for, in pipeline order.
 CELL_VERDICTS = ("export", "sizegate", "validate", "benchmark")
-MANIFEST_FILES = ("models.g.dart", "pubspec_assets.yaml", "models.cmake", "index.json", "etforge_models.h")
+MANIFEST_FILES = (
+    "models.g.dart",
+    "pubspec_assets.yaml",
+    "models.cmake",
+    "index.json",
+    "etforge_models.h",
+    "selected_operators.yaml",  # the shipped programs' operators outside delegates (selective build)
+)
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,7 @@ STAGES = (
             ("export.json", "export_info_path"),
             ("program.ptd", "ptd_path", "external_weights"),
             ("delegates.tosa.npz", None, "keeps_tosa"),  # an Ethos-U program's TOSA form (ethos_u_vela)
+            ("selected_operators.yaml", "oplist_path"),  # its operators outside delegates (selective build)
         ),
         skip_if=(("backend_missing", "cannot lower here: {missing}"),),
         keep_entry=True,
@@ -173,7 +181,13 @@ STAGES = (
         builder="etforge.publish.manifests.render:manifest_stage",
         content="etforge.publish.manifests.context:manifest_content",
         code=("etforge.publish.manifests.context", "etforge.publish.manifests.render"),
-        templates=("models.g.dart.j2", "pubspec_assets.yaml.j2", "models.cmake.j2", "etforge_models.h.j2"),
+        templates=(
+            "models.g.dart.j2",
+            "pubspec_assets.yaml.j2",
+            "models.cmake.j2",
+            "selective_build.cmake.j2",
+            "etforge_models.h.j2",
+        ),
         outputs=tuple((f, "manifest_dir") for f in MANIFEST_FILES),
         after=CELL_VERDICTS,
     ),

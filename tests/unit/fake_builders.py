@@ -145,6 +145,7 @@ def export(request, builder="export"):
     files = {
         "program.pte": _write(request.workdir, "program.pte", program),
         "export.json": _write(request.workdir, "export.json", json.dumps({"cell": cell.name}).encode()),
+        "selected_operators.yaml": _write(request.workdir, "selected_operators.yaml", b"operators: {}\n"),
     }
     result = ExportResult(size_bytes=len(program), sha256=_sha(program), delegates=tuple(cell.backend.delegates))
     if how == "status":

@@ -60,6 +60,7 @@ from etforge.publish.manifests.naming import (
     unique,
 )
 from etforge.publish.manifests.program_check import check_program
+from etforge.publish.manifests.selective import pipeline_fields, variant_fields
 
 
 class ManifestError(Exception):
@@ -227,6 +228,9 @@ def build_context(
                 "capabilities": ship_fields.capabilities(cell, ev),
             }
         )
+        # selective build: its operators outside delegates and the wheel libraries it needs
+        oplist = layout.shown(layout.oplist_path(cell))
+        variants[-1].update(variant_fields(ev, oplist, variants[-1]["package_targets"]))
         problem = check_program(cell.name, ev.program, variants[-1])  # what the program says of itself
         if problem:
             raise ManifestError(problem)
@@ -285,6 +289,10 @@ def build_context(
         "data_files": data_files,
         "models": models,
         "excluded": excluded,
+        # the union over the shipped programs (selected_operators.yaml, ETFORGE_PACKAGE_COMPONENTS)
+        "selective": pipeline_fields(
+            variants, {c.name: dict(r.evidence.export.operators if r.evidence.export else {}) for c, r in built}
+        ),
         "delegate_targets": {
             d: [t for t in (targets.get(d, {}).get(k) for k in ("wheel", "source")) if t] for d in delegates
         },

@@ -20,11 +20,12 @@ from etforge.pipeline.results import BuildResult
 from etforge.pipeline.stage_results import ManifestResult
 from etforge.publish import templates
 from etforge.publish.manifests import cpp_header
+from etforge.publish.manifests.selective import SELECTED, render_selection
 
 DART, PUBSPEC, CMAKE, INDEX = "models.g.dart", "pubspec_assets.yaml", "models.cmake", "index.json"
 HEADER = cpp_header.HEADER_NAME  # read by cpp/runner
 TEMPLATES = {DART: "models.g.dart.j2", PUBSPEC: "pubspec_assets.yaml.j2", CMAKE: "models.cmake.j2"}
-FILES = (DART, PUBSPEC, CMAKE, INDEX, HEADER)
+FILES = (DART, PUBSPEC, CMAKE, INDEX, HEADER, SELECTED)
 INDEX_FORMAT = "1.0"  # the community Flutter model store's index.json "version"
 
 
@@ -67,6 +68,9 @@ def index_document(context: dict) -> dict:
                 "capabilities": v["capabilities"],
                 # the platforms whose default (first pick) this variant is, each with why
                 "defaultFor": {p: d["reason"] for p, d in m["defaults"].items() if d["variant"] == v["id"]},
+                # selective build: operators outside delegates, the wheel libraries to link
+                "operators": v["operators"],
+                "packageComponents": v["package_components"],
             }
         )
         if v.get("llm"):  # a decoder-only LLM: methods, metadata values, KV cache (manifests/llm.py)
@@ -105,6 +109,7 @@ def render(context: dict) -> dict:
     out = {name: env.get_template(template).render(**context, by_id=by_id) for name, template in TEMPLATES.items()}
     out[INDEX] = json.dumps(index_document(context), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     out[HEADER] = cpp_header.render_context(context["cpp_header"])
+    out[SELECTED] = render_selection(context["selective"]["selection"])  # the shipped programs' operators
     return out
 
 
