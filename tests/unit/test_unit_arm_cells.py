@@ -59,7 +59,12 @@ def test_tosa_and_ethos_u_cells_are_validated_here_and_vgf_cells_bundled(project
         assert cell.cell.backend.validated_here and not cell.cell.backend.host_runnable
         assert list(cell.spec("validate").outputs) == ["numerics.json"]  # a verdict here, no .bpte
         assert "benchmark" not in cell.stages()  # the reference model is no place to time a program
-    assert list(ethos.spec("export").outputs) == ["program.pte", "export.json", "delegates.tosa.npz"]
+    assert list(ethos.spec("export").outputs) == [
+        "program.pte",
+        "export.json",
+        "delegates.tosa.npz",
+        "selected_operators.yaml",
+    ]
     assert not vgf.cell.backend.validated_here
     assert list(vgf.spec("validate").outputs) == ["program.bpte", "bundled.json"]
     assert vgf.cell.backend.probe == "etforge.builders.vgf_probe:missing_note"
