@@ -57,7 +57,7 @@ def build_hf_model(spec, root: Path):
     source = spec.source["transformers"]
     config = build_config(source)
     cls = model_class(source)
-    attn = source.get("attn_implementation", "sdpa")
+    attn = attention_for(cls, config, source.get("attn_implementation", "sdpa"))
     checkpoint = source.get("checkpoint")
     if checkpoint:
         model = cls.from_pretrained(
@@ -71,6 +71,17 @@ def build_hf_model(spec, root: Path):
     if source["task"] == "text-generation":
         return model
     return TupleOutputs(model)
+
+
+def attention_for(cls, config, attn: str) -> str:
+    """The attention implementation a model is built with: ``sdpa`` falls back to ``eager`` for a class
+    that has none (Gemma 2: its logit softcap; ``from_config`` would raise), as optimum-executorch does.
+    An LLM's program attention is etforge's own either way (tasks/builders/llm_export.py)."""
+    mapping = getattr(cls, "_model_mapping", None)
+    concrete = mapping[type(config)] if mapping is not None and type(config) in mapping else cls
+    if attn == "sdpa" and getattr(concrete, "_supports_sdpa", True) is False:
+        return "eager"
+    return attn
 
 
 def random_weights(spec) -> bool:
