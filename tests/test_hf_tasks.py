@@ -62,7 +62,7 @@ gates:  # the op-count gate: BERT's layout ops leave XNNPACK 39 % of the ops, al
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("hftasks") / "proj", PIPELINE)
-    run = project.doit("validate")
+    run = project.doit("-n", "2", "-P", "process", "validate")  # three independent models: two workers
     assert run.returncode == 0, run.stdout + run.stderr
     return project
 
