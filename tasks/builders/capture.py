@@ -130,6 +130,8 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
             )
         except torch._dynamo.exc.UserError as exc:  # a dynamic dim the model cannot take as declared
             return BuildResult(status=TaskStatus.FAILED, reason=constraint_failure(label, exc))
+        except Exception as exc:  # the graph itself: data-dependent control flow, an untraceable op
+            return BuildResult(status=TaskStatus.FAILED, reason=export_failure(label, exc))
         captured[method] = (program, samples, eager, names, source)
     if not model_spec.multi_method:
         program, samples, eager, names, source = captured["forward"]
@@ -237,6 +239,27 @@ def constraint_failure(model_name: str, exc) -> str:
         + (f"; suggested fix: {fix}" if fix else "")
         + " (change min/max in pipeline.yaml)"
     )
+
+
+def export_failure(model_name: str, exc: BaseException) -> str:
+    """torch.export's first reason, and the deepest frame of the model's own code (outside torch and
+    etforge) it came from: e.g. a detection model's NMS guarding on a data-dependent box count."""
+    import traceback
+
+    import torch
+
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    first = lines[0] if lines else type(exc).__name__
+    # torch's symbolic-shape errors name the user frame themselves: "Caused by: (file.py:103 in fn)"
+    cause = next((line.removeprefix("Caused by: ") for line in lines if line.startswith("Caused by: (")), "")
+    where = f" {cause}" if cause else ""
+    here = Path(__file__).parent.parent
+    skip = (str(Path(torch.__file__).parent), str(here), str(here.resolve()), "<")
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)]
+    if frames and not cause:
+        frame = frames[-1]
+        where = f" (at {frame.filename.split('site-packages/')[-1]}:{frame.lineno}, in {frame.name})"
+    return f"model {model_name!r}: torch.export cannot capture its graph: {type(exc).__name__}: {first}{where}"
 
 
 def nonfinite_eager(model_name: str, eager: list, names: list, source: str) -> str | None:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from etforge.config.hf_source import TASKS
+
 # The task's Auto class when the source names no model_class.
-AUTO_CLASSES = {
-    "text-generation": "AutoModelForCausalLM",
-    "text-classification": "AutoModelForSequenceClassification",
-    "feature-extraction": "AutoModel",
-}
+AUTO_CLASSES = {task: auto for task, (auto, _) in TASKS.items()}
+# Tasks whose program returns the ModelOutput's fields by name (['logits'], ['pred_boxes'], ...);
+# the text encoders keep their flat tuple ([0], [1], ...), which their apps already read.
+NAMED_OUTPUT_TASKS = ("image-classification", "fill-mask", "object-detection")
 RANDOM_WEIGHTS_NOTE = "weights are random (built from the config with a fixed seed; no checkpoint)"
 
 
@@ -57,20 +58,41 @@ def build_hf_model(spec, root: Path):
     source = spec.source["transformers"]
     config = build_config(source)
     cls = model_class(source)
-    attn = source.get("attn_implementation", "sdpa")
-    checkpoint = source.get("checkpoint")
-    if checkpoint:
-        model = cls.from_pretrained(
-            root / checkpoint["path"], config=config, attn_implementation=attn, local_files_only=True
-        )
-    elif hasattr(cls, "from_config"):
-        model = cls.from_config(config, attn_implementation=attn)
-    else:
-        model = cls._from_config(config, attn_implementation=attn)
+    attn = attention_for(cls, config, source.get("attn_implementation", "sdpa"))
+    try:
+        model = _instantiate(cls, config, attn, root, source.get("checkpoint"))
+    except ValueError as exc:  # a sub-model without SDPA (DETR's ResNet backbone): as attention_for
+        if attn != "sdpa" or "does not support an attention implementation" not in str(exc):
+            raise
+        model = _instantiate(cls, config, "eager", root, source.get("checkpoint"))
     model = model.eval()
     if source["task"] == "text-generation":
         return model
+    if source["task"] in NAMED_OUTPUT_TASKS:
+        return TupleOutputs(model, named=True)
     return TupleOutputs(model)
+
+
+def _instantiate(cls, config, attn: str, root: Path, checkpoint: dict | None):
+    if checkpoint:
+        return cls.from_pretrained(
+            root / checkpoint["path"], config=config, attn_implementation=attn, local_files_only=True
+        )
+    if hasattr(cls, "from_config"):
+        return cls.from_config(config, attn_implementation=attn)
+    return cls._from_config(config, attn_implementation=attn)
+
+
+def attention_for(cls, config, attn: str) -> str:
+    """The attention implementation a model is built with: ``sdpa`` falls back to ``eager`` for a class
+    that has none (Gemma 2: its logit softcap; ``from_config`` would raise), as optimum-executorch does;
+    a model whose sub-model has none is retried with ``eager`` (build_hf_model).
+    An LLM's program attention is etforge's own either way (tasks/builders/llm_export.py)."""
+    mapping = getattr(cls, "_model_mapping", None)
+    concrete = mapping[type(config)] if mapping is not None and type(config) in mapping else cls
+    if attn == "sdpa" and getattr(concrete, "_supports_sdpa", True) is False:
+        return "eager"
+    return attn
 
 
 def random_weights(spec) -> bool:
@@ -82,17 +104,20 @@ def _tuple_outputs_class():
     import torch
 
     class _TupleOutputs(torch.nn.Module):
-        """forward(*token inputs) -> the model output's tensors as a tuple (export-friendly)."""
+        """forward(*inputs) -> the model output's tensors as a tuple, or with ``named`` a dict of its
+        non-None fields in field order (export-friendly either way)."""
 
-        def __init__(self, model):
+        def __init__(self, model, named: bool = False):
             super().__init__()
             self.model = model
+            self.named = named
 
         def forward(self, *inputs):
-            return tuple(self.model(*inputs, return_dict=True).to_tuple())
+            out = self.model(*inputs, return_dict=True)
+            return dict(out.items()) if self.named else tuple(out.to_tuple())
 
     return _TupleOutputs
 
 
-def TupleOutputs(model):  # noqa: N802 - a class made lazily, so importing this module needs no torch
-    return _tuple_outputs_class()(model)
+def TupleOutputs(model, named: bool = False):  # noqa: N802 - made lazily: importing this module needs no torch
+    return _tuple_outputs_class()(model, named)

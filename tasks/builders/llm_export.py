@@ -44,14 +44,53 @@ def cell_llm_options(cell) -> dict:
     return llm
 
 
-def _et_custom_sdpa(module, query, key, value, attention_mask, position_ids=None, scaling=None, **kwargs):
+def _window_mask(start_pos, seq_len: int, cache_len: int, window):
+    """[seq_len, cache_len] float mask: 0 where key k is visible to query start_pos+i (k <= q and, with a
+    window, q - k < window: transformers' sliding_window_overlay), else -inf."""
     import torch
 
-    # HF gives [B,H,S,D]; llama::custom_sdpa takes [B,S,H,D] and masks causally from start_pos itself.
-    q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+    pos_q = start_pos + torch.arange(seq_len).unsqueeze(1)
+    pos_k = torch.arange(cache_len).unsqueeze(0)
+    allowed = pos_k <= pos_q
+    if window is not None:
+        allowed = allowed & (pos_q - pos_k < window)
+    return torch.where(allowed, torch.tensor(0.0), torch.tensor(float("-inf")))
+
+
+def _et_custom_sdpa(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    position_ids=None,
+    scaling=None,
+    sliding_window=None,
+    softcap=None,
+    **kwargs,
+):
+    import torch
+
+    # HF gives [B,H,S,D] (key/value: the whole static cache); llama::custom_sdpa takes [B,S,H,D].
     start_pos = position_ids[0][0].item()
-    out = torch.ops.llama.custom_sdpa(q.float(), k.float(), v.float(), start_pos, None, 0.0, True, scaling)
-    return out.to(q.dtype), None
+    seq_len, cache_len = query.shape[-2], key.shape[-2]
+    # A sliding layer (Gemma 2/3, Mistral, Phi-3, ...) sees only the last `sliding_window` positions;
+    # custom_sdpa's causal mode knows no window, so such a layer gets an explicit mask (measured:
+    # without it Mistral and Phi-3 fall to ~3 dB once the context passes the window).
+    window = sliding_window if sliding_window is not None and sliding_window < cache_len else None
+    if softcap is not None:  # Gemma 2's attention logit softcap: custom_sdpa has none, plain math attention
+        groups = query.shape[1] // key.shape[1]
+        k, v = (x.repeat_interleave(groups, dim=1).float() for x in (key, value))
+        scores = torch.tanh(torch.matmul(query.float(), k.transpose(2, 3)) * scaling / softcap) * softcap
+        scores = scores + _window_mask(start_pos, seq_len, cache_len, window)
+        return torch.matmul(torch.softmax(scores, dim=-1), v).transpose(1, 2).to(query.dtype), None
+    q, k, v = (x.transpose(1, 2).float() for x in (query, key, value))
+    if window is None:  # the op masks causally from start_pos itself
+        out = torch.ops.llama.custom_sdpa(q, k, v, start_pos, None, 0.0, True, scaling)
+    else:
+        mask = _window_mask(start_pos, seq_len, cache_len, window)
+        out = torch.ops.llama.custom_sdpa(q, k, v, start_pos, mask, 0.0, False, scaling)
+    return out.to(query.dtype), None
 
 
 def _register_attention() -> None:
@@ -63,11 +102,15 @@ def _register_attention() -> None:
 
 
 def _swap_kv_cache(wrapper) -> None:
-    """Each static cache layer writes a [B,S,H,D] buffer through llama::update_cache."""
+    """Each cache layer writes a [B,S,H,D] buffer through llama::update_cache. transformers 5.23 wraps a
+    config with layer_types + sliding_window in TorchExportableModuleWithHybridCache (``.cache``), any
+    other in TorchExportableModuleWithStaticCache (``.static_cache``); both replace sliding layers with
+    full-length StaticLayers, so every layer is swapped the same way (the window is a mask, above)."""
     import torch
 
     inner = wrapper.model
-    for i, layer in enumerate(inner.static_cache.layers):
+    cache = inner.static_cache if hasattr(inner, "static_cache") else inner.cache
+    for i, layer in enumerate(cache.layers):
         inner.register_buffer(f"et_k_cache_{i}", layer.keys.transpose(1, 2).contiguous(), persistent=False)
         inner.register_buffer(f"et_v_cache_{i}", layer.values.transpose(1, 2).contiguous(), persistent=False)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -25,13 +26,7 @@ def build_model(spec, root: Path):
 
         return build_hf_model(spec, root)
     else:
-        from etforge.builders.torchvision_compat import import_torchvision
-
-        torchvision = import_torchvision()
-        builder = getattr(torchvision.models, spec.source["torchvision"], None)
-        if builder is None or not callable(builder):
-            raise ValueError(f"torchvision.models has no model {spec.source['torchvision']!r}")
-        model = builder(weights=None, **spec.kwargs)
+        model = torchvision_model(spec.source["torchvision"], spec.kwargs)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model factory returned {type(model).__name__}, not torch.nn.Module")
     if spec.weights:
@@ -44,13 +39,44 @@ def build_model(spec, root: Path):
     return model.eval()
 
 
+def torchvision_model(name: str, kwargs: dict):
+    """A model of torchvision's registry (``torchvision.models.get_model``: classification,
+    segmentation, detection, video, optical flow, quantizable), random weights (no download)."""
+    import difflib
+
+    from etforge.builders.torchvision_compat import import_torchvision
+
+    torchvision = import_torchvision()
+    known = torchvision.models.list_models()
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = (
+            f"; did you mean {close[0]!r}?" if close else f" (it lists {len(known)}: torchvision.models.list_models())"
+        )
+        raise ValueError(f"torchvision's model registry has no model {name!r}{hint}")
+    weights = {"weights": None}
+    if "weights_backbone" in inspect.signature(torchvision.models.get_model_builder(name)).parameters:
+        weights["weights_backbone"] = None  # segmentation/detection builders default to downloading one
+    return torchvision.models.get_model(name, **{**weights, **kwargs})
+
+
 def _from_factory(ref: str, kwargs: dict, root: Path):
     module_name, func_name = ref.split(":")
+    _torchvision_shim()
     module = _import_from_project(module_name, root)
     factory = getattr(module, func_name, None)
     if factory is None:
         raise AttributeError(f"{module_name} has no factory {func_name!r}")
     return factory(**kwargs)
+
+
+def _torchvision_shim() -> None:
+    """A factory may ``import torchvision`` itself: give it etforge's shim first, in every process
+    (tasks/builders/torchvision_compat.py says why the plain import fails on this toolchain)."""
+    from etforge.builders.torchvision_compat import import_torchvision, torchvision_installed
+
+    if torchvision_installed():
+        import_torchvision()
 
 
 def _import_from_project(module_name: str, root: Path):
@@ -81,17 +107,19 @@ def _is_inside(file, root: Path) -> bool:
 
 
 def recalibrate_batchnorm(model, inputs) -> None:
-    """Recompute BN running statistics on seeded random batches."""
+    """Recompute BN running statistics on seeded random batches. Only the BN modules train: a
+    detection model in train mode wants targets, and dropout would disturb the statistics."""
     import torch
 
     bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
     if not bns:
         return
+    model.eval()
     for bn in bns:
         bn.reset_running_stats()
         bn.momentum = None  # cumulative average over all calibration batches
+        bn.train()
     generator = torch.Generator().manual_seed(SEED)
-    model.train()
     with torch.no_grad():
         for _ in range(BN_CALIBRATION_BATCHES):
             batch = [torch.randn((BN_CALIBRATION_BATCH_SIZE, *i.shape[1:]), generator=generator) for i in inputs]

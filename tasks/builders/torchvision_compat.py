@@ -5,6 +5,10 @@ the CPU torch wheel, and ``torchvision/_meta_registrations.py`` then dies with
 ``operator torchvision::nms does not exist``. Only the pure-Python model
 definitions are needed here, so when (and only when) the real ops are missing
 we define the ``nms``/``qnms`` schemas with a pure-torch CPU ``nms``.
+
+A user's factory may ``import torchvision`` itself: etforge runs this shim before importing any
+project module (tasks/builders/model_loading.py) and before loading a captured program, in every
+task process, so that import never depends on which module happened to run first.
 """
 
 from __future__ import annotations
@@ -36,11 +40,22 @@ def import_torchvision():
 
     if not hasattr(torch.ops.torchvision, "nms"):
         _try_real_ops()
-    if not hasattr(torch.ops.torchvision, "nms"):
+    fallback = not hasattr(torch.ops.torchvision, "nms")
+    if fallback:
         _define_fallback_ops(torch)
     import torchvision
 
+    if getattr(torch, "_etforge_torchvision_lib", None) is not None:
+        # torchvision.ops.nms asks extension._has_ops() (False when _C.so did not load) before calling
+        # torch.ops.torchvision.nms; with the fallback defined it exists, so detection models run eagerly.
+        torchvision.extension._has_ops = lambda: True
     return torchvision
+
+
+def torchvision_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("torchvision") is not None
 
 
 def _try_real_ops() -> None:

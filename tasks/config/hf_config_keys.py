@@ -113,3 +113,21 @@ def accepted_keys(model_type: str) -> set | None:
 def known_model_types() -> list | None:
     names = config_class_names()
     return sorted(names) if names else None
+
+
+@cache
+def task_model_types(mapping: str) -> frozenset | None:
+    """The model_types an Auto class takes: the keys of transformers' ``<mapping>``
+    (``MODEL_FOR_MASKED_LM_MAPPING_NAMES``, ...) in models/auto/modeling_auto.py, or None."""
+    root = _package_dir()
+    tree = _parse(root / "models" / "auto" / "modeling_auto.py") if root else None
+    if tree is None:
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == mapping for t in node.targets):
+            try:
+                pairs = ast.literal_eval(node.value.args[0]) if isinstance(node.value, ast.Call) else None
+            except ValueError:
+                return None
+            return frozenset(k for k, _ in pairs) if pairs else None
+    return None

@@ -26,11 +26,20 @@ import json
 from pathlib import Path
 
 from etforge.config import recipes
-from etforge.config.hf_config_keys import accepted_keys, known_model_types
+from etforge.config.hf_config_keys import accepted_keys, known_model_types, task_model_types
 from etforge.config.model import InputSpec, ModelKind
 from etforge.core.digest import digest
 
 TEXT_GENERATION = "text-generation"
+# task -> (its Auto class, the name of transformers' mapping of the model_types that class takes).
+TASKS = {
+    "text-generation": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    "text-classification": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    "feature-extraction": ("AutoModel", "MODEL_MAPPING_NAMES"),
+    "image-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    "fill-mask": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    "object-detection": ("AutoModelForObjectDetection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES"),
+}
 # Defaults of the `llm:` block (a text-generation model's export and validation).
 LLM_DEFAULTS = {"max_context_len": 128, "prompt_len": 8, "decode_steps": 8, "dynamic_shapes": True}
 DISTRIBUTION = "transformers"
@@ -109,6 +118,8 @@ def resolve_transformers(r, name: str, spec: dict) -> tuple[dict, tuple | None]:
             path,
             "give the architecture: 'config' (inline), 'config_file' or a 'checkpoint' directory with a config.json",
         )
+    if not node.get("model_class"):
+        _check_task(r, task, config["model_type"], path)
     source["config"] = config
     inputs = None
     if task == TEXT_GENERATION:
@@ -131,7 +142,12 @@ def resolve_transformers(r, name: str, spec: dict) -> tuple[dict, tuple | None]:
     elif "inputs" not in spec:
         raise r.doc.error(
             ("models", name),
-            f"missing required key 'inputs' (a {task} model's token inputs, e.g. input_ids and attention_mask, int64)",
+            f"missing required key 'inputs' (a {task} model's "
+            + (
+                "pixel_values [1, channels, H, W], float32)"
+                if task in ("image-classification", "object-detection")
+                else "token inputs, e.g. input_ids and attention_mask, int64)"
+            ),
         )
     return {"transformers": source, "packages": {DISTRIBUTION: version}}, inputs
 
@@ -170,6 +186,20 @@ def _check_config(r, config: dict, path: tuple, prefix: str = "") -> None:
                 where,
                 f"{prefix}unknown {model_type} config key {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
             )
+
+
+def _check_task(r, task: str, model_type: str, path: tuple) -> None:
+    """A model_type the task's Auto class has no class for (a config or checkpoint of another task)."""
+    auto, mapping = TASKS[task]
+    able = task_model_types(mapping)
+    if able is None or model_type in able:
+        return
+    shown = ", ".join(sorted(able)[:12]) + (", ..." if len(able) > 12 else "")
+    raise r.doc.error(
+        path + ("task",),
+        f"{auto} (task {task!r}) has no class for model_type {model_type!r}; it takes {len(able)} model types: "
+        f"{shown} (or name a model_class)",
+    )
 
 
 def _check_llm(r, llm: dict, config: dict, path: tuple) -> None:

@@ -29,6 +29,7 @@ from etforge.config.model import (
 )
 from etforge.config.selection import cache_settings
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
+from etforge.config.torchvision_names import torchvision_source
 from etforge.config.yamlfile import LoadedYaml, load_yaml
 from etforge.core.digest import digest
 
@@ -94,7 +95,7 @@ class _Resolver:
         elif "transformers" in spec:
             source, implied_inputs = resolve_transformers(self, name, spec)
         else:
-            source = {"torchvision": spec["torchvision"], "bn_recalibration": 1}
+            source = torchvision_source(self, spec["torchvision"], path + ("torchvision",))
         weights = None
         if "weights" in spec:
             wpath = path + ("weights", "path")
