@@ -695,7 +695,10 @@ def test_bad_manifest_options_are_reported_with_their_key():
     assert check(None) == [] and check({}) == []
     assert check({"platforms": {"ios": ["coreml", "xnnpack/fp32"]}}) == []
     assert check({"platform": {}}) == [
-        (("platform",), "unknown key; expected one of app_runtime, assets_dir, base_url, install_dir, models, platforms")
+        (
+            ("platform",),
+            "unknown key; expected one of app_runtime, assets_dir, base_url, install_dir, models, platforms",
+        )
     ]
     assert check({"platforms": {"ios": ["xnpack"]}})[0] == (
         ("platforms", "ios", 0),
