@@ -1,6 +1,7 @@
 """The gates a program must pass besides numerics: delegation coverage (export) and size (sizegate).
 
     delegation_coverage(graph_module)   how much of a lowered program's compute its delegates took
+                                        (in FLOPs: tasks/builders/compute_share.py; op counts as information)
     delegation_gate(cell, export)       why an export must not count as accelerated, or None
     size_gate(cell, quantized, fp32, weights)   whether a quantized program saves what its scheme declares
 
@@ -9,6 +10,7 @@ Every comparison is written so that a NaN fails it. torch is imported inside fun
 
 from __future__ import annotations
 
+from etforge.builders.compute_share import compute_coverage, human
 from etforge.config.defaults import SIZE_GATE_OVERHEAD_BYTES
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
 from etforge.pipeline.stage_results import CaptureResult, ExportResult, SizeGateResult
@@ -89,23 +91,48 @@ def delegation_coverage(graph_module) -> dict:
         "delegated_compute_ops": taken,
         "delegated_by_backend": dict(sorted(delegated.items())),
         "not_delegated": dict(sorted(outside.items())),
+        **compute_coverage(graph_module, compute_op_name),
     }
 
 
 def delegation_gate(cell, export: ExportResult) -> str | None:
-    """Why this program must not count as accelerated, or None (no delegate: no gate)."""
+    """Why this program must not count as accelerated, or None (no delegate: no gate).
+
+    Judged on the share of the program's compute (FLOPs) the delegates run; a record
+    without it (made before compute was measured) falls back to the share of compute ops."""
     minimum = cell.backend.min_coverage
     if minimum is None:
         return None
-    coverage = export.delegation_coverage if export.delegation_coverage is not None else float("nan")
-    if not coverage >= minimum:  # NaN-safe: a coverage that is not a number fails
-        left = ", ".join(f"{name} x{n}" for name, n in sorted(export.not_delegated.items(), key=lambda kv: -kv[1])[:4])
+    ops = (
+        f"{export.delegated_compute_ops} of {export.compute_ops} compute ops "
+        f"({_share(export.delegation_coverage)}) delegated"
+    )
+    if export.compute_coverage is None:
+        coverage = export.delegation_coverage if export.delegation_coverage is not None else float("nan")
+        if not coverage >= minimum:  # NaN-safe: a coverage that is not a number fails
+            return (
+                f"backend {cell.backend.name!r} took {export.delegated_compute_ops} of {export.compute_ops} "
+                f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
+                + _left(export.not_delegated, lambda n: f"x{n}")
+            )
+        return None
+    coverage = export.compute_coverage
+    if not coverage >= minimum:  # NaN-safe
         return (
-            f"backend {cell.backend.name!r} took {export.delegated_compute_ops} of {export.compute_ops} "
-            f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
-            + (f" ({left})" if left else "")
+            f"backend {cell.backend.name!r} runs {coverage:.0%} of the program's compute "
+            f"({human(export.delegated_flops or 0)} of {human(export.flops or 0)}, gate: at least {minimum:.0%}); "
+            f"the rest runs on portable kernels" + _left(export.flops_not_delegated, human) + f"; {ops}"
         )
     return None
+
+
+def _share(value) -> str:
+    return f"{value:.0%}" if isinstance(value, (int, float)) else "?"
+
+
+def _left(by_op: dict, show) -> str:
+    heaviest = sorted(by_op.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+    return (" (" + ", ".join(f"{name} {show(n)}" for name, n in heaviest) + ")") if heaviest else ""
 
 
 def _same_program(quantized: ExportResult, fp32: ExportResult) -> bool:

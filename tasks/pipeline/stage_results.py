@@ -123,6 +123,11 @@ class ExportResult(StageResult):
     delegation_coverage: float | None = None  # of compute ops (etforge.builders.gates)
     delegated_by_backend: dict = field(default_factory=dict)  # backend id -> compute ops it took
     not_delegated: dict = field(default_factory=dict)  # op -> how many stayed on portable kernels
+    # compute (FLOPs, etforge.builders.compute_share): what the delegation gate judges
+    compute_coverage: float | None = None  # delegated FLOPs / all FLOPs
+    flops: int | None = None
+    delegated_flops: int | None = None
+    flops_not_delegated: dict = field(default_factory=dict)  # op -> its FLOPs on portable kernels
     delegates: tuple = ()
     executorch_version: str | None = None
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)

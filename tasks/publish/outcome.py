@@ -113,6 +113,10 @@ class Evidence:
     method_outputs: dict = field(default_factory=dict)  # several methods: method -> its outputs, likewise
     delegated_ops: int | None = None
     non_delegated_ops: int | None = None
+    compute_coverage: float | None = None  # share of the program's FLOPs the delegates run (the gate's)
+    op_coverage: float | None = None  # share of its compute ops delegated (information)
+    compute_ops: int | None = None
+    delegated_compute_ops: int | None = None
     size_vs_fp32: float | None = None
     calibration: str | None = None  # where static quantization's calibration data came from
     layers: dict | None = None  # the quantize record's: layers quantized and kept in float (layer_filter.py)
@@ -211,6 +215,10 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             input_dtypes=export.input_dtypes,
             delegated_ops=export.delegated_ops,
             non_delegated_ops=export.non_delegated_ops,
+            compute_coverage=finite(export.compute_coverage),
+            op_coverage=finite(export.delegation_coverage),
+            compute_ops=export.compute_ops,
+            delegated_compute_ops=export.delegated_compute_ops,
             llm_metadata=export.llm_metadata or None,
         )
     if _status(by_kind.get("capture")) == TaskStatus.OK:
