@@ -11,9 +11,10 @@ Every comparison is written so that a NaN fails it. torch is imported inside fun
 from __future__ import annotations
 
 from etforge.builders.compute_share import compute_coverage, human
+from etforge.builders.layer_filter import describe_kept
 from etforge.config.defaults import SIZE_GATE_OVERHEAD_BYTES
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
-from etforge.pipeline.stage_results import CaptureResult, ExportResult, SizeGateResult
+from etforge.pipeline.stage_results import CaptureResult, ExportResult, QuantizeResult, SizeGateResult
 
 OVERHEAD_BYTES = SIZE_GATE_OVERHEAD_BYTES  # a recipe's size_gate.overhead_bytes wins
 
@@ -144,11 +145,15 @@ def _same_program(quantized: ExportResult, fp32: ExportResult) -> bool:
     return what(quantized) == what(fp32)
 
 
-def size_gate(cell, quantized: ExportResult, fp32: ExportResult, weights: dict) -> tuple[SizeGateResult, str | None]:
+def size_gate(
+    cell, quantized: ExportResult, fp32: ExportResult, weights: dict, layers: dict | None = None
+) -> tuple[SizeGateResult, str | None]:
     """(facts, failure reason or None) of a quantized program against its fp32 sibling.
 
     ``quantized``/``fp32``: the two exports' results (size_bytes, sha256); ``weights``: the fp32
-    capture's ``weight_bytes``. The scheme's recipe declares (``cell.size_gate``) which of
+    capture's ``weight_bytes``; ``layers``: the quantize record's (a weight-group scheme's): when it
+    says which weights the scheme actually took (``taken_weight_bytes``), only those are judged, and
+    the layers it kept in float are listed, not counted. The scheme's recipe declares (``cell.size_gate``) which of
     the capture's weights it stores smaller, the largest stored/fp32 ratio of those weights
     that shows it was applied, and optionally ``overhead_bytes``. Only the saving counts,
     so what both programs share (the fixed overhead that makes linreg's program ~2 KB,
@@ -174,6 +179,12 @@ def size_gate(cell, quantized: ExportResult, fp32: ExportResult, weights: dict) 
     kinds = gate["weights"]
     taken = weights["all"] if "all" in kinds else sum(weights.get(k, 0) for k in kinds)
     what = "weights" if "all" in kinds else "/".join(kinds) + " weights"
+    took = (layers or {}).get("taken_weight_bytes")
+    kept = [e for e in (layers or {}).get("kept_float") or () if isinstance(e, dict)]
+    if isinstance(took, dict):  # what the scheme took, not every weight of those kinds
+        taken = sum(v for k, v in took.items() if "all" in kinds or k in kinds)
+        what = f"the {what} {scheme} took"
+        facts["kept_float"] = tuple(kept)
     overhead = gate.get("overhead_bytes", OVERHEAD_BYTES)
     facts.update(weight_bytes=taken, max_weight_ratio=gate["max_ratio"], overhead_bytes=overhead)
     if taken == 0:
@@ -188,6 +199,7 @@ def size_gate(cell, quantized: ExportResult, fp32: ExportResult, weights: dict) 
             f"{what} stored at {stored / taken:.2f}x of fp32 (gate: {scheme} at most "
             f"{gate['max_ratio']}x + {overhead} B): {q_size} B vs "
             f"{f_size} B saves {facts['saved_bytes']} B of {taken} B"
+            + (f"; kept in float (not judged): {describe_kept(kept, len(kept))}" if kept else "")
         )
     return SizeGateResult(**facts), None
 
@@ -198,7 +210,8 @@ def size_gate_stage(request: BuildRequest) -> BuildResult:
     if any(up[r].info.get("status") != TaskStatus.OK for r in ("export", "fp32_export")):
         raise RuntimeError(f"needs both {up['export'].task} and {up['fp32_export'].task} ok")
     weights = up["capture"].result(CaptureResult).weight_bytes
+    layers = up["graph"].result(QuantizeResult).layers if "graph" in up else {}
     result, failure = size_gate(
-        cell, up["export"].result(ExportResult), up["fp32_export"].result(ExportResult), weights
+        cell, up["export"].result(ExportResult), up["fp32_export"].result(ExportResult), weights, layers or None
     )
     return BuildResult(result=result, status=TaskStatus.FAILED if failure else TaskStatus.OK, reason=failure or "")

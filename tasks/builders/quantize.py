@@ -63,10 +63,19 @@ def torchao_quantize(model, steps):
     return model
 
 
-def torchao_steps(scheme: str, transform, model) -> tuple[list, dict]:
+def torchao_steps(scheme: str, transform, model, keep: dict | None = None) -> tuple[list, dict]:
     """([(config, LayerChoice)], the record's ``layers``) of a torchao transform on ``model``;
-    raises Rejected when no step takes any layer."""
-    from etforge.builders.layer_filter import LayerRule, choose_layers, layers_info, rejection, rule_of
+    ``keep``: layer -> why it stays in float (keep_float, etforge.builders.rescue); raises Rejected
+    when no step takes any layer."""
+    from etforge.builders.layer_filter import (
+        LayerRule,
+        choose_layers,
+        choose_with_fallback,
+        layers_info,
+        rejection,
+        rule_of,
+        with_weight_bytes,
+    )
     from etforge.builders.quantizers import torchao_embedding
     from etforge.core.dotted_path import load_callable
 
@@ -76,9 +85,30 @@ def torchao_steps(scheme: str, transform, model) -> tuple[list, dict]:
     if options.get("embedding"):
         group = int(options.get("embedding_group_size", 32))
         config = torchao_embedding({"bits": options["embedding"], "group_size": group})
-        steps.append((config, choose_layers(model, LayerRule("embedding", group or None, minimum))))
-    config = load_callable(transform.ref)(options)
-    steps.append((config, choose_layers(model, rule_of(config, "linear", minimum))))
+        steps.append(
+            (config, with_weight_bytes(model, choose_layers(model, LayerRule("embedding", group or None, minimum))))
+        )
+    factory = load_callable(transform.ref)
+    config = factory(options)
+    if rule_of(config).group or transform.fallback:  # per layer: group, smaller group, fallback, float
+        fallback = load_callable(transform.fallback)(options) if transform.fallback else None
+        steps += choose_with_fallback(
+            model,
+            config,
+            lambda group: factory({**options, "group_size": group}),
+            transform.group_multiple,
+            fallback,
+            minimum,
+        )
+    else:
+        steps.append((config, with_weight_bytes(model, choose_layers(model, rule_of(config, "linear", minimum)))))
+    keep = keep or {}
+    for _, choice in steps if keep else ():
+        kept = [fqn for fqn in choice.quantized if fqn in keep]
+        choice.quantized = [fqn for fqn in choice.quantized if fqn not in keep]
+        choice.fallbacks = [e for e in choice.fallbacks if e["layer"] not in keep]
+        choice.kept_float.extend({"layer": fqn, "reason": keep[fqn]} for fqn in kept)
+        with_weight_bytes(model, choice)
     choices = [choice for _, choice in steps]
     if all(choice.empty for choice in choices):
         raise Rejected(rejection(scheme, choices))
@@ -117,8 +147,14 @@ def _export_quantized(cell, model, inputs):
     import torch
 
     from etforge.builders.capture import export_dynamic_shapes
+    from etforge.builders.output_select import select_outputs
 
-    return torch.export.export(model, inputs, strict=False, dynamic_shapes=export_dynamic_shapes(cell.model.inputs))
+    return torch.export.export(
+        select_outputs(model, cell.model.outputs),  # the outputs the app consumes, as the capture
+        inputs,
+        strict=False,
+        dynamic_shapes=export_dynamic_shapes(cell.model.inputs),
+    )
 
 
 def _export_method(model, method: str, method_inputs, reference: Path, dtype):
@@ -165,7 +201,10 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
         facts.update(calibration=source, calibration_samples=len(batches))
     elif transform.method == "torchao":
         model = build_model(cell.model, root)
-        steps, facts["layers"] = torchao_steps(cell.quant.name, transform, model)
+        keep, rescue = keep_float(cell, model, samples)
+        steps, facts["layers"] = torchao_steps(cell.quant.name, transform, model, keep)
+        if rescue is not None:
+            facts["rescue"] = rescue
         model = torchao_quantize(model, steps)
     elif transform.method == "dtype":
         dtype = getattr(torch, transform.ref)
@@ -174,3 +213,34 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
     else:
         raise ValueError(f"unknown quantization method {transform.method!r}")
     return model, inputs, facts
+
+
+def keep_float(cell, model, reference) -> tuple[dict, dict | None]:
+    """(layer -> why it stays in float, the ``auto`` rescue record or None) of the scheme's
+    ``keep_float`` option (etforge.builders.rescue) for a torchao scheme on ``model`` (not changed)."""
+    import copy
+
+    from etforge.builders.output_select import select_outputs
+    from etforge.builders.rescue import AUTO, auto_keep, eager_sqnr, matching, rescue_reason
+
+    transform = cell.transform
+    option = transform.options.get("keep_float")
+    if not option:
+        return {}, None
+    steps, _ = torchao_steps(cell.quant.name, transform, model)
+    taken = [fqn for _, choice in steps for fqn in choice.quantized]
+    if option != AUTO:
+        return matching(taken, list(option)), None
+    threshold = cell.thresholds.get("sqnr_db")
+    if threshold is None:
+        raise ValueError(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
+
+    def measure(kept: tuple) -> float:
+        trial = copy.deepcopy(model)
+        trial_steps, _ = torchao_steps(cell.quant.name, transform, trial, dict.fromkeys(kept, ""))
+        quantized = torchao_quantize(trial, trial_steps)
+        return eager_sqnr(select_outputs(quantized, cell.model.outputs), reference)  # as the reference has them
+
+    limit = transform.options.get("keep_float_limit")
+    rescue = auto_keep(taken, measure, float(threshold), int(limit) if limit else None)
+    return {e["layer"]: rescue_reason(e) for e in rescue["kept"]}, rescue

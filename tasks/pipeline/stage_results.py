@@ -107,6 +107,7 @@ class QuantizeResult(StageResult):
     calibration: str | None = None  # where static quantization's calibration data came from
     calibration_samples: int | None = None
     layers: dict = field(default_factory=dict)  # the layers a weight-group scheme took and kept in float
+    rescue: dict = field(default_factory=dict)  # keep_float: auto: sensitivity, layers kept, dB each bought
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,9 @@ class ExportResult(StageResult):
     constant_bytes: int | None = None
     llm_metadata: dict = field(default_factory=dict)  # an LLM's runner metadata methods -> values
     note: str | None = None
+    # what its quantized graph left in float ({"layer", "reason"}) and keep_float: auto's record
+    kept_float: tuple = ()
+    rescue: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ class SizeGateResult(StageResult):
     weight_ratio: float | None = None  # those weights as stored / fp32
     max_weight_ratio: float | None = None
     overhead_bytes: int | None = None
+    kept_float: tuple = ()  # {"layer", "reason"}: layers the scheme left in float (not judged)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,9 @@ The state machine, first rule that applies:
     rejected       a current record says rejected: the scheme cannot apply to this model
                    (e.g. a weight-group scheme that takes none of its layers), with why
     skipped        export skipped: this host cannot lower the backend (says what is missing)
-    blocked        a current record says blocked (a task it needs did not succeed)
+    blocked        a current record says blocked (a task it needs did not succeed); not the
+                   size gate when only its fp32 sibling's export failed: the size gate has
+                   nothing to compare against (a note says so) and the cell is judged on its numerics
     not built      no current export record
     skipped        validation skipped
     not validated  exported, but no current verdict on this program
@@ -58,7 +60,7 @@ from etforge.cache.records import current
 from etforge.config.model import Cell, ExpectedFailure, Plan, RejectedCell, default_range_note
 from etforge.pipeline.layout import ArtifactLayout, layout_of
 from etforge.pipeline.results import TaskStatus, task_status
-from etforge.pipeline.specs import cell_specs
+from etforge.pipeline.specs import cell_specs, spec_of
 from etforge.pipeline.stage_results import (
     BenchmarkResult,
     CaptureResult,
@@ -120,6 +122,7 @@ class Evidence:
     size_vs_fp32: float | None = None
     calibration: str | None = None  # where static quantization's calibration data came from
     layers: dict | None = None  # the quantize record's: layers quantized and kept in float (layer_filter.py)
+    rescue: dict | None = None  # the quantize record's keep_float: auto (etforge.builders.rescue)
     metrics: dict = field(default_factory=dict)  # of METRICS, finite numbers only
     exact: bool = False  # validated here and identical to eager (infinite SQNR)
     validated_on: str | None = None  # the inputs the verdict was measured on, e.g. "npz data/val.npz"
@@ -230,7 +233,7 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
     if by_kind.get("sizegate"):
         facts["size_vs_fp32"] = SizeGateResult.from_json(_info(by_kind["sizegate"])).size_vs_fp32
     quantize = QuantizeResult.from_json(_info(by_kind.get("quantize")))
-    facts.update(calibration=quantize.calibration, layers=quantize.layers or None)
+    facts.update(calibration=quantize.calibration, layers=quantize.layers or None, rescue=quantize.rescue or None)
     sha256 = export.sha256 if export is not None else None
     validate = by_kind.get("validate")
     judged = _status(validate) in (TaskStatus.OK, TaskStatus.FAILED, TaskStatus.NOT_RUNNABLE)
@@ -273,6 +276,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
         return CellOutcome(cell=cell.name, status=status, reason=" ".join(str(reason).split()), evidence=evidence, **kw)
 
     sha256 = export.sha256 if export is not None else None
+    moot = _size_gate_moot(plan, cell, by_kind)
+    if moot:  # a failed fp32 sibling never hides this cell's own verdict: judged on its numerics
+        records = [r for r in records if not r[0].startswith(STAGE["sizegate"].name + ":")]
     for name, record, _ in records:
         # A failure under the current key counts, unless it names other bytes than this program
         # (one that names none, e.g. a crash before it could, still counts: failing is the safe side).
@@ -304,7 +310,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
             f"(sha256 {judged[:12] if judged else 'not recorded'}, "
             f"this one is {str(sha256)[:12]})",
         )
-    notes = [n for n in (layers_note(cell.quant.name, evidence.layers or {}),) if n]
+    notes = [
+        n for n in (rescue_note(evidence.rescue or {}), layers_note(cell.quant.name, evidence.layers or {}), moot) if n
+    ]
     if str(evidence.calibration or "").startswith("random"):
         notes.append("random calibration data (name some in pipeline.yaml)")
     range_note = default_range_note(cell.model)
@@ -323,6 +331,21 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
     return out(CellState.OK, "; ".join(notes))
 
 
+def _size_gate_moot(plan: Plan, cell: Cell, by_kind: dict) -> str:
+    """What the size gate says when it has nothing to compare against (its fp32 sibling's export did not
+    succeed, so it could not run), or "" when it did run or waits for this cell's own export."""
+    if _status(by_kind.get("sizegate")) != TaskStatus.BLOCKED or _status(by_kind.get("export")) != TaskStatus.OK:
+        return ""
+    sibling = plan.fp32_sibling(cell)
+    if sibling is None:
+        return ""
+    spec = spec_of(plan, STAGE["export"].name, sibling)
+    status = _status(current(spec))
+    if status not in (TaskStatus.FAILED, TaskStatus.BLOCKED, TaskStatus.REJECTED, TaskStatus.SKIPPED):
+        return ""
+    return f"size gate: nothing to compare against ({spec.name} {status}); judged on its numerics"
+
+
 def _validation_data_hint(model) -> str:
     """How a provisional cell becomes ok: name data, where the model can take it."""
     if model.multi_method or any(i.dims for i in model.inputs):
@@ -333,15 +356,48 @@ def _validation_data_hint(model) -> str:
     return f"(name data under models.{model.name}.validation in pipeline.yaml)"
 
 
-def layers_note(scheme: str, layers: dict) -> str:
-    """'8da4w quantized 3 of 5 layers; kept in float: side (in_features 24 ...); ...', or "" when it took all."""
-    kept = [e for e in layers.get("kept_float") or () if isinstance(e, dict)]
-    quantized = finite(layers.get("quantized")) or 0
+def rescue_note(rescue: dict) -> str:
+    """'keep_float auto kept l1 (+9.3 dB) in float: 30.6 -> 39.9 dB (threshold 35 dB)', or ""."""
+    kept = [e for e in rescue.get("kept") or () if isinstance(e, dict)]
     if not kept:
         return ""
-    shown = "; ".join(f"{e.get('layer')} ({e.get('reason')})" for e in kept[:3])
-    more = f"; and {len(kept) - 3} more" if len(kept) > 3 else ""
-    return f"{scheme} quantized {quantized} of {quantized + len(kept)} layers; kept in float: {shown}{more}"
+    layers = ", ".join(
+        f"{e.get('layer')} ({e['gain_db']:+.1f} dB)" if finite(e.get("gain_db")) is not None else str(e.get("layer"))
+        for e in kept
+    )
+    after = finite(rescue.get("after_db"))
+    shown = "identical outputs" if after is None else f"{after} dB"
+    short = "" if rescue.get("reached") else f", not reached within keep_float_limit {rescue.get('limit')}"
+    return (
+        f"keep_float auto kept {layers} in float: {rescue.get('before_db')} -> {shown} "
+        f"(threshold {rescue.get('threshold_db')} dB{short})"
+    )
+
+
+def layers_note(scheme: str, layers: dict) -> str:
+    """'8da4w quantized 3 of 5 layers; kept in float: side (in_features 24 ...); ...', plus the layers that
+    got a fallback form instead of the declared one ('int8 per-channel: d, e'), or "" when it took all
+    as declared."""
+    kept = [e for e in layers.get("kept_float") or () if isinstance(e, dict)]
+    fallbacks = [e for e in layers.get("fallbacks") or () if isinstance(e, dict)]
+    quantized = finite(layers.get("quantized")) or 0
+    parts = []
+    if kept:
+        shown = "; ".join(f"{e.get('layer')} ({e.get('reason')})" for e in kept[:3])
+        more = f"; and {len(kept) - 3} more" if len(kept) > 3 else ""
+        parts.append(f"{scheme} quantized {quantized} of {quantized + len(kept)} layers; kept in float: {shown}{more}")
+    if fallbacks:
+        forms: dict = {}
+        for e in fallbacks:
+            forms.setdefault(str(e.get("weights")), []).append(str(e.get("layer")))
+        parts.append(
+            "not in the declared group: "
+            + "; ".join(
+                f"{form}: {', '.join(names[:3])}" + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+                for form, names in forms.items()
+            )
+        )
+    return "; ".join(parts)
 
 
 def _with_expectation(entry: ExpectedFailure | None, natural: CellOutcome) -> CellOutcome:
