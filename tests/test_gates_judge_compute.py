@@ -126,3 +126,13 @@ def test_a_record_made_before_compute_was_measured_is_judged_on_its_op_share():
     assert reason is not None and "took 1 of 5 compute ops (20%" in reason
     # and a compute share that is not a number fails (NaN-safe)
     assert _gate({"compute_coverage": float("nan"), "flops": 1, "delegated_flops": 0}) is not None
+
+
+def test_the_report_shows_the_compute_share_and_the_op_counts():
+    from etforge.publish.outcome import Evidence
+    from etforge.publish.report.page import coverage_title
+
+    ev = Evidence(compute_coverage=0.9916, op_coverage=0.4756, compute_ops=82, delegated_compute_ops=39)
+    assert coverage_title(ev) == "99.2% of the compute (FLOPs) delegated; 39 of 82 compute ops delegated (47.6%)"
+    # a record made before compute was measured: the graph's node counts, as before
+    assert coverage_title(Evidence(delegated_ops=3, non_delegated_ops=1)) == "3 delegated, 1 not delegated"
