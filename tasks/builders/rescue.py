@@ -29,6 +29,11 @@ LIMIT_SHARE = 0.25  # of the layers the scheme takes: the default limit of ``aut
 
 def matching(names, patterns) -> dict:
     """layer -> why it stays in float, for every layer of ``names`` a pattern matches (re.fullmatch)."""
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"keep_float: {pattern!r} is not a regular expression ({exc})") from None
     out = {}
     for name in names:
         hit = next((p for p in patterns if re.fullmatch(p, name)), None)
