@@ -124,3 +124,40 @@ def test_explicit_keep_float_regexes_keep_the_layers_they_name():
     ]
     assert layers["taken_weight_bytes"] == {"linear": (64 * 128 + 128 * 128 + 64 * 10) * 4}
     assert isinstance(model, torch.nn.Module)
+
+
+def test_keep_float_auto_on_static_int8_finds_the_fragile_layer():
+    """PT2E (XNNPACK's static int8): the same search through the quantizer's node filter, in-process."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from etforge.builders.quantize import pt2e_keep_float, pt2e_quantize
+    from etforge.builders.quantizers import xnnpack_int8_static
+    from etforge.builders.reference import Reference
+    from etforge.builders.rescue import eager_sqnr, without_layers
+
+    namespace: dict = {}
+    exec(FRAGILE, namespace)
+    model = namespace["build"]().eval()
+    generator = torch.Generator().manual_seed(0)
+    samples = [torch.randn(1, 64, generator=generator) for _ in range(8)]
+    with torch.no_grad():
+        eager = [model(x).numpy() for x in samples]
+    reference = Reference([np.stack([x.numpy() for x in samples])], [np.stack(eager)], "random (seeded)")
+    program = torch.export.export(model, (samples[0],), strict=False)
+
+    def convert(kept=()):
+        quantizer = without_layers(xnnpack_int8_static({}), kept)
+        return pt2e_quantize(program, (samples[0],), quantizer, [(x,) for x in samples[:4]])
+
+    before = eager_sqnr(convert(), reference)
+    transform = SimpleNamespace(options={"keep_float": "auto"})
+    cell = SimpleNamespace(transform=transform, thresholds={"sqnr_db": before + 2}, name="fragile/xnnpack/int8")
+    keep, rescue, layers = pt2e_keep_float(cell, program, convert, reference)
+    assert list(keep) == ["l1"] and rescue["reached"], rescue
+    assert rescue["sensitivity"][0]["layer"] == "l1" and rescue["kept"][0]["gain_db"] >= 2
+    assert layers["kept_float"][0]["layer"] == "l1" and layers["quantized"] == 4
+    assert layers["taken_weight_bytes"] == {"linear": (64 * 128 + 128 * 128 + 128 * 64 + 64 * 10) * 4}
+    # the program quantized that way computes what the search measured
+    converted = convert(("l1",))
+    assert eager_sqnr(converted, reference) == pytest.approx(rescue["after_db"], abs=0.01)

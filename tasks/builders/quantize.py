@@ -179,6 +179,7 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
 
     from etforge.builders.model_loading import build_model
     from etforge.builders.reference import load_reference_samples
+    from etforge.builders.rescue import without_layers
     from etforge.builders.samples import calibration_batches
     from etforge.core.dotted_path import load_callable
 
@@ -190,15 +191,22 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
     if transform.method == "pt2e":
         factory = load_callable(transform.ref)
         batches, source = calibration_batches(cell.model, root, seed)
-        # OpenVINO wants float weights followed by quantize/dequantize (no folding).
-        model = pt2e_quantize(
-            torch.export.load(capture_program),
-            inputs,
-            factory(dict(transform.options)),
-            (tuple(torch.from_numpy(x) for x in batch) for batch in batches),
-            fold_quantize=getattr(factory, "fold_quantize", True),
-        )
+        program = torch.export.load(capture_program)
+        calibration = [tuple(torch.from_numpy(x) for x in batch) for batch in batches]
+
+        def convert(kept=()):
+            # OpenVINO wants float weights followed by quantize/dequantize (no folding).
+            quantizer = without_layers(factory(dict(transform.options)), kept)
+            fold = getattr(factory, "fold_quantize", True)
+            return pt2e_quantize(program, inputs, quantizer, calibration, fold_quantize=fold)
+
+        keep, rescue, layers = pt2e_keep_float(cell, program, convert, samples)
+        model = convert(tuple(keep))
         facts.update(calibration=source, calibration_samples=len(batches))
+        if keep:
+            facts["layers"] = layers
+        if rescue is not None:
+            facts["rescue"] = rescue
     elif transform.method == "torchao":
         model = build_model(cell.model, root)
         keep, rescue = keep_float(cell, model, samples)
@@ -244,3 +252,40 @@ def keep_float(cell, model, reference) -> tuple[dict, dict | None]:
     limit = transform.options.get("keep_float_limit")
     rescue = auto_keep(taken, measure, float(threshold), int(limit) if limit else None)
     return {e["layer"]: rescue_reason(e) for e in rescue["kept"]}, rescue
+
+
+def pt2e_keep_float(cell, program, convert, reference) -> tuple[dict, dict | None, dict]:
+    """(layer -> why it stays in float, the ``auto`` record or None, the record's ``layers``) of a PT2E
+    scheme's ``keep_float``: ``convert(kept)`` quantizes the captured ``program`` leaving ``kept`` in float."""
+    from etforge.builders.rescue import AUTO, auto_keep, eager_sqnr, graph_layers, matching, rescue_reason
+
+    option = cell.transform.options.get("keep_float")
+    if not option:
+        return {}, None, {}
+    layers = graph_layers(program)
+    rescue = None
+    if option != AUTO:
+        keep = matching(list(layers), list(option))
+    else:
+        threshold = cell.thresholds.get("sqnr_db")
+        if threshold is None:
+            raise ValueError(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
+        limit = cell.transform.options.get("keep_float_limit")
+        rescue = auto_keep(
+            list(layers),
+            lambda kept: eager_sqnr(convert(kept), reference),
+            float(threshold),
+            int(limit) if limit else None,
+        )
+        keep = {e["layer"]: rescue_reason(e) for e in rescue["kept"]}
+    taken: dict = {}
+    for name, (kind, size) in layers.items():
+        if name not in keep:
+            taken[kind] = taken.get(kind, 0) + size
+    record = {
+        "quantized": len(layers) - len(keep),
+        "float": len(keep),
+        "kept_float": [{"layer": name, "reason": why} for name, why in keep.items()],
+        "taken_weight_bytes": taken,
+    }
+    return keep, rescue, record

@@ -16,6 +16,11 @@ the ranking carries over to the delegate. Costs 1 + L + k quantizations of the e
 
 The option joins the quantize key (it is one of the scheme's options), and with ``auto`` so do
 the thresholds it aims at (tasks/pipeline/keys.py).
+
+For a PT2E scheme the layers are the captured graph's linear and convolution calls, named by the
+module that made them (``nn_module_stack``), and a kept layer is left out of the quantizer's
+annotation with a node filter (:func:`without_layers`; XNNPACK's quantizer takes one, and
+``set_module_name(name, None)`` is refused in executorch 1.5.1).
 """
 
 from __future__ import annotations
@@ -25,6 +30,38 @@ import re
 
 AUTO = "auto"
 LIMIT_SHARE = 0.25  # of the layers the scheme takes: the default limit of ``auto``
+# The captured graph's weight layers (the capture's weight_bytes kinds): op -> kind
+GRAPH_LAYERS = {"aten.linear": "linear", "aten.conv1d": "conv", "aten.conv2d": "conv", "aten.conv3d": "conv"}
+
+
+def graph_layers(program) -> dict:
+    """layer name -> (kind, fp32 bytes of its weight) of every linear/conv call of a captured
+    ExportedProgram, named by the module that made it, in graph order."""
+    named = program.graph_signature.inputs_to_parameters
+    out: dict = {}
+    for node in program.graph.nodes:
+        kind = GRAPH_LAYERS.get(str(getattr(node.target, "overloadpacket", ""))) if node.op == "call_function" else None
+        stack = list((node.meta.get("nn_module_stack") or {}).values()) if kind else []
+        if not stack or len(node.args) < 2:
+            continue
+        name = stack[-1][0]
+        weight = program.state_dict.get(named.get(getattr(node.args[1], "name", ""), ""))
+        size = weight.numel() * weight.element_size() if weight is not None else 0
+        out.setdefault(name, (kind, size))
+    return out
+
+
+def without_layers(quantizer, layers):
+    """``quantizer`` annotating nothing the modules named ``layers`` made (they stay in float)."""
+    if not layers:
+        return quantizer
+    if not hasattr(quantizer, "set_filter_function"):
+        raise ValueError(f"keep_float: {type(quantizer).__name__} cannot leave layers out of its quantization")
+    from torchao.quantization.pt2e.quantizer.utils import get_module_name_filter
+
+    hits = [get_module_name_filter(name) for name in layers]
+    quantizer.set_filter_function(lambda node: not any(hit(node) for hit in hits))
+    return quantizer
 
 
 def matching(names, patterns) -> dict:
