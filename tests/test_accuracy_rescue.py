@@ -161,3 +161,19 @@ def test_keep_float_auto_on_static_int8_finds_the_fragile_layer():
     # the program quantized that way computes what the search measured
     converted = convert(("l1",))
     assert eager_sqnr(converted, reference) == pytest.approx(rescue["after_db"], abs=0.01)
+
+
+def test_keep_float_names_layers_as_the_model_does_when_outputs_are_selected():
+    torch = pytest.importorskip("torch")
+    from etforge.builders.output_select import select_outputs
+    from etforge.builders.quantize import graph_prefix
+    from etforge.builders.rescue import graph_layers
+
+    namespace: dict = {}
+    exec(FRAGILE, namespace)
+    wrapped = select_outputs(namespace["build"]().eval(), [0])
+    program = torch.export.export(wrapped, (torch.randn(1, 64),), strict=False)
+    cell = SimpleNamespace(model=SimpleNamespace(outputs=(0,)))
+    prefix = graph_prefix(cell)
+    assert [name.removeprefix(prefix) for name in graph_layers(program)] == ["l0", "l1", "l2", "l3", "l4"]
+    assert graph_prefix(SimpleNamespace(model=SimpleNamespace(outputs=()))) == ""

@@ -21,6 +21,8 @@ outputs. One that matches no output fails the capture, naming the model's output
 
 from __future__ import annotations
 
+CORE = "core"  # the wrapped model's attribute: its layers' names in the captured graph start with "core."
+
 
 def _plain(path: str) -> str:
     """``[1]['boxes']`` -> ``1.boxes``: a key path without brackets and quotes."""
@@ -57,7 +59,7 @@ def select_outputs(model, selection):
     class SelectedOutputs(torch.nn.Module):
         def __init__(self, core, chosen):
             super().__init__()
-            self.core = core  # (its parameters keep their names under core.: layer names are shown so)
+            self.core = core  # (CORE: the captured graph names its layers core.<name>)
             self.chosen = tuple(chosen)
             self.output_names: list = []
 

@@ -196,7 +196,7 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
 
         def convert(kept=()):
             # OpenVINO wants float weights followed by quantize/dequantize (no folding).
-            quantizer = without_layers(factory(dict(transform.options)), kept)
+            quantizer = without_layers(factory(dict(transform.options)), [graph_prefix(cell) + k for k in kept])
             fold = getattr(factory, "fold_quantize", True)
             return pt2e_quantize(program, inputs, quantizer, calibration, fold_quantize=fold)
 
@@ -254,15 +254,25 @@ def keep_float(cell, model, reference) -> tuple[dict, dict | None]:
     return {e["layer"]: rescue_reason(e) for e in rescue["kept"]}, rescue
 
 
+def graph_prefix(cell) -> str:
+    """How the captured graph's layer names start: a model captured through its ``outputs:``
+    selection is wrapped (etforge.builders.output_select), the others are not."""
+    from etforge.builders.output_select import CORE
+
+    return f"{CORE}." if getattr(getattr(cell, "model", None), "outputs", ()) else ""
+
+
 def pt2e_keep_float(cell, program, convert, reference) -> tuple[dict, dict | None, dict]:
     """(layer -> why it stays in float, the ``auto`` record or None, the record's ``layers``) of a PT2E
-    scheme's ``keep_float``: ``convert(kept)`` quantizes the captured ``program`` leaving ``kept`` in float."""
+    scheme's ``keep_float``: ``convert(kept)`` quantizes the captured ``program`` leaving ``kept`` in float
+    (layers named as in the model, without the outputs: wrapper's prefix)."""
     from etforge.builders.rescue import AUTO, auto_keep, eager_sqnr, graph_layers, matching, rescue_reason
 
     option = cell.transform.options.get("keep_float")
     if not option:
         return {}, None, {}
-    layers = graph_layers(program)
+    prefix = graph_prefix(cell)
+    layers = {name.removeprefix(prefix): layer for name, layer in graph_layers(program).items()}
     rescue = None
     if option != AUTO:
         keep = matching(list(layers), list(option))
