@@ -136,3 +136,21 @@ def test_the_report_shows_the_compute_share_and_the_op_counts():
     assert coverage_title(ev) == "99.2% of the compute (FLOPs) delegated; 39 of 82 compute ops delegated (47.6%)"
     # a record made before compute was measured: the graph's node counts, as before
     assert coverage_title(Evidence(delegated_ops=3, non_delegated_ops=1)) == "3 delegated, 1 not delegated"
+
+
+def test_a_program_with_dynamic_sizes_is_measured_at_its_example_sizes():
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from etforge.builders.gates import delegation_coverage
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    batch = torch.export.Dim("batch", min=1, max=32)
+    program = torch.export.export(model, (torch.randn(3, 8),), dynamic_shapes=({0: batch},))
+    lowered = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    coverage = delegation_coverage(lowered.exported_program().graph_module)
+    assert coverage["compute_coverage"] == 1.0 and coverage["flops"] == 1200
+    portable = delegation_coverage(to_edge_transform_and_lower(program).exported_program().graph_module)
+    assert portable["compute_coverage"] == 0.0 and portable["flops_not_delegated"]["aten.addmm"] == 2 * 3 * (
+        8 * 16 + 16 * 4
+    )

@@ -9,7 +9,8 @@ portable kernels still counts 40% of its ops delegated. So the gate weighs each 
                     attention (2 per multiply-accumulate), else one per output element
                     (elementwise ops, norms, copies: what they touch, not nothing)
 
-Each node is re-run once on fake tensors shaped like its ``meta["val"]`` inputs, inside
+Each node is re-run once on fake tensors shaped like its ``meta["val"]`` inputs (a dynamic size at
+its example value), inside
 ``FlopCounterMode`` (no data, no memory; a node that cannot be re-run counts its output
 elements). Nodes inside a delegate are counted in the graph the partitioner handed over
 (``original_module``); the top-level graph holds what portable kernels run. Measure this
@@ -20,6 +21,18 @@ nothing looks like compute outside the delegates.
 from __future__ import annotations
 
 COMPUTE_UNIT = "FLOPs"  # matmul-like ops by formula; every other compute op one per output element
+
+
+def _dims(shape) -> tuple:
+    """Concrete sizes of a shape: a symbolic (dynamic) size counts at its example value (its hint)."""
+    out = []
+    for size in shape:
+        if isinstance(size, int):
+            out.append(size)
+        else:
+            hint = getattr(getattr(size, "node", None), "hint", None)
+            out.append(int(hint) if isinstance(hint, int) else 1)
+    return tuple(out)
 
 
 def _tensor_meta(value):
@@ -35,7 +48,7 @@ def _signature(node) -> tuple:
     def one(arg):
         if isinstance(arg, torch.fx.Node):
             meta = _tensor_meta(arg.meta.get("val"))
-            return ("T", tuple(meta.shape), str(meta.dtype)) if meta is not None else ("N", arg.name)
+            return ("T", _dims(meta.shape), str(meta.dtype)) if meta is not None else ("N", arg.name)
         if isinstance(arg, (list, tuple)):
             return tuple(one(a) for a in arg)
         return repr(arg)
@@ -51,10 +64,10 @@ def _output_elements(node) -> int:
     total = 0
     for value in values:
         if isinstance(value, torch.Tensor):
-            try:
-                total += int(value.numel())
-            except Exception:  # noqa: BLE001  (a symbolic size: counts as one element)
-                total += 1
+            elements = 1
+            for size in _dims(value.shape):
+                elements *= size
+            total += elements
     return total
 
 
@@ -70,7 +83,7 @@ def _flops(node) -> int:
             meta = _tensor_meta(value.meta.get("val"))
             if meta is None:
                 raise ValueError(f"no tensor metadata on {value.name}")
-            return torch.empty(tuple(meta.shape), dtype=meta.dtype)
+            return torch.empty(_dims(meta.shape), dtype=meta.dtype)
         return value
 
     with FakeTensorMode(allow_non_fake_inputs=True):
