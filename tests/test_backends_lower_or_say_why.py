@@ -259,7 +259,8 @@ def test_fallback_chain_coreml_then_xnnpack(cnn):
 # --------------------------------------------------------------------------- the coverage gate, through doit
 
 MOSTLY_PORTABLE = '''\
-"""One linear layer XNNPACK takes, then four ops it has no kernels for: most of it runs on portable."""
+"""One linear layer XNNPACK takes, then a 3-D convolution it has no kernel for: most of the compute runs on
+portable kernels."""
 import torch
 from torch import nn
 
@@ -268,9 +269,10 @@ class MostlyPortable(nn.Module):
     def __init__(self):
         super().__init__()
         self.linear = nn.Linear(8, 8)
+        self.conv = nn.Conv3d(2, 16, 3)
 
     def forward(self, x):
-        return torch.cumsum(self.linear(x), -1).flip(-1).remainder(3.0).atan()
+        return self.conv(self.linear(x)).atan()
 
 
 def build():
@@ -284,7 +286,7 @@ models:
     inputs: [{name: features, shape: [1, 4]}]
   mostly_portable:
     python: models.mostly_portable:build
-    inputs: [{name: x, shape: [1, 8]}]
+    inputs: [{name: x, shape: [1, 2, 8, 8, 8]}]
 backends:
   xnnpack: {}
 quantization: [fp32]
@@ -313,13 +315,15 @@ def test_the_coverage_gate_fails_a_program_that_runs_mostly_on_portable_kernels(
     assert run.returncode == 1, run.stdout + run.stderr
     state = _export_state(project, "mostly_portable/xnnpack/fp32")
     assert state["status"] == "failed"
-    assert state["reason"] == (
-        "backend 'xnnpack' took 1 of 5 compute ops (20%, gate: at least 50%); the rest runs on portable "
-        "kernels (aten.atan x1, aten.cumsum x1, aten.flip x1, aten.remainder x1)"
-    )
+    reason = state["reason"]
+    # judged on compute: the convolution's FLOPs dwarf the delegated linear's
+    assert reason.startswith("backend 'xnnpack' runs 4% of the program's compute ("), reason
+    assert "gate: at least 50%); the rest runs on portable kernels (aten.convolution " in reason
+    assert reason.endswith("; 1 of 3 compute ops (33%) delegated"), reason
     # The evidence stays: the program and its export.json with the coverage.
     info = json.loads((project.out / "mostly_portable" / "mostly_portable_xnnpack_fp32.export.json").read_text())
-    assert info["delegation_coverage"] == 0.2 and info["delegated_by_backend"] == {"XnnpackBackend": 1}
+    assert info["compute_coverage"] < 0.1 and info["flops_not_delegated"]["aten.convolution"] > 100_000
+    assert info["delegation_coverage"] == 0.3333 and info["delegated_by_backend"] == {"XnnpackBackend": 1}
     assert (project.out / "mostly_portable" / "mostly_portable_xnnpack_fp32.pte").is_file()
 
 
@@ -327,7 +331,7 @@ def test_the_coverage_gate_passes_a_fully_delegated_program(coverage_run):
     project, _ = coverage_run
     state = _export_state(project, "linreg/xnnpack/fp32")
     assert state["status"] == "ok"
-    assert state["info"]["delegation_coverage"] == 1.0
+    assert state["info"]["delegation_coverage"] == state["info"]["compute_coverage"] == 1.0
     assert state["info"]["compute_ops"] == state["info"]["delegated_compute_ops"] == 1
 
 
@@ -339,17 +343,17 @@ def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(co
 
     project, _ = coverage_run
     before = resolve(project.pipeline)
-    project.write_pipeline(COVERAGE_PIPELINE + "gates: {min_delegation_coverage: {xnnpack: 0.2}}\n")
+    project.write_pipeline(COVERAGE_PIPELINE + "gates: {min_delegation_coverage: {xnnpack: 0.02}}\n")
     try:
         after = resolve(project.pipeline)
     finally:
         project.write_pipeline(COVERAGE_PIPELINE)
     cell = next(c for c in after.cells if c.model.name == "mostly_portable")
     old = next(c for c in before.cells if c.model.name == "mostly_portable")
-    assert (old.backend.min_coverage, cell.backend.min_coverage) == (0.5, 0.2)
+    assert (old.backend.min_coverage, cell.backend.min_coverage) == (0.5, 0.02)
     assert (
         spec_of(after, "export", cell).key != spec_of(before, "export", old).key
     )  # a changed minimum judges the program again
     export = ExportResult.from_json(_export_state(project, "mostly_portable/xnnpack/fp32")["info"])
     assert delegation_gate(cell, export) is None
-    assert "took 1 of 5 compute ops (20%" in delegation_gate(old, export)
+    assert "runs 4% of the program's compute" in delegation_gate(old, export)

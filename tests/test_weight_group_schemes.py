@@ -23,9 +23,9 @@ models:
   wide:
     python: models.mixed:wide
     inputs: [{name: x, shape: [1, 64]}]
-  narrow:
+  narrow:                    # 80 and 48 wide: no group of a multiple of 32 divides either
     python: models.mixed:narrow
-    inputs: [{name: z, shape: [1, 24]}]
+    inputs: [{name: z, shape: [1, 80]}]
   convnet:
     python: models.mixed:convnet
     inputs: [{name: image, shape: [1, 3, 8, 8]}]
@@ -87,7 +87,7 @@ def wide():
 
 def narrow():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(24, 8), nn.ReLU(), nn.Linear(8, 4))
+    return nn.Sequential(nn.Linear(80, 48), nn.ReLU(), nn.Linear(48, 4))
 
 
 def convnet():
@@ -123,29 +123,81 @@ def index_entry(project, cell: str) -> dict:
     )
 
 
-def test_8da4w_skips_the_layers_it_cannot_take_and_says_which(built):
+def test_8da4w_gives_the_layers_its_group_cannot_take_8_bit_weights_and_says_which(built):
     project, run = built
     table = rows(project)
     assert table["mixed/xnnpack/8da4w"]["status"] == "provisional", table["mixed/xnnpack/8da4w"]
     info = layers(project, "mixed", "8da4w", "torchao_8da4w")
-    assert info["quantized_layers"] == {"linear": ["enc.linear1", "enc.linear2", "head"]}
+    assert info["quantized_layers"] == {"linear": ["enc.linear1", "enc.linear2", "head", "side"]}
+    assert info["weight_forms"] == {"int4 group 32": 3, "int8 per-channel": 1}
+    assert info["fallbacks"] == [
+        {
+            "layer": "side",
+            "weights": "int8 per-channel",
+            "reason": "in_features 24 is not a multiple of the group size 32, and no smaller group the backend "
+            "takes (a multiple of 32) divides it: the scheme's fallback",
+        }
+    ]
+    # only attention's out_proj stays in float: no form of quantized weight works there
     assert info["kept_float"] == [
         {
             "layer": "enc.self_attn.out_proj",
             "reason": "MultiheadAttention.out_proj (attention transposes its "
             "weight, which a quantized weight does not support)",
         },
-        {"layer": "side", "reason": "in_features 24 is not a multiple of the group size 32"},
     ]
     note = table["mixed/xnnpack/8da4w"]["note"]
-    assert "8da4w quantized 3 of 5 layers; kept in float: enc.self_attn.out_proj (MultiheadAttention" in note
-    assert "side (in_features 24 is not a multiple of the group size 32)" in note
+    assert "8da4w quantized 4 of 5 layers; kept in float: enc.self_attn.out_proj (MultiheadAttention" in note
     # The program matches the quantized model within the scheme's threshold.
     assert state(project, "validate:mixed/xnnpack/8da4w")["status"] == "ok"
     # The manifests' variant carries the same counts and reasons.
     entry = index_entry(project, "mixed/xnnpack/8da4w")
-    assert entry["layers"]["quantized"] == 3 and entry["layers"]["float"] == 2
-    assert [e["layer"] for e in entry["layers"]["kept_float"]] == ["enc.self_attn.out_proj", "side"]
+    assert entry["layers"]["quantized"] == 4 and entry["layers"]["float"] == 1
+    assert [e["layer"] for e in entry["layers"]["kept_float"]] == ["enc.self_attn.out_proj"]
+
+
+def test_an_80_wide_layer_under_8da4w_on_xnnpack_gets_8_bit_per_channel_weights_not_float(built):
+    project, _ = built
+    info = layers(project, "narrow", "8da4w", "torchao_8da4w")
+    assert info["quantized_layers"] == {"linear": ["0", "2"]} and info["kept_float"] == []
+    assert info["weight_forms"] == {"int8 per-channel": 2}
+    assert info["fallbacks"][0]["layer"] == "0" and info["fallbacks"][0]["weights"] == "int8 per-channel"
+    assert "in_features 80 is not a multiple of the group size 32" in info["fallbacks"][0]["reason"]
+    assert info["taken_weight_bytes"] == {"linear": (80 * 48 + 48 * 4) * 4}
+    # lowered by XNNPACK (every matmul inside) and validated against eager
+    export = state(project, "export:narrow/xnnpack/8da4w")["info"]
+    assert export["compute_coverage"] > 0.9 and "aten.linear" not in export["not_delegated"]
+    assert state(project, "validate:narrow/xnnpack/8da4w")["status"] == "ok"
+    assert rows(project)["narrow/xnnpack/8da4w"]["status"] == "provisional"
+
+
+def test_a_smaller_group_the_backend_takes_comes_before_8_bit():
+    import torch
+    from torch import nn
+
+    from etforge.builders.layer_filter import choose_with_fallback, layers_info
+    from etforge.builders.quantizers import torchao_8da4w, torchao_8da8w
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 192), nn.Linear(192, 96), nn.Linear(96, 80), nn.Linear(80, 48))
+    steps = choose_with_fallback(
+        model, torchao_8da4w({"group_size": 128}), lambda g: torchao_8da4w({"group_size": g}), 32, torchao_8da8w({})
+    )
+    info = layers_info([choice for _, choice in steps])
+    assert info["weight_forms"] == {"int4 group 128": 1, "int4 group 96": 2, "int8 per-channel": 1}
+    got = {e["layer"]: e["weights"] for e in info["fallbacks"]}
+    assert got == {"1": "int4 group 96", "2": "int4 group 96", "3": "int8 per-channel"}
+    assert info["kept_float"] == []
+    # without a fallback declared, what no group divides stays in float, with why
+    steps = choose_with_fallback(model, torchao_8da4w({"group_size": 32}), torchao_8da4w, 32, None)
+    kept = layers_info([choice for _, choice in steps])["kept_float"]
+    assert kept == [
+        {
+            "layer": "3",
+            "reason": "in_features 80 is not a multiple of the group size 32, and no smaller group the backend "
+            "takes (a multiple of 32) divides it",
+        }
+    ]
 
 
 def test_8da8w_per_channel_takes_every_width_but_not_attention_out_proj(built):
@@ -169,26 +221,21 @@ def test_core_ml_per_group_int4_keeps_the_layer_the_group_does_not_divide(built)
 def test_a_scheme_that_takes_no_layer_is_rejected_with_the_reason_not_failed(built):
     project, run = built
     table = rows(project)
-    assert table["narrow/xnnpack/8da4w"]["status"] == "rejected"
-    assert table["narrow/xnnpack/8da4w"]["note"] == (
-        "8da4w can take none of the model's embedding or linear layers: 0 (in_features 24 is not a multiple of "
-        "the group size 32); 2 (in_features 8 is not a multiple of the group size 32)"
-    )
     assert table["convnet/xnnpack/8da8w"]["status"] == "rejected"
     assert table["convnet/xnnpack/8da8w"]["note"] == "8da8w quantizes linear layers and the model has none"
     # Decided before any quantized graph: nothing lowered, nothing failed, and the run does not fail for them.
-    assert state(project, "export:narrow/xnnpack/8da4w")["status"] == "rejected"
-    assert "FAILED  quantize:narrow" not in run.stdout and "FAILED  export:convnet" not in run.stdout
+    assert state(project, "export:convnet/xnnpack/8da8w")["status"] == "rejected"
+    assert "FAILED  quantize:convnet" not in run.stdout and "FAILED  export:convnet" not in run.stdout
     index = json.loads((project.out / "manifests" / "index.json").read_text())
     excluded = {e["cell"]: e for e in index["excluded"]}
-    assert excluded["narrow/xnnpack/8da4w"]["status"] == "rejected"
+    assert excluded["convnet/xnnpack/8da8w"]["status"] == "rejected"
 
 
 def test_a_second_run_keeps_the_rejections_and_executes_nothing(built, tmp_path):
     project = copy_project(built[0], tmp_path / "copy")  # its own summary.json: the others read the first run's
-    again = project.doit("--models", "narrow")
+    again = project.doit("--models", "convnet")
     assert {t for t in again.started if ":" in t} == set(), again.stdout  # only the report of this selection
-    assert rows(project)["narrow/xnnpack/8da4w"]["status"] == "rejected"
+    assert rows(project)["convnet/xnnpack/8da8w"]["status"] == "rejected"
     assert again.returncode == 0, again.stdout + again.stderr
 
 

@@ -107,19 +107,20 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     import torch
 
     from etforge.builders.model_loading import build_model
+    from etforge.builders.output_select import select_outputs, selected_names
 
     start = time.monotonic()
     model = build_model(model_spec, root)
     captured = {}  # method -> (program, samples, eager, names, source)
     for method, inputs in model_spec.methods or (("forward", model_spec.inputs),):
-        module = method_module(model, method)
+        module = select_outputs(method_module(model, method), model_spec.outputs)  # outputs: (forward only)
         samples, source = reference_samples(model_spec, root, seed, inputs)
         eager = []
         with torch.no_grad():
             for sample in samples:
                 result = module(*sample)
                 eager.append(flatten_outputs(result))
-        names = output_names(result)
+        names = selected_names(module) or output_names(result)
         label = model_spec.name if method == "forward" else f"{model_spec.name}.{method}"
         failure = non_tensor_outputs(label, result) or nonfinite_eager(label, eager, names, source)
         if failure:  # the model itself, not a backend: nothing downstream can be judged against it

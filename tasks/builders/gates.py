@@ -1,6 +1,7 @@
 """The gates a program must pass besides numerics: delegation coverage (export) and size (sizegate).
 
     delegation_coverage(graph_module)   how much of a lowered program's compute its delegates took
+                                        (in FLOPs: tasks/builders/compute_share.py; op counts as information)
     delegation_gate(cell, export)       why an export must not count as accelerated, or None
     size_gate(cell, quantized, fp32, weights)   whether a quantized program saves what its scheme declares
 
@@ -9,9 +10,11 @@ Every comparison is written so that a NaN fails it. torch is imported inside fun
 
 from __future__ import annotations
 
+from etforge.builders.compute_share import compute_coverage, human
+from etforge.builders.layer_filter import describe_kept
 from etforge.config.defaults import SIZE_GATE_OVERHEAD_BYTES
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
-from etforge.pipeline.stage_results import CaptureResult, ExportResult, SizeGateResult
+from etforge.pipeline.stage_results import CaptureResult, ExportResult, QuantizeResult, SizeGateResult
 
 OVERHEAD_BYTES = SIZE_GATE_OVERHEAD_BYTES  # a recipe's size_gate.overhead_bytes wins
 
@@ -89,23 +92,48 @@ def delegation_coverage(graph_module) -> dict:
         "delegated_compute_ops": taken,
         "delegated_by_backend": dict(sorted(delegated.items())),
         "not_delegated": dict(sorted(outside.items())),
+        **compute_coverage(graph_module, compute_op_name),
     }
 
 
 def delegation_gate(cell, export: ExportResult) -> str | None:
-    """Why this program must not count as accelerated, or None (no delegate: no gate)."""
+    """Why this program must not count as accelerated, or None (no delegate: no gate).
+
+    Judged on the share of the program's compute (FLOPs) the delegates run; a record
+    without it (made before compute was measured) falls back to the share of compute ops."""
     minimum = cell.backend.min_coverage
     if minimum is None:
         return None
-    coverage = export.delegation_coverage if export.delegation_coverage is not None else float("nan")
-    if not coverage >= minimum:  # NaN-safe: a coverage that is not a number fails
-        left = ", ".join(f"{name} x{n}" for name, n in sorted(export.not_delegated.items(), key=lambda kv: -kv[1])[:4])
+    ops = (
+        f"{export.delegated_compute_ops} of {export.compute_ops} compute ops "
+        f"({_share(export.delegation_coverage)}) delegated"
+    )
+    if export.compute_coverage is None:
+        coverage = export.delegation_coverage if export.delegation_coverage is not None else float("nan")
+        if not coverage >= minimum:  # NaN-safe: a coverage that is not a number fails
+            return (
+                f"backend {cell.backend.name!r} took {export.delegated_compute_ops} of {export.compute_ops} "
+                f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
+                + _left(export.not_delegated, lambda n: f"x{n}")
+            )
+        return None
+    coverage = export.compute_coverage
+    if not coverage >= minimum:  # NaN-safe
         return (
-            f"backend {cell.backend.name!r} took {export.delegated_compute_ops} of {export.compute_ops} "
-            f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
-            + (f" ({left})" if left else "")
+            f"backend {cell.backend.name!r} runs {coverage:.0%} of the program's compute "
+            f"({human(export.delegated_flops or 0)} of {human(export.flops or 0)}, gate: at least {minimum:.0%}); "
+            f"the rest runs on portable kernels" + _left(export.flops_not_delegated, human) + f"; {ops}"
         )
     return None
+
+
+def _share(value) -> str:
+    return f"{value:.0%}" if isinstance(value, (int, float)) else "?"
+
+
+def _left(by_op: dict, show) -> str:
+    heaviest = sorted(by_op.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
+    return (" (" + ", ".join(f"{name} {show(n)}" for name, n in heaviest) + ")") if heaviest else ""
 
 
 def _same_program(quantized: ExportResult, fp32: ExportResult) -> bool:
@@ -117,11 +145,15 @@ def _same_program(quantized: ExportResult, fp32: ExportResult) -> bool:
     return what(quantized) == what(fp32)
 
 
-def size_gate(cell, quantized: ExportResult, fp32: ExportResult, weights: dict) -> tuple[SizeGateResult, str | None]:
+def size_gate(
+    cell, quantized: ExportResult, fp32: ExportResult, weights: dict, layers: dict | None = None
+) -> tuple[SizeGateResult, str | None]:
     """(facts, failure reason or None) of a quantized program against its fp32 sibling.
 
     ``quantized``/``fp32``: the two exports' results (size_bytes, sha256); ``weights``: the fp32
-    capture's ``weight_bytes``. The scheme's recipe declares (``cell.size_gate``) which of
+    capture's ``weight_bytes``; ``layers``: the quantize record's (a weight-group scheme's): when it
+    says which weights the scheme actually took (``taken_weight_bytes``), only those are judged, and
+    the layers it kept in float are listed, not counted. The scheme's recipe declares (``cell.size_gate``) which of
     the capture's weights it stores smaller, the largest stored/fp32 ratio of those weights
     that shows it was applied, and optionally ``overhead_bytes``. Only the saving counts,
     so what both programs share (the fixed overhead that makes linreg's program ~2 KB,
@@ -147,6 +179,12 @@ def size_gate(cell, quantized: ExportResult, fp32: ExportResult, weights: dict) 
     kinds = gate["weights"]
     taken = weights["all"] if "all" in kinds else sum(weights.get(k, 0) for k in kinds)
     what = "weights" if "all" in kinds else "/".join(kinds) + " weights"
+    took = (layers or {}).get("taken_weight_bytes")
+    kept = [e for e in (layers or {}).get("kept_float") or () if isinstance(e, dict)]
+    if isinstance(took, dict):  # what the scheme took, not every weight of those kinds
+        taken = sum(v for k, v in took.items() if "all" in kinds or k in kinds)
+        what = f"the {what} {scheme} took"
+        facts["kept_float"] = tuple(kept)
     overhead = gate.get("overhead_bytes", OVERHEAD_BYTES)
     facts.update(weight_bytes=taken, max_weight_ratio=gate["max_ratio"], overhead_bytes=overhead)
     if taken == 0:
@@ -161,6 +199,7 @@ def size_gate(cell, quantized: ExportResult, fp32: ExportResult, weights: dict) 
             f"{what} stored at {stored / taken:.2f}x of fp32 (gate: {scheme} at most "
             f"{gate['max_ratio']}x + {overhead} B): {q_size} B vs "
             f"{f_size} B saves {facts['saved_bytes']} B of {taken} B"
+            + (f"; kept in float (not judged): {describe_kept(kept, len(kept))}" if kept else "")
         )
     return SizeGateResult(**facts), None
 
@@ -171,7 +210,8 @@ def size_gate_stage(request: BuildRequest) -> BuildResult:
     if any(up[r].info.get("status") != TaskStatus.OK for r in ("export", "fp32_export")):
         raise RuntimeError(f"needs both {up['export'].task} and {up['fp32_export'].task} ok")
     weights = up["capture"].result(CaptureResult).weight_bytes
+    layers = up["graph"].result(QuantizeResult).layers if "graph" in up else {}
     result, failure = size_gate(
-        cell, up["export"].result(ExportResult), up["fp32_export"].result(ExportResult), weights
+        cell, up["export"].result(ExportResult), up["fp32_export"].result(ExportResult), weights, layers or None
     )
     return BuildResult(result=result, status=TaskStatus.FAILED if failure else TaskStatus.OK, reason=failure or "")

@@ -23,7 +23,7 @@ from etforge.builders.oplist import program_operators, write_selected_operators
 from etforge.builders.program_costs import program_costs
 from etforge.builders.program_io import check_loads
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
-from etforge.pipeline.stage_results import CaptureResult, ExportResult
+from etforge.pipeline.stage_results import CaptureResult, ExportResult, QuantizeResult
 from etforge.program.metadata import constant_methods, program_meta, stamp_data_sha256, without_meta
 
 PTE = "program.pte"
@@ -73,7 +73,9 @@ def export_stage(request: BuildRequest) -> BuildResult:
     """The export stage's builder for a module (an LLM's: etforge.builders.llm_stages): lower the graph of
     ``request.upstream["graph"]`` (quantized or fp32)."""
     capture = request.upstream["capture"].result(CaptureResult)
-    return build_export(request.subject, request.upstream["graph"].files["model.pt2"], request.workdir, capture)
+    graph = request.upstream["graph"]
+    quantize = graph.result(QuantizeResult) if request.subject.transform is not None else None
+    return build_export(request.subject, graph.files["model.pt2"], request.workdir, capture, quantize=quantize)
 
 
 def _register_transform_ops(cell) -> None:
@@ -101,17 +103,19 @@ def build_export(
     capture: CaptureResult | None = None,
     edge_options: dict | None = None,
     backend_options: dict | None = None,
+    quantize: QuantizeResult | None = None,
 ) -> BuildResult:
     """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little.
 
     ``capture``: the capture's result (its outputs go into the program's metadata);
     ``edge_options``/``backend_options``: what an LLM's lowering adds (etforge.builders.llm_stages):
     to_edge_transform_and_lower's options (the runner's metadata methods, a partitioner) and
-    ExecutorchBackendConfig settings."""
+    ExecutorchBackendConfig settings; ``quantize``: the quantize record (the layers it kept in float
+    and a keep_float rescue go into export.json)."""
     capture = capture or CaptureResult()
     edge_options, backend_options = dict(edge_options or {}), dict(backend_options or {})
     if not os.environ.get(FRESH_PROCESS_ENV) and any(m.lowering.get("fresh_process") for m in cell.backend.members):
-        return _build_in_fresh_process(cell, program_path, workdir, capture)
+        return _build_in_fresh_process(cell, program_path, workdir, capture, quantize)
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
@@ -187,6 +191,8 @@ def build_export(
         note=note,
         **recorded,
         operators=operators,
+        kept_float=tuple((quantize.layers.get("kept_float") or ()) if quantize else ()),
+        rescue=quantize.rescue if quantize else {},
     )
     (workdir / INFO).write_text(
         json.dumps({"cell": cell.canonical(), **result.to_json()}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
@@ -199,13 +205,15 @@ def build_export(
     return BuildResult(files=files, result=result)
 
 
-def _build_in_fresh_process(cell, program_path: Path, workdir: Path, capture: CaptureResult) -> BuildResult:
+def _build_in_fresh_process(
+    cell, program_path: Path, workdir: Path, capture: CaptureResult, quantize: QuantizeResult | None = None
+) -> BuildResult:
     """build_export in a new interpreter (a recipe's ``lowering.fresh_process``: see recipes/backends/openvino.yaml).
 
     Its stdout goes where ours goes (the task log); its stderr is relayed there too,
     and its last line becomes the error when it fails."""
     request, result = workdir / ".fresh-process-request.pkl", workdir / ".fresh-process-result.pkl"
-    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir, capture)))
+    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir, capture, quantize)))
     env = {**os.environ, FRESH_PROCESS_ENV: "1"}
     sys.stdout.flush()
     proc = subprocess.run(
@@ -304,5 +312,6 @@ def _input_dtypes(program) -> list:
 
 if __name__ == "__main__":  # the fresh interpreter started by _build_in_fresh_process
     _request, _result = (Path(arg) for arg in sys.argv[1:3])
-    _built = build_export(*pickle.loads(_request.read_bytes()))
+    _cell, _program, _workdir, _capture, _quantize = pickle.loads(_request.read_bytes())
+    _built = build_export(_cell, _program, _workdir, _capture, quantize=_quantize)
     _result.write_bytes(pickle.dumps(_built))

@@ -63,10 +63,19 @@ def torchao_quantize(model, steps):
     return model
 
 
-def torchao_steps(scheme: str, transform, model) -> tuple[list, dict]:
+def torchao_steps(scheme: str, transform, model, keep: dict | None = None) -> tuple[list, dict]:
     """([(config, LayerChoice)], the record's ``layers``) of a torchao transform on ``model``;
-    raises Rejected when no step takes any layer."""
-    from etforge.builders.layer_filter import LayerRule, choose_layers, layers_info, rejection, rule_of
+    ``keep``: layer -> why it stays in float (keep_float, etforge.builders.rescue); raises Rejected
+    when no step takes any layer."""
+    from etforge.builders.layer_filter import (
+        LayerRule,
+        choose_layers,
+        choose_with_fallback,
+        layers_info,
+        rejection,
+        rule_of,
+        with_weight_bytes,
+    )
     from etforge.builders.quantizers import torchao_embedding
     from etforge.core.dotted_path import load_callable
 
@@ -76,9 +85,30 @@ def torchao_steps(scheme: str, transform, model) -> tuple[list, dict]:
     if options.get("embedding"):
         group = int(options.get("embedding_group_size", 32))
         config = torchao_embedding({"bits": options["embedding"], "group_size": group})
-        steps.append((config, choose_layers(model, LayerRule("embedding", group or None, minimum))))
-    config = load_callable(transform.ref)(options)
-    steps.append((config, choose_layers(model, rule_of(config, "linear", minimum))))
+        steps.append(
+            (config, with_weight_bytes(model, choose_layers(model, LayerRule("embedding", group or None, minimum))))
+        )
+    factory = load_callable(transform.ref)
+    config = factory(options)
+    if rule_of(config).group or transform.fallback:  # per layer: group, smaller group, fallback, float
+        fallback = load_callable(transform.fallback)(options) if transform.fallback else None
+        steps += choose_with_fallback(
+            model,
+            config,
+            lambda group: factory({**options, "group_size": group}),
+            transform.group_multiple,
+            fallback,
+            minimum,
+        )
+    else:
+        steps.append((config, with_weight_bytes(model, choose_layers(model, rule_of(config, "linear", minimum)))))
+    keep = keep or {}
+    for _, choice in steps if keep else ():
+        kept = [fqn for fqn in choice.quantized if fqn in keep]
+        choice.quantized = [fqn for fqn in choice.quantized if fqn not in keep]
+        choice.fallbacks = [e for e in choice.fallbacks if e["layer"] not in keep]
+        choice.kept_float.extend({"layer": fqn, "reason": keep[fqn]} for fqn in kept)
+        with_weight_bytes(model, choice)
     choices = [choice for _, choice in steps]
     if all(choice.empty for choice in choices):
         raise Rejected(rejection(scheme, choices))
@@ -117,8 +147,14 @@ def _export_quantized(cell, model, inputs):
     import torch
 
     from etforge.builders.capture import export_dynamic_shapes
+    from etforge.builders.output_select import select_outputs
 
-    return torch.export.export(model, inputs, strict=False, dynamic_shapes=export_dynamic_shapes(cell.model.inputs))
+    return torch.export.export(
+        select_outputs(model, cell.model.outputs),  # the outputs the app consumes, as the capture
+        inputs,
+        strict=False,
+        dynamic_shapes=export_dynamic_shapes(cell.model.inputs),
+    )
 
 
 def _export_method(model, method: str, method_inputs, reference: Path, dtype):
@@ -143,6 +179,7 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
 
     from etforge.builders.model_loading import build_model
     from etforge.builders.reference import load_reference_samples
+    from etforge.builders.rescue import without_layers
     from etforge.builders.samples import calibration_batches
     from etforge.core.dotted_path import load_callable
 
@@ -154,18 +191,28 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
     if transform.method == "pt2e":
         factory = load_callable(transform.ref)
         batches, source = calibration_batches(cell.model, root, seed)
-        # OpenVINO wants float weights followed by quantize/dequantize (no folding).
-        model = pt2e_quantize(
-            torch.export.load(capture_program),
-            inputs,
-            factory(dict(transform.options)),
-            (tuple(torch.from_numpy(x) for x in batch) for batch in batches),
-            fold_quantize=getattr(factory, "fold_quantize", True),
-        )
+        program = torch.export.load(capture_program)
+        calibration = [tuple(torch.from_numpy(x) for x in batch) for batch in batches]
+
+        def convert(kept=()):
+            # OpenVINO wants float weights followed by quantize/dequantize (no folding).
+            quantizer = without_layers(factory(dict(transform.options)), [graph_prefix(cell) + k for k in kept])
+            fold = getattr(factory, "fold_quantize", True)
+            return pt2e_quantize(program, inputs, quantizer, calibration, fold_quantize=fold)
+
+        keep, rescue, layers = pt2e_keep_float(cell, program, convert, samples)
+        model = convert(tuple(keep))
         facts.update(calibration=source, calibration_samples=len(batches))
+        if keep:
+            facts["layers"] = layers
+        if rescue is not None:
+            facts["rescue"] = rescue
     elif transform.method == "torchao":
         model = build_model(cell.model, root)
-        steps, facts["layers"] = torchao_steps(cell.quant.name, transform, model)
+        keep, rescue = keep_float(cell, model, samples)
+        steps, facts["layers"] = torchao_steps(cell.quant.name, transform, model, keep)
+        if rescue is not None:
+            facts["rescue"] = rescue
         model = torchao_quantize(model, steps)
     elif transform.method == "dtype":
         dtype = getattr(torch, transform.ref)
@@ -174,3 +221,81 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
     else:
         raise ValueError(f"unknown quantization method {transform.method!r}")
     return model, inputs, facts
+
+
+def keep_float(cell, model, reference) -> tuple[dict, dict | None]:
+    """(layer -> why it stays in float, the ``auto`` rescue record or None) of the scheme's
+    ``keep_float`` option (etforge.builders.rescue) for a torchao scheme on ``model`` (not changed)."""
+    import copy
+
+    from etforge.builders.output_select import select_outputs
+    from etforge.builders.rescue import AUTO, auto_keep, eager_sqnr, matching, rescue_reason
+
+    transform = cell.transform
+    option = transform.options.get("keep_float")
+    if not option:
+        return {}, None
+    steps, _ = torchao_steps(cell.quant.name, transform, model)
+    taken = [fqn for _, choice in steps for fqn in choice.quantized]
+    if option != AUTO:
+        return matching(taken, list(option)), None
+    threshold = cell.thresholds.get("sqnr_db")
+    if threshold is None:
+        raise ValueError(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
+
+    def measure(kept: tuple) -> float:
+        trial = copy.deepcopy(model)
+        trial_steps, _ = torchao_steps(cell.quant.name, transform, trial, dict.fromkeys(kept, ""))
+        quantized = torchao_quantize(trial, trial_steps)
+        return eager_sqnr(select_outputs(quantized, cell.model.outputs), reference)  # as the reference has them
+
+    limit = transform.options.get("keep_float_limit")
+    rescue = auto_keep(taken, measure, float(threshold), int(limit) if limit else None)
+    return {e["layer"]: rescue_reason(e) for e in rescue["kept"]}, rescue
+
+
+def graph_prefix(cell) -> str:
+    """How the captured graph's layer names start: a model captured through its ``outputs:``
+    selection is wrapped (etforge.builders.output_select), the others are not."""
+    from etforge.builders.output_select import CORE
+
+    return f"{CORE}." if getattr(getattr(cell, "model", None), "outputs", ()) else ""
+
+
+def pt2e_keep_float(cell, program, convert, reference) -> tuple[dict, dict | None, dict]:
+    """(layer -> why it stays in float, the ``auto`` record or None, the record's ``layers``) of a PT2E
+    scheme's ``keep_float``: ``convert(kept)`` quantizes the captured ``program`` leaving ``kept`` in float
+    (layers named as in the model, without the outputs: wrapper's prefix)."""
+    from etforge.builders.rescue import AUTO, auto_keep, eager_sqnr, graph_layers, matching, rescue_reason
+
+    option = cell.transform.options.get("keep_float")
+    if not option:
+        return {}, None, {}
+    prefix = graph_prefix(cell)
+    layers = {name.removeprefix(prefix): layer for name, layer in graph_layers(program).items()}
+    rescue = None
+    if option != AUTO:
+        keep = matching(list(layers), list(option))
+    else:
+        threshold = cell.thresholds.get("sqnr_db")
+        if threshold is None:
+            raise ValueError(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
+        limit = cell.transform.options.get("keep_float_limit")
+        rescue = auto_keep(
+            list(layers),
+            lambda kept: eager_sqnr(convert(kept), reference),
+            float(threshold),
+            int(limit) if limit else None,
+        )
+        keep = {e["layer"]: rescue_reason(e) for e in rescue["kept"]}
+    taken: dict = {}
+    for name, (kind, size) in layers.items():
+        if name not in keep:
+            taken[kind] = taken.get(kind, 0) + size
+    record = {
+        "quantized": len(layers) - len(keep),
+        "float": len(keep),
+        "kept_float": [{"layer": name, "reason": why} for name, why in keep.items()],
+        "taken_weight_bytes": taken,
+    }
+    return keep, rescue, record

@@ -73,6 +73,8 @@ class MatrixResolver:
                     calibrated=quant.calibrated and method == "pt2e",
                     label=label,
                     tools=tools,
+                    group_multiple=multiple if method == "torchao" else None,
+                    fallback=(primary.get("fallback") or {}).get(method),
                 )
         return replace(backend, members=tuple(members)), transform
 

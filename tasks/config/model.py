@@ -116,6 +116,7 @@ class ModelSpec:
     # them (tasks/config/labels.py): routing, not content, so neither joins a key.
     labels: frozenset = frozenset()
     missing: str | None = None
+    outputs: tuple = ()  # the outputs the app consumes (key paths or indices); (): every output
 
     @property
     def method_names(self) -> tuple:
@@ -137,6 +138,8 @@ class ModelSpec:
         }
         if self.multi_method:  # left out for forward alone: existing keys stay as they were
             out["methods"] = {m: [i.canonical() for i in inputs] for m, inputs in self.methods}
+        if self.outputs:  # likewise: only a model that selects its outputs has the key
+            out["outputs"] = list(self.outputs)
         return out
 
 
@@ -266,15 +269,22 @@ class Transform:
     calibrated: bool
     label: str  # names the quantize task; unique per distinct config of a model and scheme
     tools: dict = field(default_factory=dict)  # versions of the quantizer's tools (tasks/config/tools.py)
+    # a weight-group scheme on this backend (its recipe's backends entry): the group multiple the
+    # backend takes, and the config a layer no such group divides gets before float (layer_filter.py)
+    group_multiple: int | None = None
+    fallback: str | None = None
 
     def canonical(self) -> dict:  # the label only names the task: not part of the content
-        return {
+        out = {
             "method": self.method,
             "ref": self.ref,
             "options": self.options,
             "calibrated": self.calibrated,
             "tools": self.tools,
         }
+        if self.group_multiple or self.fallback:  # (absent otherwise: other schemes' keys do not move)
+            out.update(group_multiple=self.group_multiple, fallback=self.fallback)
+        return out
 
 
 @dataclass(frozen=True)

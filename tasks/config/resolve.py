@@ -23,6 +23,7 @@ from etforge.config.model import (
     BackendMember,
     BackendSpec,
     InputSpec,
+    ModelKind,
     ModelSpec,
     Plan,
     QuantSpec,
@@ -149,7 +150,18 @@ class _Resolver:
             validation=self.calibration(spec.get("validation"), path + ("validation",), inputs),
             task=spec.get("task", "other"),
             **self.labels.model_fields(spec.get("labels") or (), lambda i, m: self.doc.error(path + ("labels", i), m)),
+            outputs=self.selected_outputs(spec, path, model_kind(source), methods),
         )
+
+    def selected_outputs(self, spec: dict, path: tuple, kind, methods: tuple) -> tuple:
+        """The model's ``outputs`` selection (checked against its outputs when it is captured)."""
+        selection = spec.get("outputs")
+        if not selection:
+            return ()
+        if kind == ModelKind.LLM or len(methods) > 1:
+            what = "an LLM (its outputs are the logits)" if kind == ModelKind.LLM else "a model with several methods"
+            raise self.doc.error(path + ("outputs",), f"selecting outputs is not supported for {what}")
+        return tuple(selection)
 
     def inputs(self, items: list, where: tuple, dim_ranges: dict) -> tuple:
         """InputSpecs of one method's ``inputs`` list at key path ``where``."""

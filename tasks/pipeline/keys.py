@@ -41,6 +41,15 @@ def _named_code(plan, refs) -> dict:
     return out
 
 
+def _transform(cell) -> dict:
+    """The quantizer config; with ``keep_float: auto`` also the thresholds it keeps layers in float
+    for (etforge.builders.rescue): they change which layers the quantized graph keeps."""
+    out = cell.transform.canonical()
+    if (cell.transform.options or {}).get("keep_float") == "auto":
+        out = {**out, "rescue_thresholds": cell.thresholds}
+    return out
+
+
 def _runtime_tools(plan, cell, host) -> dict:
     # Only a cell that runs here uses its runtime tools; the others get a .bpte. A program the
     # runtime cannot run but its recipe's runtime.validated_by can: that runner and its code too.
@@ -62,7 +71,7 @@ FACTS = {
     "model": lambda plan, model, host: model.canonical(),
     "seed": lambda plan, subject, host: plan.seed,
     "toolchain": lambda plan, subject, host: plan.toolchain,
-    "transform": lambda plan, cell, host: cell.transform.canonical(),
+    "transform": lambda plan, cell, host: _transform(cell),
     "calibration": lambda plan, cell, host: cell.model.calibration if cell.transform.calibrated else None,
     "quantizer_code": lambda plan, cell, host: _named_code(
         plan, [cell.transform.ref] if cell.transform.method in FACTORY_METHODS else []

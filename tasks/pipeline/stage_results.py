@@ -107,6 +107,7 @@ class QuantizeResult(StageResult):
     calibration: str | None = None  # where static quantization's calibration data came from
     calibration_samples: int | None = None
     layers: dict = field(default_factory=dict)  # the layers a weight-group scheme took and kept in float
+    rescue: dict = field(default_factory=dict)  # keep_float: auto: sensitivity, layers kept, dB each bought
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,11 @@ class ExportResult(StageResult):
     delegation_coverage: float | None = None  # of compute ops (etforge.builders.gates)
     delegated_by_backend: dict = field(default_factory=dict)  # backend id -> compute ops it took
     not_delegated: dict = field(default_factory=dict)  # op -> how many stayed on portable kernels
+    # compute (FLOPs, etforge.builders.compute_share): what the delegation gate judges
+    compute_coverage: float | None = None  # delegated FLOPs / all FLOPs
+    flops: int | None = None
+    delegated_flops: int | None = None
+    flops_not_delegated: dict = field(default_factory=dict)  # op -> its FLOPs on portable kernels
     delegates: tuple = ()
     executorch_version: str | None = None
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
@@ -159,6 +165,9 @@ class ExportResult(StageResult):
     vela_delegates: tuple = ()  # per delegate: Vela's whole summary row, its op split, its TOSA size
     # op -> kernel keys, of every operator the program runs outside its delegates (tasks/builders/oplist.py)
     operators: dict = field(default_factory=dict)
+    # what its quantized graph left in float ({"layer", "reason"}) and keep_float: auto's record
+    kept_float: tuple = ()
+    rescue: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -169,6 +178,7 @@ class SizeGateResult(StageResult):
     weight_ratio: float | None = None  # those weights as stored / fp32
     max_weight_ratio: float | None = None
     overhead_bytes: int | None = None
+    kept_float: tuple = ()  # {"layer", "reason"}: layers the scheme left in float (not judged)
 
 
 @dataclass(frozen=True)

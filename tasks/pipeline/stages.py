@@ -136,7 +136,7 @@ STAGES = (
         builder="etforge.builders.gates:size_gate_stage",
         code=("etforge.builders.gates",),
         key_inputs=("size_gate",),
-        upstream=("export", "fp32_export", "capture"),
+        upstream=("export", "fp32_export", "capture", "graph"),  # graph: the layers the scheme took
         applies="size_gated",
     ),
     # A cell this host cannot run gets a .bpte instead: the device checks itself.

@@ -23,7 +23,9 @@ The state machine, first rule that applies:
     rejected       a current record says rejected: the scheme cannot apply to this model
                    (e.g. a weight-group scheme that takes none of its layers), with why
     skipped        export skipped: this host cannot lower the backend (says what is missing)
-    blocked        a current record says blocked (a task it needs did not succeed)
+    blocked        a current record says blocked (a task it needs did not succeed); not the
+                   size gate when only its fp32 sibling's export failed: the size gate has
+                   nothing to compare against (a note says so) and the cell is judged on its numerics
     not built      no current export record
     failed         over a budget (gates.max_program_bytes / max_planned_bytes): both numbers
     skipped        validation skipped
@@ -50,16 +52,15 @@ This module must not import torch or executorch.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
 from etforge.cache.records import current
 from etforge.config.model import Cell, ExpectedFailure, Plan, RejectedCell, default_range_note
-from etforge.pipeline.layout import ArtifactLayout, layout_of
+from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import TaskStatus, task_status
-from etforge.pipeline.specs import cell_specs
+from etforge.pipeline.specs import cell_specs, spec_of
 from etforge.pipeline.stage_results import (
     BenchmarkResult,
     CaptureResult,
@@ -71,6 +72,7 @@ from etforge.pipeline.stage_results import (
 )
 from etforge.pipeline.stages import STAGE, task_name
 from etforge.publish.budget_gate import over_budget
+from etforge.publish.quant_notes import finite, layers_note, rescue_note
 
 
 class CellState(StrEnum):
@@ -121,9 +123,14 @@ class Evidence:
     method_outputs: dict = field(default_factory=dict)  # several methods: method -> its outputs, likewise
     delegated_ops: int | None = None
     non_delegated_ops: int | None = None
+    compute_coverage: float | None = None  # share of the program's FLOPs the delegates run (the gate's)
+    op_coverage: float | None = None  # share of its compute ops delegated (information)
+    compute_ops: int | None = None
+    delegated_compute_ops: int | None = None
     size_vs_fp32: float | None = None
     calibration: str | None = None  # where static quantization's calibration data came from
     layers: dict | None = None  # the quantize record's: layers quantized and kept in float (layer_filter.py)
+    rescue: dict | None = None  # the quantize record's keep_float: auto (etforge.builders.rescue)
     metrics: dict = field(default_factory=dict)  # of METRICS, finite numbers only
     exact: bool = False  # validated here and identical to eager (infinite SQNR)
     validated_on: str | None = None  # the inputs the verdict was measured on, e.g. "npz data/val.npz"
@@ -183,13 +190,6 @@ def rejected_outcome(rejected: RejectedCell) -> CellOutcome:
 # ---------------------------------------------------------------- reading records
 
 
-def finite(value):
-    """``value`` when it is a finite number (not a bool), else None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        return None
-    return value
-
-
 def _info(record: dict | None) -> dict:
     info = (record or {}).get("info")
     return info if isinstance(info, dict) else {}
@@ -226,6 +226,10 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             schema_version=export.schema_version,
             delegated_ops=export.delegated_ops,
             non_delegated_ops=export.non_delegated_ops,
+            compute_coverage=finite(export.compute_coverage),
+            op_coverage=finite(export.delegation_coverage),
+            compute_ops=export.compute_ops,
+            delegated_compute_ops=export.delegated_compute_ops,
             llm_metadata=export.llm_metadata or None,
             export=export,
         )
@@ -238,7 +242,7 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
     if by_kind.get("sizegate"):
         facts["size_vs_fp32"] = SizeGateResult.from_json(_info(by_kind["sizegate"])).size_vs_fp32
     quantize = QuantizeResult.from_json(_info(by_kind.get("quantize")))
-    facts.update(calibration=quantize.calibration, layers=quantize.layers or None)
+    facts.update(calibration=quantize.calibration, layers=quantize.layers or None, rescue=quantize.rescue or None)
     sha256 = export.sha256 if export is not None else None
     validate = by_kind.get("validate")
     judged = _status(validate) in (TaskStatus.OK, TaskStatus.FAILED, TaskStatus.NOT_RUNNABLE)
@@ -282,6 +286,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
         return CellOutcome(cell=cell.name, status=status, reason=" ".join(str(reason).split()), evidence=evidence, **kw)
 
     sha256 = export.sha256 if export is not None else None
+    moot = _size_gate_moot(plan, cell, by_kind)
+    if moot:  # a failed fp32 sibling never hides this cell's own verdict: judged on its numerics
+        records = [r for r in records if not r[0].startswith(STAGE["sizegate"].name + ":")]
     for name, record, _ in records:
         # A failure under the current key counts, unless it names other bytes than this program
         # (one that names none, e.g. a crash before it could, still counts: failing is the safe side).
@@ -316,7 +323,9 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
             f"(sha256 {judged[:12] if judged else 'not recorded'}, "
             f"this one is {str(sha256)[:12]})",
         )
-    notes = [n for n in (layers_note(cell.quant.name, evidence.layers or {}),) if n]
+    notes = [
+        n for n in (rescue_note(evidence.rescue or {}), layers_note(cell.quant.name, evidence.layers or {}), moot) if n
+    ]
     if str(evidence.calibration or "").startswith("random"):
         notes.append("random calibration data (name some in pipeline.yaml)")
     range_note = default_range_note(cell.model)
@@ -340,6 +349,21 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
     return out(CellState.OK, "; ".join(notes))
 
 
+def _size_gate_moot(plan: Plan, cell: Cell, by_kind: dict) -> str:
+    """What the size gate says when it has nothing to compare against (its fp32 sibling's export did not
+    succeed, so it could not run), or "" when it did run or waits for this cell's own export."""
+    if _status(by_kind.get("sizegate")) != TaskStatus.BLOCKED or _status(by_kind.get("export")) != TaskStatus.OK:
+        return ""
+    sibling = plan.fp32_sibling(cell)
+    if sibling is None:
+        return ""
+    spec = spec_of(plan, STAGE["export"].name, sibling)
+    status = _status(current(spec))
+    if status not in (TaskStatus.FAILED, TaskStatus.BLOCKED, TaskStatus.REJECTED, TaskStatus.SKIPPED):
+        return ""
+    return f"size gate: nothing to compare against ({spec.name} {status}); judged on its numerics"
+
+
 def _validation_data_hint(model) -> str:
     """How a provisional cell becomes ok: name data, where the model can take it."""
     if model.multi_method or any(i.dims for i in model.inputs):
@@ -348,17 +372,6 @@ def _validation_data_hint(model) -> str:
             "yet: the cell stays provisional)"
         )
     return f"(name data under models.{model.name}.validation in pipeline.yaml)"
-
-
-def layers_note(scheme: str, layers: dict) -> str:
-    """'8da4w quantized 3 of 5 layers; kept in float: side (in_features 24 ...); ...', or "" when it took all."""
-    kept = [e for e in layers.get("kept_float") or () if isinstance(e, dict)]
-    quantized = finite(layers.get("quantized")) or 0
-    if not kept:
-        return ""
-    shown = "; ".join(f"{e.get('layer')} ({e.get('reason')})" for e in kept[:3])
-    more = f"; and {len(kept) - 3} more" if len(kept) > 3 else ""
-    return f"{scheme} quantized {quantized} of {quantized + len(kept)} layers; kept in float: {shown}{more}"
 
 
 def _with_expectation(entry: ExpectedFailure | None, natural: CellOutcome) -> CellOutcome:
@@ -401,49 +414,3 @@ def _with_expectation(entry: ExpectedFailure | None, natural: CellOutcome) -> Ce
         evidence=natural.evidence,
         expected=entry,
     )
-
-
-# ---------------------------------------------------------------- views shared by the manifests and the release
-
-
-def verdict(o: CellOutcome) -> dict:
-    """How a shipped variant was checked, as the manifests, index.json and provenance.json say it:
-    validated here (the SQNR and other metrics, and the data they were measured on), or to be
-    checked on the device (its .bpte and the tolerances). JSON-ready, deterministic."""
-    ev = o.evidence
-    out: dict = {"status": o.status, "inputs": ev.validated_on, "samples": ev.samples}
-    if o.status == "on-device" or ev.bundle is not None:
-        out.update(
-            checked="on device",
-            bundle=ev.bundle.name if ev.bundle else None,
-            bundle_sha256=ev.bundle_sha256,
-            rtol=finite(ev.tolerances.get("rtol")),
-            atol=finite(ev.tolerances.get("atol")),
-            not_checked_on_device=list(ev.tolerances.get("not_checked_on_device") or []),
-        )
-    else:
-        out.update(checked="here", exact=ev.exact, **{k: ev.metrics.get(k) for k in METRICS if k in ev.metrics})
-        # every metric, null when not measured (or not finite): the manifests read each by name;
-        # a null SQNR with exact: identical outputs (infinite SQNR)
-        for k in METRICS:
-            out.setdefault(k, None)
-        if ev.validated_by:  # e.g. on the TOSA reference model, or through a proxy
-            out["validated_by"] = ev.validated_by
-    return out
-
-
-def listing_reason(o: CellOutcome, layout: ArtifactLayout) -> str:
-    """One line on why a cell is not shipped, the same on every identical run: a failure names
-    the task and its log (as ``layout`` shows it), not the error text, which may name temp paths."""
-    entry = o.expected
-    if o.task is None and o.status in (CellState.FAILED, CellState.EXPECTED_FAILURE):
-        return o.reason  # the budget gate's line: deterministic, no task or log to name
-    if o.status == CellState.FAILED or (o.status == CellState.EXPECTED_FAILURE and o.task and entry):
-        log = layout.shown(o.log) if o.log else None
-        failure = f"{o.task} failed" + (f", log: {log}" if log else "")
-        if o.status == CellState.FAILED or entry is None:
-            return failure
-        return f"expected to fail: {entry.reason} ({entry.link}); {failure}"
-    if o.status == CellState.UNEXPECTEDLY_PASSING and entry is not None:
-        return f"passes, but {entry.where} declares it an expected failure; remove that entry"
-    return o.reason

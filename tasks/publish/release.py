@@ -60,7 +60,7 @@ from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import spec_of
 from etforge.pipeline.stage_results import ReleaseResult
 from etforge.pipeline.stages import STAGE, task_name
-from etforge.publish import cell_metrics, outcome
+from etforge.publish import cell_metrics, outcome, outcome_views
 from etforge.publish.manifests.naming import data_file_name
 
 FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
@@ -184,7 +184,7 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
                 "size_bytes": o.evidence.size_bytes,
                 "delegated_ops": o.evidence.delegated_ops,
                 "non_delegated_ops": o.evidence.non_delegated_ops,
-                "verdict": outcome.verdict(o),
+                "verdict": outcome_views.verdict(o),
                 "metrics": cell_metrics.measured(plan, by_name[o.cell], o),  # what a later diff compares
             }
             for o in shipped
@@ -217,7 +217,7 @@ def _tar_bytes(directory: Path, prefix: str) -> bytes:
 
 
 def _listed(plan, o) -> dict:
-    return {"cell": o.cell, "status": o.status, "reason": outcome.listing_reason(o, layout_of(plan))}
+    return {"cell": o.cell, "status": o.status, "reason": outcome_views.listing_reason(o, layout_of(plan))}
 
 
 def build_release(plan, cells, allow_failures: bool, host: dict | None = None, strict: bool = False) -> dict:
@@ -229,7 +229,9 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     results = outcome.outcomes(plan, cells, host)
     failing = outcome.failing(results)
     if failing and not allow_failures:
-        listed = "; ".join(f"{o.cell}: {o.status}: {outcome.listing_reason(o, layout_of(plan))}" for o in failing[:3])
+        listed = "; ".join(
+            f"{o.cell}: {o.status}: {outcome_views.listing_reason(o, layout_of(plan))}" for o in failing[:3]
+        )
         more = f" (+{len(failing) - 3} more)" if len(failing) > 3 else ""
         raise ReleaseRefused(
             f"{len(failing)} cell(s) failed their gates: {listed}{more}; "

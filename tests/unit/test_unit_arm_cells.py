@@ -15,7 +15,8 @@ from etforge.builders.ethos_u_vela import summary_fields
 from etforge.pipeline.keys import key_of
 from etforge.pipeline.stage_results import ExportResult, Verdict
 from etforge.pipeline.stages import STAGE
-from etforge.publish.outcome import CellState, verdict
+from etforge.publish.outcome import CellState
+from etforge.publish.outcome_views import verdict
 from unit.support import make_unit_project
 from unit.test_unit_outcome import Cell
 

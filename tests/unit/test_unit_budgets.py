@@ -17,7 +17,8 @@ from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import spec_of
 from etforge.pipeline.stage_results import CaptureResult, ExportResult, Verdict
-from etforge.publish.outcome import CellState, cell_outcome, listing_reason
+from etforge.publish.outcome import CellState, cell_outcome
+from etforge.publish.outcome_views import listing_reason
 from unit.support import HOST, make_unit_project
 
 PIPELINE = """\

@@ -25,7 +25,8 @@ from etforge.pipeline.stage_results import (
     Verdict,
 )
 from etforge.publish import summary
-from etforge.publish.outcome import CellState, cell_outcome, verdict
+from etforge.publish.outcome import CellState, cell_outcome
+from etforge.publish.outcome_views import verdict
 from unit.support import HOST, make_unit_project
 
 PIPELINE = """\

@@ -47,7 +47,7 @@ from etforge.config.manifest_options import check_options
 from etforge.config.model import Plan
 from etforge.core.text import one_line
 from etforge.pipeline.layout import layout_of
-from etforge.publish import outcome
+from etforge.publish import outcome, outcome_views
 from etforge.publish.manifests import cpp_header, ship_fields
 from etforge.publish.manifests.interface import cell_interface
 from etforge.publish.manifests.llm_fields import llm_spec
@@ -162,7 +162,7 @@ def build_context(
                 {
                     "cell": cell.name,
                     "status": result.status,
-                    "reason": one_line(outcome.listing_reason(result, layout_of(plan))),
+                    "reason": one_line(outcome_views.listing_reason(result, layout_of(plan))),
                 }
             )
     models_of_cells = {c.model.name for c in cells}
@@ -217,7 +217,7 @@ def build_context(
                 # a decoder-only LLM: its methods, runner metadata and KV cache (manifests/llm.py); else None
                 "llm": llm_spec(cell, ev),
                 "description": description,
-                "verdict": outcome.verdict(result),
+                "verdict": outcome_views.verdict(result),
                 # external weights: the one .ptd the program needs (shared by the cells with the same weights)
                 "data_file": _data_file(ev, layout, options),
                 # A weight-group scheme's layers: how many it quantized, which it kept in float and why.

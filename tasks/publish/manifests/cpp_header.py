@@ -32,7 +32,7 @@ from pathlib import Path
 from etforge.core.atomic import atomic_write_text
 from etforge.core.text import one_line
 from etforge.pipeline.layout import layout_of
-from etforge.publish import outcome, templates
+from etforge.publish import outcome, outcome_views, templates
 from etforge.publish.literals import C_COMMENT_LIMIT
 from etforge.publish.manifests import ship_fields
 from etforge.publish.manifests.interface import cell_interface
@@ -118,13 +118,16 @@ def header_context(
         result = (outcomes or {}).get(cell.name) or outcome.cell_outcome(plan, cell, host)
         if not result.ships:
             excluded.append(
-                {"cell": cell.name, "reason": f"{result.status}: {outcome.listing_reason(result, layout_of(plan))}"}
+                {
+                    "cell": cell.name,
+                    "reason": f"{result.status}: {outcome_views.listing_reason(result, layout_of(plan))}",
+                }
             )
             continue
         ev = result.evidence
         io = cell_interface(cell, ev)  # what index.json, the Dart and the CMake show (interface.py)
         stem = f"{cell.stem}.pte"
-        verdict = outcome.verdict(result)
+        verdict = outcome_views.verdict(result)
         variants.append(
             {
                 "id": cell.name,

@@ -136,8 +136,7 @@ def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict)
     """One table row of ``cell`` from its outcome; latency from ``bench``."""
     ev = result.evidence
     size = _num(ev.size_bytes)
-    delegated, non_delegated = ev.delegated_ops, ev.non_delegated_ops
-    coverage = ev.coverage
+    coverage = ev.compute_coverage if ev.compute_coverage is not None else ev.coverage
     sqnr = _num(ev.metrics.get("sqnr_db"))
     top1, top5 = _num(ev.metrics.get("top1_agreement")), _num(ev.metrics.get("top5_agreement"))
     accuracy_title = "; ".join(
@@ -184,9 +183,23 @@ def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict)
         "regression": flags.get(cell.name),
         "coverage": coverage,
         "coverage_text": format_fraction(coverage),
-        "coverage_title": (f"{delegated} delegated, {non_delegated} not delegated" if coverage is not None else ""),
+        "coverage_title": coverage_title(ev) if coverage is not None else "",
         **cost_fields(ev),  # size breakdown, planned memory (tasks/publish/report/cost_fields.py)
     }
+
+
+def coverage_title(ev) -> str:
+    """What the delegation column's percentage is: the compute share (the gate's), and the op counts."""
+    parts = []
+    if ev.compute_coverage is not None:
+        parts.append(f"{format_fraction(ev.compute_coverage)} of the compute (FLOPs) delegated")
+    if ev.compute_ops is not None and ev.delegated_compute_ops is not None:
+        parts.append(
+            f"{ev.delegated_compute_ops} of {ev.compute_ops} compute ops delegated ({format_fraction(ev.op_coverage)})"
+        )
+    elif ev.delegated_ops is not None and ev.non_delegated_ops is not None:
+        parts.append(f"{ev.delegated_ops} delegated, {ev.non_delegated_ops} not delegated")
+    return "; ".join(parts)
 
 
 def rejected_data(rejected) -> dict:
