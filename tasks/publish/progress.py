@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from doit.reporter import ConsoleReporter
 
 from etforge.cache.records import read_state
+from etforge.config.model import Plan
 from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import cells_of_tasks
 from etforge.publish import outcome, summary
@@ -84,9 +85,9 @@ class EtforgeReporter(ConsoleReporter):
 
     def _declared_failure(self, task) -> bool:
         """Whether every cell the task belongs to is named by ``matrix.expected_failures``."""
-        if self.view is None or not self.view.plan.expected_failures:
+        plan = self.view.plan if self.view else None
+        if not isinstance(plan, Plan) or not plan.expected_failures:
             return False
-        plan = self.view.plan
         cells = cells_of_tasks(plan, [task.name])
         return bool(cells) and all(plan.expected_failure(c) is not None for c in cells)
 
