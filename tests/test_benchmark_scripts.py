@@ -4,7 +4,8 @@ Each script checks what it compares before it prints a ratio (both sides built t
 every program loads, a no-op started nothing) and otherwise exits 1 naming what failed.
 benchmarks/bench_agreement.py runs in tests/test_benchmarks.py. benchmarks/llm_side_by_side.py
 runs on a 1-layer Llama with its in-venv upstream path (``--tiny --fallback``: no PyPI), marked
-slow: four LLM exports in child processes.
+slow: four LLM exports in child processes. There its upstream 8da4w export fails today, and the
+test checks that the script says so and prints no ratio.
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ def test_noop_run_refuses_a_run_that_does_work(built_linreg, tmp_path):
 @pytest.mark.slow
 def test_llm_side_by_side_checks_both_sides_programs_load_before_its_ratios(tmp_path):
     run = _run("llm_side_by_side", "--tiny", "--fallback", "--work", str(tmp_path / "work"), timeout=1800)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "both sides built 8da4w and fp32; the 4 programs load in the ExecuTorch runtime" in run.stdout
-    assert "ratios etforge / upstream: " in run.stdout
+    assert "etforge no-op (both cells up to date)" in run.stdout, run.stdout[-3000:] + run.stderr[-3000:]
+    if run.returncode == 0:
+        assert "both sides built 8da4w and fp32; the 4 programs load in the ExecuTorch runtime" in run.stdout
+        assert "ratios etforge / upstream: " in run.stdout
+    else:  # measured 2026-11-25: the in-venv upstream 8da4w export of the tiny Llama fails
+        # ("Missing out variants: {'torchao::dequantize_affine'}"): named, and no ratio printed
+        assert run.returncode == 1 and "ratios etforge / upstream" not in run.stdout
+        assert "no ratio printed: the two sides are not comparable" in run.stderr
+        assert "upstream 8da4w: no program was written" in run.stderr, run.stderr[-3000:]
