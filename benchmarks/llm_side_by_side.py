@@ -58,6 +58,18 @@ CONFIG = {
 }
 MAX_LEN = 128
 SEED = 0
+TINY = "ETFORGE_SBS_TINY"  # --tiny: the same paths on a 1-layer Llama of hidden 32 (the test suite's run)
+if os.environ.get(TINY):
+    CONFIG.update(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
+    MAX_LEN = 32
 # optimum-executorch 1.1.0 and what it needs beyond the venv (research/issue13 NOTES.md section 1).
 OE_PINS = (
     "optimum-executorch==1.1.0",
@@ -269,8 +281,45 @@ def upstream_run(model_dir: Path, out: Path, scheme: str, mode: str, site: Path 
         [sys.executable, __file__, "--child", str(model_dir), str(out), scheme, mode], env=env, cwd=out.parent, log=log
     )
     lines = [line for line in result["tail"].splitlines() if line.startswith("RESULT ")]
-    result["size"] = Path(json.loads(lines[-1][7:])["pte"]).stat().st_size if lines and result["rc"] == 0 else None
+    result["pte"] = json.loads(lines[-1][7:])["pte"] if lines and result["rc"] == 0 else None
+    result["size"] = Path(result["pte"]).stat().st_size if result["pte"] else None
     return result
+
+
+def check_loads_child(paths: list) -> int:
+    """Child process: load every program (the llama:: custom ops registered); one line per failure."""
+    from etforge.builders.llm_export import register_custom_ops
+    from etforge.builders.program_io import check_loads
+
+    register_custom_ops()
+    failed = 0
+    for path in paths:
+        try:
+            check_loads(Path(path))
+        except Exception as exc:  # noqa: BLE001  (named, and the script exits 1)
+            failed += 1
+            print(f"LOADFAIL {path}: {type(exc).__name__}: {str(exc).strip()[:200]}", flush=True)
+    return 1 if failed else 0
+
+
+def program_problems(results: dict, programs: dict) -> list:
+    """Why no ratio may be printed: a build that failed, a side without its program, a program that
+    does not load in the ExecuTorch runtime (checked in a child: this process stays free of torch)."""
+    problems = [
+        f"{name}: exited {r['rc']}: {r['tail'].strip().splitlines()[-1:]}" for name, r in results.items() if r["rc"]
+    ]
+    problems += [
+        f"{name}: no program was written" for name, path in programs.items() if not path or not Path(path).is_file()
+    ]
+    if problems:
+        return problems
+    check = subprocess.run(
+        [sys.executable, __file__, "--check-loads", *map(str, programs.values())], capture_output=True, text=True
+    )
+    problems += [line[len("LOADFAIL ") :] for line in check.stdout.splitlines() if line.startswith("LOADFAIL ")]
+    if check.returncode and not problems:
+        problems.append(f"the load check itself failed: {check.stderr.strip()[-300:]}")
+    return problems
 
 
 # ---------------------------------------------------------------- main
@@ -288,7 +337,14 @@ def main(argv=None) -> int:
     parser.add_argument("--work", type=Path, help="working directory (default: a temporary one)")
     parser.add_argument("--keep", action="store_true", help="keep the working directory")
     parser.add_argument("--fallback", action="store_true", help="use the one-shot transformers script upstream")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a 1-layer Llama of hidden 32 (checks the paths, not speed)"
+    )
     args = parser.parse_args(argv)
+    if args.tiny and not os.environ.get(TINY):  # the module's sizes are read at import: run again with them
+        return subprocess.run(
+            [sys.executable, __file__, *(argv or sys.argv[1:])], env={**os.environ, TINY: "1"}
+        ).returncode
     work = args.work or Path(tempfile.mkdtemp(prefix="etforge_sbs_"))
     work.mkdir(parents=True, exist_ok=True)
     logs = work / "logs"
@@ -356,7 +412,19 @@ def main(argv=None) -> int:
             print(_row(name, r))
         names = list(results)
         e8, u8, uf, e2, noop = (results[n] for n in names)
-        if all(x["rc"] == 0 for x in results.values()):
+        programs = {
+            "etforge 8da4w": project / "artifacts" / "sbs" / "llama" / "llama_xnnpack_8da4w.pte",
+            "etforge fp32": project / "artifacts" / "sbs" / "llama" / "llama_xnnpack_fp32.pte",
+            "upstream 8da4w": u8.get("pte"),
+            "upstream fp32": uf.get("pte"),
+        }
+        problems = program_problems(results, programs)
+        if problems:
+            print("\nno ratio printed: the two sides are not comparable", file=sys.stderr)
+            for problem in problems:
+                print(f"  {problem}", file=sys.stderr)
+        else:
+            print(f"\nboth sides built 8da4w and fp32; the {len(programs)} programs load in the ExecuTorch runtime")
             print(
                 f"\nratios etforge / upstream: 8da4w+e8w wall {e8['wall_s'] / u8['wall_s']:.2f}, "
                 f"peak RSS {e8['peak_rss_mb'] / u8['peak_rss_mb']:.2f}, size {e8['size'] / u8['size']:.3f}; "
@@ -367,7 +435,7 @@ def main(argv=None) -> int:
             json.dumps({k: {x: y for x, y in v.items() if x != "tail"} for k, v in results.items()}, indent=2)
         )
         print(f"logs: {logs}" if args.keep or args.work else "")
-        return 0 if all(x["rc"] == 0 for x in results.values()) else 1
+        return 1 if problems else 0
     finally:
         if not args.keep and not args.work:
             shutil.rmtree(work, ignore_errors=True)
@@ -377,6 +445,8 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--checkpoint":  # prints the model line, then the digest
         print(save_checkpoint(Path(sys.argv[2])), flush=True)
         sys.exit(0)
+    if len(sys.argv) > 1 and sys.argv[1] == "--check-loads":
+        sys.exit(check_loads_child(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         upstream_child(*sys.argv[2:6])
         sys.exit(0)

@@ -267,9 +267,9 @@ def copy(built, tmp_path) -> Project:
 
 def test_manifest_runs_after_the_exports_and_writes_every_file(built):
     out = built.first_run.stdout
-    start = out.index("start   manifest")
+    start = out.index("start            manifest")
     for cell in ALL_CELLS:
-        assert out.index(f"ok      export:{cell}") < start
+        assert out.index(f"ok               export:{cell}") < start
     assert sorted(p.name for p in (built.out / "manifests").iterdir()) == sorted(render.FILES)
 
 

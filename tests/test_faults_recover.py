@@ -33,10 +33,10 @@ from etforge.cache.entries import read_entry
 @pytest.mark.parametrize(
     "kill_at",
     [
-        pytest.param("start   capture:cnn", marks=pytest.mark.slow),
-        "start   export:cnn/xnnpack/fp32",
-        pytest.param("ok      export:linreg/xnnpack/fp32", marks=pytest.mark.slow),
-        "start   validate:cnn/portable/fp32",
+        pytest.param("start            capture:cnn", marks=pytest.mark.slow),
+        "start            export:cnn/xnnpack/fp32",
+        pytest.param("ok               export:linreg/xnnpack/fp32", marks=pytest.mark.slow),
+        "start            validate:cnn/portable/fp32",
     ],
 )
 def test_a_killed_run_leaves_nothing_a_later_run_accepts_and_the_next_run_finishes(tmp_path, kill_at):
@@ -57,7 +57,7 @@ def test_a_killed_run_leaves_nothing_a_later_run_accepts_and_the_next_run_finish
 def test_a_second_concurrent_run_waits_for_the_first(tmp_path):
     project = make_project(tmp_path / "proj")
     first = start_doit(project)
-    wait_for_line(first, "start   capture:linreg")
+    wait_for_line(first, "start            capture:linreg")
     second = start_doit(project)
     out_second, _ = second.communicate(timeout=600)
     out_first, _ = first.communicate(timeout=600)
@@ -230,7 +230,7 @@ def alive(pid: int) -> bool:
 def test_killing_only_the_main_process_kills_its_workers_and_frees_the_lock(tmp_path):
     project = tiny_project(tmp_path / "proj")
     proc = start_doit(project, "-n", "2", "-P", "process")
-    wait_for_line(proc, "start   capture:linreg")
+    wait_for_line(proc, "start            capture:linreg")
     workers = child_pids(proc.pid)
     assert workers, "no worker process found"
     os.kill(proc.pid, signal.SIGKILL)  # the main process only, not its group
@@ -368,7 +368,7 @@ def test_a_build_under_a_file_size_limit_fails_cleanly_and_the_next_run_finishes
     output = limited.stdout + limited.stderr
     assert limited.returncode == 1, output
     assert "Traceback" not in output
-    assert "FAILED  export:linreg/portable/fp32" in limited.stdout and "File too large" in limited.stdout
+    assert "FAILED           export:linreg/portable/fp32" in limited.stdout and "File too large" in limited.stdout
     assert limited.stderr.splitlines() == ["etforge: 1 failing: linreg/portable/fp32"]
     run = project.doit()  # room again
     assert run.returncode == 0, run.stdout + run.stderr
@@ -430,7 +430,7 @@ def test_the_final_writes_under_a_file_size_limit_fail_with_one_line_and_keep_th
 def test_a_kill_during_the_final_writes_leaves_a_state_the_next_run_accepts(built_tiny, tmp_path, delay):
     project = copy_project(built_tiny, tmp_path / "proj")
     proc = start_doit(project, "-a", "-s", "report")
-    wait_for_line(proc, "ok      report")  # the last task: what follows is closing the DB and summary.json
+    wait_for_line(proc, "ok               report")  # the last task: what follows is closing the DB and summary.json
     time.sleep(delay)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()

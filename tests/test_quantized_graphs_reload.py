@@ -22,4 +22,4 @@ def test_a_palettized_graph_lowers_in_a_later_run(tmp_path):
     exported = project.doit("export:tt/coreml/coreml_palette4")
     assert exported.started == {"export:tt/coreml/coreml_palette4"}, exported.stdout
     assert exported.returncode == 0, exported.stdout + exported.stderr
-    assert "ok      export:tt/coreml/coreml_palette4" in exported.stdout
+    assert "ok               export:tt/coreml/coreml_palette4" in exported.stdout

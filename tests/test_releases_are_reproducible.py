@@ -1,7 +1,9 @@
 """Release bundles: gated on the cells, byte-reproducible across clean checkouts.
 
 One pair of clean builds of a small pipeline with Core ML cells (fp32, 4-bit
-weights, and the ios chain Core ML -> XNNPACK) is shared by the module: one
+weights, and the ios chain Core ML -> XNNPACK), a static int8 cell and an LLM cell
+(the tiny Llama on portable: its validation once measured 130.67 dB in one build and
+130.10 dB in the other, written into every manifest) is shared by the module: one
 built by a sequential ``doit release``, the other by ``doit -n 2 -P process
 release``, so each program comes from a different process with a different
 history of earlier lowerings. The two checkouts build at the same time (as two
@@ -17,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, SMALL_PIPELINE, copy_project, doit_concurrently, make_project
+from conftest import REPO, SMALL_PIPELINE, TINY_LLAMA_CONFIG, copy_project, doit_concurrently, make_project
 
 # linreg alone carries the XNNPACK, portable, int8 and ios cells (the CNN added only build time).
 PIPELINE = (
@@ -26,7 +28,9 @@ PIPELINE = (
     .replace(
         "models:\n",
         "models:\n  tt:\n    python: models.tiny_transformer:build\n"
-        "    kwargs: {dim: 32, heads: 2, hidden: 64}\n    inputs: [{name: tokens, shape: [1, 4, 32]}]\n",
+        "    kwargs: {dim: 32, heads: 2, hidden: 64}\n    inputs: [{name: tokens, shape: [1, 4, 32]}]\n"
+        f"  tl:\n    transformers:\n      task: text-generation\n      config: {TINY_LLAMA_CONFIG}\n"
+        "      llm: {max_context_len: 16, prompt_len: 4, decode_steps: 4}\n",
     )
     + """\
 matrix:
@@ -38,6 +42,7 @@ matrix:
     - {model: linreg, backend: xnnpack, quantization: int8}
     - {model: tt, backend: coreml, quantization: fp32}
     - {model: tt, backend: coreml, quantization: coreml_int4w}
+    - {model: tl, backend: portable, quantization: fp32}
 """
 )
 CORE_ML_PROGRAMS = ("tt/tt_coreml_fp32.pte", "tt/tt_coreml_coreml_int4w.pte", "linreg/linreg_ios_fp32.pte")
@@ -67,7 +72,7 @@ def test_two_clean_builds_of_one_revision_give_identical_archives(two_builds):
             digest, name = line.split("  ")
             assert hashlib.sha256(tar.extractfile(f"t-0.0.1/{name}").read()).hexdigest() == digest
     assert {m.mtime for m in members} == {946684800} and {m.uid for m in members} == {0}
-    assert "t-0.0.1/models/linreg_xnnpack_int8.pte" in names
+    assert "t-0.0.1/models/linreg_xnnpack_int8.pte" in names and "t-0.0.1/models/tl_portable_fp32.pte" in names
     assert {f"t-0.0.1/models/{Path(p).name}" for p in CORE_ML_PROGRAMS} <= set(names)
     assert {"t-0.0.1/manifests/models.g.dart", "t-0.0.1/report.html", "t-0.0.1/SHA256SUMS"} <= set(names)
     assert provenance["toolchain"]["executorch"] == "1.5.1"
@@ -199,3 +204,20 @@ def test_openvino_bytes_do_not_depend_on_what_the_process_lowered_before(tmp_pat
         assert run.returncode == 0, run.stdout + run.stderr
     program = "second/second_openvino_fp32.pte"
     assert (both.out / program).read_bytes() == (alone.out / program).read_bytes()
+
+
+def test_shipped_numbers_are_measured_on_one_thread_and_stored_at_their_precision():
+    import numpy as np
+    import torch
+
+    from etforge.builders.determinism import deterministic
+    from etforge.builders.numerics import compare
+
+    torch.set_num_threads(2)
+    with deterministic():
+        assert torch.get_num_threads() == 1 and torch.are_deterministic_algorithms_enabled()
+    assert torch.get_num_threads() == 2 and not torch.are_deterministic_algorithms_enabled()
+    ref = np.linspace(-1, 1, 1000, dtype=np.float32)
+    metrics = compare(ref, ref + np.float32(1.2345678e-4) * np.cos(ref))
+    assert metrics["sqnr_db"] == round(metrics["sqnr_db"], 2)
+    assert metrics["max_abs_error"] == 0.000123 and len(repr(metrics["mean_abs_error"])) <= 9

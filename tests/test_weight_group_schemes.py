@@ -225,7 +225,7 @@ def test_a_scheme_that_takes_no_layer_is_rejected_with_the_reason_not_failed(bui
     assert table["convnet/xnnpack/8da8w"]["note"] == "8da8w quantizes linear layers and the model has none"
     # Decided before any quantized graph: nothing lowered, nothing failed, and the run does not fail for them.
     assert state(project, "export:convnet/xnnpack/8da8w")["status"] == "rejected"
-    assert "FAILED  quantize:convnet" not in run.stdout and "FAILED  export:convnet" not in run.stdout
+    assert "FAILED           quantize:convnet" not in run.stdout and "FAILED           export:convnet" not in run.stdout
     index = json.loads((project.out / "manifests" / "index.json").read_text())
     excluded = {e["cell"]: e for e in index["excluded"]}
     assert excluded["convnet/xnnpack/8da8w"]["status"] == "rejected"

@@ -90,6 +90,15 @@ SELECTION_OPTIONS = (
     },
     {
         "section": "etforge",
+        "name": "retry_failed",
+        "short": "",
+        "long": "retry-failed",
+        "type": bool,
+        "default": False,
+        "help": "run declared expected failures again (matrix.expected_failures), not only when their key changed",
+    },
+    {
+        "section": "etforge",
         "name": "dodo_file",
         "short": "f",
         "long": "file",
@@ -134,6 +143,7 @@ def request_from(options: dict, workdir: str | None = None) -> tuple[Request, di
         quantization=values["schemes"],
         shard=values["shard"],
         cells=options.get("cells"),
+        retry_failed=bool(options.get("retry_failed")),
     )
     return request, defaults
 

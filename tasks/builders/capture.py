@@ -106,6 +106,7 @@ def method_module(model, name: str):
 def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResult:
     import torch
 
+    from etforge.builders.determinism import deterministic
     from etforge.builders.model_loading import build_model
     from etforge.builders.output_select import select_outputs, selected_names
 
@@ -116,7 +117,7 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
         module = select_outputs(method_module(model, method), model_spec.outputs)  # outputs: (forward only)
         samples, source = reference_samples(model_spec, root, seed, inputs)
         eager = []
-        with torch.no_grad():
+        with torch.no_grad(), deterministic():  # the reference every verdict is measured against
             for sample in samples:
                 result = module(*sample)
                 eager.append(flatten_outputs(result))

@@ -244,10 +244,12 @@ def same_scheme_logits(model, reference):
     import numpy as np
     import torch
 
+    from etforge.builders.determinism import deterministic
+
     with np.load(reference) as data:
         prompt, tokens = torch.from_numpy(data["input_0"][0]), torch.from_numpy(data["llm_tokens"])
     ids = torch.cat([prompt, tokens[None, :-1]], 1)
-    with torch.no_grad():
+    with torch.no_grad(), deterministic():
         return model(input_ids=ids, use_cache=False).logits[0].float().numpy()
 
 
@@ -292,10 +294,12 @@ def eager_reference(model, model_spec, seed: int) -> tuple:
     import numpy as np
     import torch
 
+    from etforge.builders.determinism import deterministic
+
     prompt = prompt_ids(model_spec, seed)
     steps = model_spec.source["transformers"]["llm"]["decode_steps"]
     ids, tokens = prompt.clone(), []
-    with torch.no_grad():
+    with torch.no_grad(), deterministic():  # the reference every verdict is measured against
         for _ in range(steps):
             token = int(model(input_ids=ids, use_cache=False).logits[0, -1].argmax())
             tokens.append(token)

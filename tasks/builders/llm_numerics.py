@@ -188,6 +188,7 @@ def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_sch
     import numpy as np
     import torch
 
+    from etforge.builders.determinism import deterministic
     from etforge.builders.llm_export import REFERENCE_SOURCE, register_custom_ops
     from etforge.builders.numerics import finite_json
     from etforge.builders.program_io import load_method
@@ -199,9 +200,10 @@ def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_sch
         tokens = [int(t) for t in data["llm_tokens"]]
         ref_logits = data["llm_logits"]
     dynamic = cell.model.source["transformers"]["llm"]["dynamic_shapes"]
-    program, method = load_method(pte.read_bytes())
-    run = run_llm(method, prompt, tokens, dynamic)
-    del method, program
+    with deterministic(runtime=True):  # loaded, run and released on one thread: the verdict ships
+        program, method = load_method(pte.read_bytes())
+        run = run_llm(method, prompt, tokens, dynamic)
+        del method, program
     metrics = compare_llm(ref_logits, tokens, prompt.shape[1], run)
     if same_scheme is not None:
         metrics["same_scheme"] = compare_same_scheme(np.load(same_scheme), tokens, prompt.shape[1], run)

@@ -98,24 +98,31 @@ def check_loads(pte: Path, methods: tuple = (METHOD,), data_path: Path | None = 
 
 
 def run_program_samples(pte: Path, samples: list, method_name: str = METHOD) -> list:
-    """Outputs of ``pte``'s method (numpy arrays) for each sample (a list of input tensors); one program load."""
+    """Outputs of ``pte``'s method (numpy arrays) for each sample (a list of input tensors); one program load.
+
+    On one runtime thread (tasks/builders/determinism.py): the outputs are what a verdict that
+    ships is computed from. The program is loaded and released inside (a loaded XNNPACK method
+    holds the threadpool)."""
     import torch
 
-    program, method = load_method(Path(pte), method_name)  # `program` stays alive while `method` runs
+    from etforge.builders.determinism import deterministic
+
     results = []
-    for inputs in samples:
-        outputs = method.execute(list(inputs))
-        results.append(
-            [
-                o.detach().float().numpy()
-                if isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16
-                else o.detach().numpy()
-                if isinstance(o, torch.Tensor)
-                else o
-                for o in outputs
-            ]
-        )
-    del method, program
+    with deterministic(runtime=True):
+        program, method = load_method(Path(pte), method_name)  # `program` stays alive while `method` runs
+        for inputs in samples:
+            outputs = method.execute(list(inputs))
+            results.append(
+                [
+                    o.detach().float().numpy()
+                    if isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16
+                    else o.detach().numpy()
+                    if isinstance(o, torch.Tensor)
+                    else o
+                    for o in outputs
+                ]
+            )
+        del method, program
     return results
 
 

@@ -51,19 +51,10 @@ from etforge.cache.remote_dir import (
     set_aside,
     write_into,
 )
+from etforge.config.remote_url import EXTERNAL, LOCAL, SCHEME
 from etforge.core.text import one_line
 
-_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-# Protocols whose implementation lives in a separate package: (package, pip name).
-_EXTERNAL = {
-    "s3": ("s3fs", "s3fs"),
-    "s3a": ("s3fs", "s3fs"),
-    "gs": ("gcsfs", "gcsfs"),
-    "gcs": ("gcsfs", "gcsfs"),
-    "abfs": ("adlfs", "adlfs"),
-    "az": ("adlfs", "adlfs"),
-}
-_LOCAL = ("file", "local")  # fsspec's LocalFileSystem: a shared directory
+# What each protocol needs: EXTERNAL (tasks/config/remote_url.py; the plan is checked against it too).
 MANIFEST_LIMIT = 4 << 20  # a manifest is a few KB; one this large is damage and is never read whole
 SIGNATURE_LIMIT = 4 << 10  # 64 hex digits
 
@@ -96,7 +87,7 @@ class RemoteStore:
         if not isinstance(url, str) or not url.strip():
             raise RemoteError("remote cache: empty URL")
         url = url.strip()
-        match = _SCHEME.match(url)
+        match = SCHEME.match(url)
         self.protocol = match.group(1).lower() if match else "file"
         if not match:  # a plain path: resolve now, so a later chdir changes nothing
             url = os.path.abspath(os.path.expanduser(url))
@@ -105,11 +96,11 @@ class RemoteStore:
         self.storage_options = dict(storage_options or {})
         self.secret = secret or None  # signs uploads and is required of downloads; never printed
         # A shared directory is handled with plain os calls (no links, no special files), never fsspec.
-        self._dir = _local_path(url) if self.protocol in _LOCAL else None
+        self._dir = _local_path(url) if self.protocol in LOCAL else None
         self._fs = None
         self._root = None
         self._pid = None
-        pkg = _EXTERNAL.get(self.protocol)
+        pkg = EXTERNAL.get(self.protocol)
         if pkg and importlib.util.find_spec(pkg[0]) is None:  # no import, just a lookup
             raise RemoteError(f"remote cache {self._name()}: {self.protocol}:// needs {pkg[0]}: pip install {pkg[1]}")
 
@@ -161,7 +152,7 @@ class RemoteStore:
 
                 fs, root = url_to_fs(self.url, **self.storage_options)
             except ImportError as exc:
-                pkg = _EXTERNAL.get(self.protocol, (None, None))[1]
+                pkg = EXTERNAL.get(self.protocol, (None, None))[1]
                 hint = f"pip install {pkg}" if pkg else _one_line(exc)
                 raise RemoteError(f"remote cache {self._name()}: {self.protocol}:// needs {hint}") from exc
             except Exception as exc:
@@ -420,7 +411,7 @@ def _remove(paths: list[Path]) -> None:
 
 def _local_path(url: str) -> str:
     """The directory of a plain path or file:// URL, as fsspec's LocalFileSystem takes it."""
-    match = _SCHEME.match(url)
+    match = SCHEME.match(url)
     return os.path.abspath(url[match.end() :] if match else url)
 
 

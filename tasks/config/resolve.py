@@ -7,6 +7,7 @@ must not import torch or executorch.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from etforge.config import defaults, npz_index, recipes, schema
@@ -28,6 +29,7 @@ from etforge.config.model import (
     Plan,
     QuantSpec,
 )
+from etforge.config.remote_url import check_remote_setting
 from etforge.config.selection import cache_settings
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
 from etforge.config.torchvision_names import torchvision_source
@@ -387,9 +389,10 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         data.get("manifests"), list(backends), r.recipes.available("backend"), list(quants)
     ):
         raise doc.error(("manifests",) + path, message)
+    cache_remote, cache_read_only = cache_settings(data.get("cache"), root)
+    check_remote_setting(doc, cache_remote, from_env=bool(os.environ.get("ETFORGE_CACHE_REMOTE")))
     if own_digests and digests is not None:
         digests.save()
-    cache_remote, cache_read_only = cache_settings(data.get("cache"), root)
     benchmark = dict(data.get("benchmark") or {})
     baseline, regression_pct = benchmark.pop("baseline", None), benchmark.pop("regression_pct", defaults.REGRESSION_PCT)
     return Plan(

@@ -9,7 +9,9 @@ is still there, and a verdict (validation, benchmark) only while the program
 it judged is the one stored under the export's key. Nothing is hashed on a
 no-op run; a blob that kept its size and mtime but not its bytes is caught
 when a consumer reads it (tasks/engine/inputs.py rebuilds it there). Failures are
-recorded but never cached: a failed task runs again next time.
+recorded but never cached: a failed task runs again next time, unless its cell is a
+declared expected failure (``matrix.expected_failures``): then its failure, recorded
+under its key, is replayed until the key changes or ``--retry-failed`` (``replay``).
 
 A failed task still returns success to doit, so that nothing downstream of it
 is dropped silently (manifests and releases list failed cells instead of not
@@ -35,12 +37,19 @@ from etforge.pipeline.specs import TaskSpec
 from etforge.pipeline.stage_results import Judgement
 
 
-def is_up_to_date(spec: TaskSpec, store: Store) -> bool:
+def is_up_to_date(spec: TaskSpec, store: Store, replay: tuple | None = None) -> bool:
+    """Whether the task's record says it is done for its key and its files are still there.
+
+    ``replay``: the specs of the task's upstream tasks when its failure is declared expected
+    (None: a failure runs again, as doit users expect). Then a failure recorded under the
+    current key is up to date, and so is a block while an upstream task still fails."""
     # (not named `task`: doit would pass its own Task object in that slot)
     record = read_state(spec.state_file)
     status = task_status((record or {}).get("status"))
-    if status is None or not status.done or record.get("key") != spec.key:
+    if status is None or record.get("key") != spec.key:
         return False
+    if not status.done:
+        return replay is not None and (status == TaskStatus.FAILED or any(map(_not_ok, replay)))
     if status in (TaskStatus.SKIPPED, TaskStatus.REJECTED):
         return True  # nothing was written; the key already covers what this host lacks or the scheme refuses
     for name, target in spec.outputs.items():
@@ -60,6 +69,12 @@ def is_up_to_date(spec: TaskSpec, store: Store) -> bool:
     ):
         return False
     return True
+
+
+def _not_ok(upstream: TaskSpec) -> bool:
+    """Whether the upstream task's record for its current key says it failed or was blocked."""
+    record = read_state(upstream.state_file) or {}
+    return record.get("key") == upstream.key and record.get("status") in (TaskStatus.FAILED, TaskStatus.BLOCKED)
 
 
 def _same_stat(path: Path, meta: dict) -> bool:

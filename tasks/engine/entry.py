@@ -41,6 +41,7 @@ class Request:
     quantization: str | None = None
     shard: str | None = None  # k/n
     cells: str | None = None  # exact cell names (a CI job's list from `etforge ci-matrix`)
+    retry_failed: bool = False  # run declared expected failures again, whatever their records say
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class Selection:
     host: dict  # etforge.config.machine.host_fingerprint(): benchmark results are only valid on it
     specs: dict  # task name -> TaskSpec of every task of the selection (tasks/pipeline/specs.py run_specs)
     cells_by_task: dict  # task name -> the Cell it belongs to (cell tasks only)
+    retry_failed: bool = False  # Request.retry_failed
 
     @property
     def layout(self) -> ArtifactLayout:
@@ -87,7 +89,15 @@ def load_selection(request: Request) -> Selection:
     except RemoteError as exc:  # e.g. gs:// without gcsfs installed
         sys.stderr.write(f"etforge: error: {exc}\n")
         raise SystemExit(3) from None
-    return Selection(plan=plan, cells=cells, store=store, host=host, specs=specs, cells_by_task=cells_by_task)
+    return Selection(
+        plan=plan,
+        cells=cells,
+        store=store,
+        host=host,
+        specs=specs,
+        cells_by_task=cells_by_task,
+        retry_failed=request.retry_failed,
+    )
 
 
 def ensure_writable(plan: Plan) -> None:
@@ -149,7 +159,13 @@ def task_creators(selection: Selection, option_defaults: dict) -> dict:
     def creator(stage: Stage):
         def create():
             yield from stage_tasks(
-                selection.plan, stage, selection.cells, selection.store, selection.host, option_defaults
+                selection.plan,
+                stage,
+                selection.cells,
+                selection.store,
+                selection.host,
+                option_defaults,
+                retry_failed=selection.retry_failed,
             )
 
         create.__doc__ = stage.doc

@@ -15,7 +15,7 @@ from etforge.engine.actions import matrix_up_to_date, run_matrix_stage, run_stag
 from etforge.engine.cached_run import is_up_to_date
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.specs import spec_of, subjects
-from etforge.pipeline.stages import STAGE, Stage, holds, needs_of, task_name, upstream_of
+from etforge.pipeline.stages import STAGE, Stage, holds, needs_of, subject_of, task_name, upstream_of
 
 
 def doc_fields(plan, stage: Stage, subject) -> dict:
@@ -62,13 +62,37 @@ def _deps(plan, stage: Stage, subject) -> list:
     return list(dict.fromkeys(task_name(up, up_subject) for _, up, up_subject in upstream_of(plan, stage, subject)))
 
 
-def stage_tasks(plan, stage: Stage, cells, store, host: dict, options: dict | None = None) -> list:
-    """Every doit task dict of ``stage`` for the selected ``cells``."""
+def declared_failure(plan, stage: Stage, subject) -> bool:
+    """Whether a failure of this task is declared expected: every cell of the plan it belongs to
+    is named by ``matrix.expected_failures`` (a capture or quantize task serves several cells)."""
+    if not plan.expected_failures:
+        return False
+    if stage.subject == "cell":
+        return plan.expected_failure(subject) is not None
+    name = task_name(stage, subject)
+    served = [c for c in plan.cells if stage.subject == "model" or c.transform is not None]
+    mine = [c for c in served if task_name(stage, subject_of(stage, c)) == name]
+    return bool(mine) and all(plan.expected_failure(c) is not None for c in mine)
+
+
+def replay_of(plan, stage: Stage, subject, host: dict) -> tuple | None:
+    """``is_up_to_date``'s ``replay``: the upstream specs of a task whose failure is declared, else None."""
+    if not declared_failure(plan, stage, subject):
+        return None
+    return tuple(spec_of(plan, up, up_subject, host) for _, up, up_subject in upstream_of(plan, stage, subject))
+
+
+def stage_tasks(
+    plan, stage: Stage, cells, store, host: dict, options: dict | None = None, retry_failed: bool = False
+) -> list:
+    """Every doit task dict of ``stage`` for the selected ``cells`` (``retry_failed``: declared
+    expected failures run again too, instead of replaying their recorded failure)."""
     if stage.subject == "pipeline":
         return [_matrix_task(plan, stage, cells, store, host, options or {})]
     tasks = []
     for subject in subjects(plan, stage, cells):
         spec = spec_of(plan, stage, subject, host)
+        replay = None if retry_failed else replay_of(plan, stage, subject, host)
         basename, sub = spec.name.split(":", 1)
         tasks.append(
             {
@@ -76,7 +100,7 @@ def stage_tasks(plan, stage: Stage, cells, store, host: dict, options: dict | No
                 "name": sub,
                 "doc": stage.task_doc.format(**doc_fields(plan, stage, subject)),
                 "actions": [(run_stage, [plan, stage.name, subject, store, host])],
-                "uptodate": [(is_up_to_date, [spec, store])],
+                "uptodate": [(is_up_to_date, [spec, store], {"replay": replay})],
                 "task_dep": list(dict.fromkeys(_deps(plan, stage, subject))),
                 "verbosity": 2,  # builders send their own output to the task's log file
                 "meta": {"etforge": {"needs": sorted(needs_of(stage, subject))}},  # cluster routing

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 from doit.reporter import ConsoleReporter
 
 from etforge.cache.records import read_state
+from etforge.config.model import Plan
+from etforge.pipeline.results import TaskStatus
+from etforge.pipeline.specs import cells_of_tasks
 from etforge.publish import outcome, summary
+
+EXPECTED_FAILURE = "expected-failure"  # a failure matrix.expected_failures declares: never shown as FAILED
+# Every word the status column shows; the column is as wide as the longest.
+STATES = ("start", "done", "FAILED", "not run", EXPECTED_FAILURE, *(str(s) for s in TaskStatus if s != "failed"))
+WIDTH = max(map(len, STATES))
 
 
 @dataclass(frozen=True)
@@ -57,22 +65,31 @@ class EtforgeReporter(ConsoleReporter):
             self.started[task.name] = time.monotonic()
             self.executed += 1
             self._touch(task)
-            self._line(f"start   {task.name}")
+            self._line(f"{'start':<{WIDTH}} {task.name}")
 
     def _finish_line(self, task, failed_exc=None):
         elapsed = time.monotonic() - self.started.get(task.name, time.monotonic())
         record = read_state(self._specs[task.name].state_file) if task.name in self._specs else None
+        failed = "FAILED" if not self._declared_failure(task) else EXPECTED_FAILURE
         if record is None or failed_exc is not None:  # (a record that could not be written is stale)
-            status = "FAILED" if failed_exc else "done"
+            status = failed if failed_exc else "done"
             note = failed_exc.get_msg().strip().splitlines()[-1] if failed_exc else ""
         else:
-            status = {"ok": "ok", "failed": "FAILED"}.get(record["status"], record["status"])
+            status = {"ok": "ok", "failed": failed}.get(record["status"], record["status"])
             note = "restored from cache" if record.get("cached") else ""
             if record.get("reason"):
                 note = record["reason"]
             if record["status"] == "failed" and record.get("log"):
                 note += f"  (log: {record['log']})"
-        self._line(f"{status:<7} {task.name}  {elapsed:.1f}s  {note}".rstrip())
+        self._line(f"{status:<{WIDTH}} {task.name}  {elapsed:.1f}s  {note}".rstrip())
+
+    def _declared_failure(self, task) -> bool:
+        """Whether every cell the task belongs to is named by ``matrix.expected_failures``."""
+        plan = self.view.plan if self.view else None
+        if not isinstance(plan, Plan) or not plan.expected_failures:
+            return False
+        cells = cells_of_tasks(plan, [task.name])
+        return bool(cells) and all(plan.expected_failure(c) is not None for c in cells)
 
     def add_success(self, task):
         if task.name in self.started:
@@ -83,7 +100,7 @@ class EtforgeReporter(ConsoleReporter):
         if task.name in self.started:
             self._finish_line(task, fail)
         elif task.name in self._specs:  # never started: a dependency failed
-            self._line(f"not run {task.name}  ({fail.get_msg().strip().splitlines()[-1]})")
+            self._line(f"{'not run':<{WIDTH}} {task.name}  ({fail.get_msg().strip().splitlines()[-1]})")
 
     def skip_uptodate(self, task):
         self.up_to_date += 1
