@@ -67,8 +67,14 @@ def test_the_default_is_the_fastest_measured_else_the_declared_order():
     assert got["linux"] == {
         "variant": "a/xnnpack/int8",
         "ranked_by": "host latency",
-        "reason": "fastest measured on the build host: 0.31 ms p50 (vs a/xnnpack/fp32 0.52 ms, a/portable/fp32 4 ms)",
+        "reason": "fastest p50 measured on the build host of 3 measured variant(s) "
+        "(within 10% of it, the declared order decides)",
     }
+    # a re-benchmark that moves p50s within the tie margin changes neither the pick nor its reason
+    close = {"a/xnnpack/fp32": 0.32, "a/xnnpack/int8": 0.31, "a/portable/fp32": 4.0}
+    assert platform_defaults(fallback, close)["linux"]["variant"] == "a/xnnpack/fp32"
+    close_again = {"a/xnnpack/fp32": 0.30, "a/xnnpack/int8": 0.32, "a/portable/fp32": 4.1}
+    assert platform_defaults(fallback, close_again) == platform_defaults(fallback, close)
     assert "ios" not in got
     assert platform_defaults(fallback, {})["linux"]["reason"] == (
         "first in the declared linux fallback order (not measured on the build host)"
