@@ -210,6 +210,19 @@ class RemoteStore:
             return "has a signature that does not match ETFORGE_CACHE_KEY"
         return None
 
+    def manifest(self, key: str) -> dict | None:
+        """Entry ``key``'s checked manifest (signature verified when a secret is set), or None when
+        it is absent, unusable or the remote cannot be read: for facts about an entry (its build
+        seconds) without downloading its blobs."""
+        try:
+            with self._open(key) as entry:
+                read = self._read_manifest(entry, key)
+                if read is None or self._signature_problem(entry, read[0]) is not None:
+                    return None
+                return read[1]
+        except (RemoteError, UnsafePath, OSError, ValueError):
+            return None
+
     def fetch(self, key: str, dest: Path) -> bool:
         """Download entry ``key`` (all blobs + manifest.json) into the empty local dir ``dest``.
 

@@ -65,6 +65,16 @@ class Store:
         except (OSError, ValueError):
             return None
 
+    def build_seconds(self, key: str) -> float | None:
+        """The seconds entry ``key`` took to build, as its manifest records it: the local entry's,
+        else the remote's (its manifest only); None when no entry records it."""
+        remote = self.remote.manifest(key) if self.remote is not None and self._remote_usable() else None
+        for manifest in (self.manifest(key), remote):
+            seconds = manifest.get("build_s") if isinstance(manifest, dict) else None
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
+                return float(seconds)
+        return None
+
     def entry_record(self, key: str) -> dict:
         """What a state record keeps of the local entry: each blob's sha256, size and mtime and
         the manifest's size and mtime, so that "is it still there" is a stat per file.
@@ -172,15 +182,21 @@ class Store:
                 raise
         return entry
 
-    def put(self, key: str, files: dict, info: dict, expect: dict | None = None) -> tuple[dict, dict]:
+    def put(
+        self, key: str, files: dict, info: dict, expect: dict | None = None, build_s: float | None = None
+    ) -> tuple[dict, dict]:
         """Store ``files`` (blob name -> path) under ``key``; return (stored paths, info).
 
         The info is the stored entry's: another writer may have installed the same key first.
         ``expect``: blob name -> sha256 the copies must have (CorruptEntry otherwise).
+        ``build_s``: the seconds the build took, kept in the entry for whoever plans CI jobs later
+        (``etforge ci-matrix``); never part of the info, so it changes no output.
         """
         staging = self.new_workdir()
         try:
             manifest: dict = {"key": key, "files": {}, "info": info}
+            if build_s is not None:
+                manifest["build_s"] = round(build_s, 3)
             for name, src in sorted(files.items()):
                 dst = staging / name
                 shutil.copyfile(src, dst)
@@ -391,3 +407,16 @@ def open_store(plan) -> Store:
                 flush=True,
             )
     return store
+
+
+def reading_store(plan) -> Store:
+    """The plan's store for looking up facts of entries (``etforge ci-matrix``): its remote read
+    only, with no uploads owed and no warnings (unlike ``open_store``, nothing runs)."""
+    layout = layout_of(plan)
+    remote = None
+    if plan.cache_remote:
+        from etforge.cache.remote import remote_from_url
+
+        secret, _ = signing_key(os.environ)
+        remote = remote_from_url(plan.cache_remote, read_only=True, secret=secret)
+    return Store(layout.cache_dir, remote=remote, state_dir=layout.etforge_dir)

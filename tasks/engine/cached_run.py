@@ -229,7 +229,8 @@ def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path,
             log=task.log_file,
         )
         return True
-    stored, info = store.put(task.key, result.files, info)  # the stored info: another writer may have won
+    # the stored info: another writer may have won; the build's seconds go with the entry (ci-matrix)
+    stored, info = store.put(task.key, result.files, info, build_s=time.monotonic() - start)
     outputs = _materialize_all(task, stored)
     write_state(
         task,

@@ -8,9 +8,10 @@ A cell's cost on a job is its own tasks' seconds (export, sizegate, validate, be
 those of the upstream tasks (capture, quantize) the job does not run yet: cells of one model
 share its capture. Cells are placed longest first onto the job that ends earliest with them
 (LPT, longest-processing-time first, with that affinity). Seconds come from the state records
-of this checkout (``elapsed_s`` of the last build, not of a restore from the cache), then a
-durations file (``{task name: seconds}``, e.g. kept next to the remote cache), and for a task
-never built here: the median of the recorded tasks of its stage and model kind, else a
+of this checkout (``elapsed_s`` of the last build, not of a restore from the cache), else from
+the cache (the build seconds each store entry keeps: the local entry's, else the remote's
+manifest, so a fresh CI checkout plans from what other machines built), then a durations
+file (``{task name: seconds}``), and for a task never built here: the median of the recorded tasks of its stage and model kind, else a
 stage estimate (DEFAULT_S, times LLM_FACTOR for an LLM).
 """
 
@@ -66,16 +67,20 @@ def cell_needs(cell) -> frozenset:
     return frozenset(cell.model.labels | cell.backend.labels | cell.backend.runtime_labels)
 
 
-def recorded_durations(specs: Mapping) -> dict:
-    """task name -> seconds its last build took, from the state records of this checkout."""
+def recorded_durations(specs: Mapping, build_seconds=None) -> dict:
+    """task name -> seconds its last build took: from the state records of this checkout, else
+    (``build_seconds``: entry key -> seconds or None) from the cache entry of its current key."""
     out = {}
     for name, spec in specs.items():
         record = read_state(spec.state_file)
-        if not isinstance(record, dict) or record.get("cached") or record.get("status") not in BUILT:
-            continue
-        elapsed = record.get("elapsed_s")
+        built_here = isinstance(record, dict) and not record.get("cached") and record.get("status") in BUILT
+        elapsed = record.get("elapsed_s") if built_here else None
         if isinstance(elapsed, (int, float)) and elapsed >= 0:
             out[name] = float(elapsed)
+        elif build_seconds is not None and spec.key:
+            seconds = build_seconds(spec.key)
+            if seconds is not None:
+                out[name] = seconds
     return out
 
 

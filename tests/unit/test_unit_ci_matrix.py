@@ -8,7 +8,10 @@ import random
 import pytest
 
 from etforge.app.cli import main
-from etforge.engine.ci_plan import CellCost, plan_jobs
+from etforge.app.loader import request_from
+from etforge.cache.store import reading_store
+from etforge.engine.ci_plan import CellCost, plan_jobs, recorded_durations
+from etforge.engine.entry import load_selection
 from unit.support import make_unit_project
 from unit.test_unit_engine_run import Etforge, fake_stages  # noqa: F401  (a fixture)
 
@@ -132,3 +135,21 @@ def test_a_cell_name_that_is_no_cell_is_one_line(etforge, capfd):
     assert len(err) == 1 and err[0].endswith(
         "--cells: 'a/xnnpak/fp32' is no cell of the matrix; did you mean 'a/xnnpack/fp32'?"
     )
+
+
+def test_a_fresh_checkout_plans_from_the_build_seconds_the_remote_entries_keep(etforge, capfd, tmp_path, monkeypatch):
+    (tmp_path / "remote").mkdir()
+    monkeypatch.setenv("ETFORGE_CACHE_REMOTE", f"file://{tmp_path / 'remote'}")
+    run = etforge("export", "--backends", "xnnpack,portable")
+    assert run.code == 0, run.out + run.err
+    built = {task: etforge.record(task)["elapsed_s"] for task in run.started}
+    # A fresh checkout has no records and an empty local store: its seconds come from the remote.
+    fresh = make_unit_project(tmp_path / "fresh", PIPELINE)
+    monkeypatch.chdir(fresh.root)
+    assert not list(fresh.root.glob("artifacts/*/.state/*"))
+    selection = load_selection(request_from({"pipeline": "pipeline.yaml"})[0])
+    seconds = recorded_durations(selection.specs, reading_store(selection.plan).build_seconds)
+    assert set(seconds) == set(built)  # the metal cells were never built: estimated, not recorded
+    for task, elapsed in built.items():
+        assert seconds[task] == pytest.approx(elapsed, abs=0.05)  # measured when the entry was stored
+    assert not list(fresh.root.glob("artifacts/cache/*/*"))  # looked up, never downloaded
