@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import REPO, copy_project, make_project
+from conftest import REPO, copy_project, cpp_probe_lines, make_project
 
 from etforge.cache.records import read_state
 from etforge.config.resolve import resolve
@@ -476,34 +476,14 @@ def test_chains_are_ordered_by_their_own_name_and_odd_strings_compile(tmp_path):
     odd["excluded"].append({"cell": "x", "reason": "ends with a backslash \\"})
     header = tmp_path / "etforge_models.h"
     header.write_text(cpp_header.render_context(odd))
-    probe = tmp_path / "probe.cpp"
-    probe.write_text(
+    printed = cpp_probe_lines(
         '#include "etforge_models.h"\n#include <cstdio>\n'
         'int main() { std::printf("%s|%s|%zu|%d|%s|%g|%s|%g\\n", etforge::models::kPipeline,\n'
         "  etforge::models::kModels[0].variants[0].inputs[0].name,\n"
         "  etforge::models::kModels[0].num_variants, etforge::models::kModels[0].variants[1].num_outputs,\n"
         "  etforge::models::kModels[0].variants[0].verdict, etforge::models::kModels[0].variants[0].sqnr_db,\n"
-        "  etforge::models::kModels[0].variants[1].verdict, etforge::models::kModels[0].variants[1].atol); }\n"
+        "  etforge::models::kModels[0].variants[1].verdict, etforge::models::kModels[0].variants[1].atol); }\n",
+        tmp_path,
+        tmp_path,
     )
-    exe = tmp_path / "probe"
-    compiled = subprocess.run(
-        [
-            "c++",
-            "-std=c++17",
-            "-Wall",
-            "-Wextra",
-            "-pedantic",
-            "-Werror",
-            "-I",
-            str(tmp_path),
-            str(probe),
-            "-o",
-            str(exe),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert compiled.returncode == 0, compiled.stderr
-    printed = subprocess.run([str(exe)], capture_output=True, timeout=30).stdout.decode("utf-8")
-    assert printed == 'a "quoted" \\ name ??/ */ \u00e9\n|in\\|2|-1|provisional|inf|on-device|0.0001\n'
+    assert printed == ['a "quoted" \\ name ??/ */ \u00e9', "|in\\|2|-1|provisional|inf|on-device|0.0001"]

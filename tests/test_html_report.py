@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import make_project
+from unit.support import report_row
 
 from etforge.cache.records import read_state
 from etforge.config.model import RejectedCell
@@ -321,34 +322,15 @@ def test_screenshot_shows_a_rendered_page(page):
     assert white < 0.97 * WINDOW[0] * WINDOW[1]
 
 
-def _row(cell: str, size, sqnr, p50=None, status="ok") -> dict:
-    model, backend, quant = cell.split("/")
-    return {
-        "cell": cell,
-        "model": model,
-        "backend": backend,
-        "quant": quant,
-        "quantized": quant != "fp32",
-        "status": status,
-        "size_bytes": size,
-        "size_text": summary.human_size(size),
-        "sqnr_db": sqnr,
-        "sqnr_text": "-" if sqnr is None else f"{sqnr:.1f}",
-        "p50_ms": p50,
-        "latency_text": "-" if p50 is None else f"{p50} ms",
-        "regression": None,
-    }
-
-
 def test_chart_geometry_without_a_browser():
     colours = {"fp32": "#0072B2", "int8": "#E69F00", "8da4w": "#009E73"}
     markers = {"xnnpack": "circle", "portable": "square"}
     rows = [
-        _row("big/xnnpack/fp32", 9_000_000, 120.0, 3.5),
-        _row("big/xnnpack/int8", 2_400_000, 31.2, 1.9),
-        _row("big/xnnpack/8da4w", 1_300_000, 24.0, None),
-        _row("tiny/portable/int8", 3_000, 40.5),
-        _row("tiny/portable/8da4w", 2_000, None, status="skipped"),
+        report_row("big/xnnpack/fp32", 9_000_000, 120.0, 3.5),
+        report_row("big/xnnpack/int8", 2_400_000, 31.2, 1.9),
+        report_row("big/xnnpack/8da4w", 1_300_000, 24.0, None),
+        report_row("tiny/portable/int8", 3_000, 40.5),
+        report_row("tiny/portable/8da4w", 2_000, None, status="skipped"),
     ]
     scatter = scatter_chart(rows, colours, markers)
     assert scatter["xlabel"] == "program size (log scale)"  # KB and MB on one axis

@@ -18,6 +18,7 @@ from etforge.config.model import ModelKind
 from etforge.config.resolve import resolve
 from etforge.pipeline.specs import run_specs
 from etforge.pipeline.stages import STAGES
+from etforge.publish import summary
 
 # A host fingerprint for benchmark keys (the real one reads /proc/cpuinfo): any fixed dict will do.
 HOST = {"cpu_model": "unit-test cpu", "logical_cores": 2, "usable_cores": 2, "machine": "x86_64", "system": "Linux"}
@@ -122,3 +123,24 @@ def task_keys(plan, cells=None) -> dict:
 def changed_keys(before: dict, after: dict) -> set:
     """The task names whose key differs (or that exist on one side only)."""
     return {name for name in before.keys() | after.keys() if before.get(name) != after.get(name)}
+
+
+def report_row(cell: str, size=None, sqnr=None, p50=None, status="ok", **extra) -> dict:
+    """A row of the report's cell table, as publish.summary makes them, for chart and page tests."""
+    model, backend, quant = cell.split("/")
+    return {
+        "cell": cell,
+        "model": model,
+        "backend": backend,
+        "quant": quant,
+        "quantized": quant != "fp32",
+        "status": status,
+        "size_bytes": size,
+        "size_text": summary.human_size(size),
+        "sqnr_db": sqnr,
+        "sqnr_text": "-" if sqnr is None else f"{sqnr:.1f}",
+        "p50_ms": p50,
+        "latency_text": "-" if p50 is None else f"{p50} ms",
+        "regression": None,
+        **extra,
+    }

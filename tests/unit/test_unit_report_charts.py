@@ -15,31 +15,10 @@ from etforge.pipeline.stage_results import (
     ExportResult,
     Verdict,
 )
-from etforge.publish import summary
 from etforge.publish.report.charts import CHAR_W, bar_chart, scatter_chart, scheme_colours
 from etforge.publish.report.cost_charts import planned_chart, size_breakdown_chart
 from etforge.publish.report.page import render_report
-from unit.support import HOST, make_unit_project
-
-
-def _row(cell: str, size=None, sqnr=None, p50=None, status="ok", **extra) -> dict:
-    model, backend, quant = cell.split("/")
-    return {
-        "cell": cell,
-        "model": model,
-        "backend": backend,
-        "quant": quant,
-        "quantized": quant != "fp32",
-        "status": status,
-        "size_bytes": size,
-        "size_text": summary.human_size(size),
-        "sqnr_db": sqnr,
-        "sqnr_text": "-" if sqnr is None else f"{sqnr:.1f}",
-        "p50_ms": p50,
-        "latency_text": "-" if p50 is None else f"{p50} ms",
-        "regression": None,
-        **extra,
-    }
+from unit.support import HOST, make_unit_project, report_row
 
 
 def _boxes_overlap(a, b) -> bool:
@@ -53,19 +32,19 @@ def test_every_scheme_gets_a_colour_of_its_own():
 
 
 def test_one_slow_backend_puts_the_latency_chart_on_a_log_scale():
-    rows = [_row("m/xnnpack/fp32", p50=0.4), _row("m/portable/fp32", p50=60.0)]
+    rows = [report_row("m/xnnpack/fp32", p50=0.4), report_row("m/portable/fp32", p50=60.0)]
     chart = bar_chart("m: latency", rows, "latency", ["xnnpack", "portable"], ["fp32"], {"fp32": "#000"})
     assert chart["log_scale"] and chart["ylabel"] == "latency p50 (ms, log scale)"
     fast, slow = chart["bars"]
     assert 0.15 < fast["h"] / slow["h"] < 0.5  # linear would make it 0.007: an invisible bar
     assert [t["text"] for t in chart["yticks"]][:3] == ["0.1", "0.2", "0.5"]
-    near = [_row("m/xnnpack/fp32", p50=0.4), _row("m/portable/fp32", p50=4.0)]
+    near = [report_row("m/xnnpack/fp32", p50=0.4), report_row("m/portable/fp32", p50=4.0)]
     assert not bar_chart("m", near, "latency", ["xnnpack", "portable"], ["fp32"], {"fp32": "#000"})["log_scale"]
 
 
 def test_many_long_backend_names_are_turned_and_never_overlap():
     backends = [f"a_rather_long_backend_name_{i}" for i in range(14)]
-    rows = [_row(f"m/{b}/fp32", size=1000 + i) for i, b in enumerate(backends)]
+    rows = [report_row(f"m/{b}/fp32", size=1000 + i) for i, b in enumerate(backends)]
     chart = bar_chart("m: size", rows, "size", backends, ["fp32"], {"fp32": "#000"})
     assert chart["rotate_groups"]
     xs = [g["x"] for g in chart["groups"]]
@@ -78,7 +57,7 @@ def test_many_long_backend_names_are_turned_and_never_overlap():
 
 
 def test_crowded_scatter_labels_never_overlap():
-    rows = [_row(f"m/b{i % 3}/int{i}", size=100_000 + (i % 2), sqnr=30.0) for i in range(40)]
+    rows = [report_row(f"m/b{i % 3}/int{i}", size=100_000 + (i % 2), sqnr=30.0) for i in range(40)]
     chart = scatter_chart(rows, {r["quant"]: "#000" for r in rows}, {f"b{i}": "circle" for i in range(3)})
     boxes = [
         (p["lx"], p["ly"] - 10, p["lx"] + len(p["label"]) * CHAR_W, p["ly"] + 3) for p in chart["points"] if p["label"]
@@ -90,7 +69,7 @@ def test_crowded_scatter_labels_never_overlap():
 def test_cost_charts_stack_the_bytes_and_log_scale_the_planned_memory():
     parts = {"constants": 96944, "delegate XnnpackBackend": 2784, "program": 2456}
     rows = [
-        _row(
+        report_row(
             "m/xnnpack/fp32",
             size_parts=parts,
             size_title="",
@@ -98,7 +77,7 @@ def test_cost_charts_stack_the_bytes_and_log_scale_the_planned_memory():
             planned_text="12 KB",
             planned_title="",
         ),
-        _row(
+        report_row(
             "m/portable/fp32",
             size_parts={"constants": 97400, "program": 6528},
             size_title="",
