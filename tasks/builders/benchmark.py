@@ -277,8 +277,8 @@ def build_benchmark(
     ``options``: see DEFAULTS. Returns BuildResult(files={"bench.json": ...}, info=summary).
     """
     import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
-    from executorch.runtime import Runtime
 
+    from etforge.builders.determinism import runtime as runtime_of_host
     from etforge.builders.program_io import checked_data_path
     from etforge.builders.reference import reference_methods
     from etforge.config.machine import host_info, host_label
@@ -291,7 +291,7 @@ def build_benchmark(
     if methods != ["forward"] and opts["method"] == "forward":  # several methods: the first is the headline
         opts["method"] = methods[0]
     inputs = prepare_inputs(Path(reference), input_dtypes)
-    runtime = Runtime.get()
+    runtime = runtime_of_host()
     default_threads = current_thread_count()
     load_before = _loadavg()
     with threadpool(opts["threads"]) as threads_used:

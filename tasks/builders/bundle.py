@@ -165,6 +165,9 @@ def verify_bundled(bpte: Path | bytes, rtol: float, atol: float, cases: int, met
     import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
     from executorch.extension.pybindings import portable_lib
 
+    from etforge.builders.determinism import runtime
+
+    runtime()  # the runtime's threadpool first, as for every program this process runs
     data = bpte if isinstance(bpte, bytes) else Path(bpte).read_bytes()
     module = portable_lib._load_bundled_program_from_buffer(data)
     for i in range(cases):

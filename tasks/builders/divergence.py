@@ -106,8 +106,8 @@ def node_sqnrs(
     import torch
     import torch.utils._pytree as pytree
     from executorch.devtools.intermediate_output_tap import FULL_TENSOR, strip_taps_, tap_intermediate_outputs_
-    from executorch.runtime import Runtime
 
+    from etforge.builders.determinism import runtime
     from etforge.builders.numerics import sqnr_db
 
     threshold = float(
@@ -122,7 +122,7 @@ def node_sqnrs(
     edge = (lower or lower_cell)(tapped, cell)
     strip_taps_(edge)
     executorch_program = edge.to_executorch()
-    runtime_program = Runtime.get().load_program(executorch_program.buffer)
+    runtime_program = runtime().load_program(executorch_program.buffer)
     method = runtime_program.load_method("forward")  # keep runtime_program alive while it runs
     rt_flat = method.execute([t.contiguous() for t in tensors])
     nodes = []

@@ -90,8 +90,7 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
     ``prompt``: the capture's prompt ids [1, prompt_len] (int64); ``llm``: the model's ``llm:``
     options (max_context_len, prompt_len, dynamic_shapes); ``opts``: the resolved benchmark options.
     """
-    from executorch.runtime import Runtime
-
+    from etforge.builders.determinism import runtime
     from etforge.builders.llm_export import register_custom_ops
 
     register_custom_ops()
@@ -101,7 +100,7 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
     before = proc_status_bytes("VmRSS").get("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter_ns()
-    program = Runtime.get().load_program(str(pte))
+    program = runtime().load_program(str(pte))
     method = program.load_method("forward")
     t1 = time.perf_counter_ns()
     samples = [proc_status_bytes("VmRSS").get("VmRSS", 0)]

@@ -75,13 +75,14 @@ def checked_data_path(pte: Path | bytes, data_path: Path | None = None) -> Path 
 def load_program(pte: Path | bytes, data_path: Path | None = None):
     """The program in the ExecuTorch runtime, with its data file (checked_data_path)."""
     import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
-    from executorch.runtime import Runtime
+
+    from etforge.builders.determinism import runtime
 
     data_path = checked_data_path(pte, data_path)
     source = pte if isinstance(pte, bytes) else str(pte)
     if data_path is None:
-        return Runtime.get().load_program(source)
-    return Runtime.get().load_program(source, data_path=str(data_path))
+        return runtime().load_program(source)
+    return runtime().load_program(source, data_path=str(data_path))
 
 
 def load_method(pte: Path | bytes, method: str = METHOD, data_path: Path | None = None):

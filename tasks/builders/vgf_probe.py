@@ -59,9 +59,9 @@ def missing_note() -> str:
 
 def runtime_backends() -> list:
     """The delegates the installed ExecuTorch runtime registers."""
-    from executorch.runtime import Runtime
+    from etforge.builders.determinism import runtime
 
-    return sorted(Runtime.get().backend_registry.registered_backend_names)
+    return sorted(runtime().backend_registry.registered_backend_names)
 
 
 def vulkan_devices(timeout: float = 60) -> dict:

@@ -38,6 +38,9 @@ MANIFEST_FILES = (
     "etforge_models.h",
     "selected_operators.yaml",  # the shipped programs' operators outside delegates (selective build)
 )
+# Called before every model, graph or cell builder: ExecuTorch's native libraries in one load order,
+# so a program computes the same whatever the worker ran before (tasks/builders/determinism.py).
+BUILD_SETUP = "etforge.builders.determinism:load_runtime_libraries"
 
 
 @dataclass(frozen=True)
@@ -69,8 +72,10 @@ class Stage:
 
     def code_for(self, kind: ModelKind) -> tuple:
         """The entry modules whose import closure joins the key of a subject of ``kind``."""
-        builder = self.builder_for(kind)
-        return tuple(dict.fromkeys(self.code + (builder.split(":")[0],))) if self.subject != "pipeline" else self.code
+        if self.subject == "pipeline":
+            return self.code
+        modules = (self.builder_for(kind), BUILD_SETUP)
+        return tuple(dict.fromkeys(self.code + tuple(m.split(":")[0] for m in modules)))
 
 
 def kind_of(subject) -> ModelKind:
