@@ -145,6 +145,44 @@ def compare_sides(cells: list, etforge: dict, naive: dict) -> list:
     return problems
 
 
+def time_breakdown(layout, wall: float, workers: int) -> list:
+    """Lines saying where etforge's wall time went, from its task records and store entries: per
+    stage, the actions' seconds split into the stage's own work (torch.export, quantization,
+    lowering), the rest of the builder (imports, reading inputs, serializing, metadata, the load
+    check, op costs) and the store (hashing, copying, records); then what no action measured
+    (worker start-up, doit, scheduling, a worker waiting for the other)."""
+    from etforge.cache.store import Store
+
+    store = Store(layout.cache_dir)
+    core = {"capture": "export_s", "quantize": "quantize_s", "export": "lowering_s"}
+    stages: dict = {}
+    for path in sorted(layout.state_dir.glob("*.json")):
+        record = json.loads(path.read_text())
+        stage = record.get("task", "").split(":")[0]
+        if stage not in core or record.get("cached"):
+            continue
+        elapsed = record.get("elapsed_s") or 0.0
+        built = store.build_seconds(record.get("key", "")) or elapsed
+        own = (record.get("info") or {}).get(core[stage]) or 0.0
+        row = stages.setdefault(stage, [0, 0.0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += elapsed
+        row[2] += own
+        row[3] += built
+    lines = [f"where etforge's {wall:.1f} s x {workers} workers went (task records):"]
+    in_actions = 0.0
+    for stage, (count, elapsed, own, built) in stages.items():
+        in_actions += elapsed
+        lines.append(
+            f"  {stage:<8} {count:3d} tasks {elapsed:7.1f} s: {core[stage]} {own:6.1f} s, rest of the builder "
+            f"{built - own:5.1f} s, store and records {elapsed - built:4.1f} s"
+        )
+    lines.append(
+        f"  outside the actions (worker start-up, doit, scheduling, waiting): {wall * workers - in_actions:.1f} s"
+    )
+    return lines
+
+
 def load_problems(programs: dict) -> list:
     """Programs (label -> .pte path) that do not load in the ExecuTorch runtime, with why."""
     from etforge.builders.program_io import check_loads
@@ -161,7 +199,7 @@ def load_problems(programs: dict) -> list:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="small_cnn,tiny_transformer,mobilenet_v3_small")
-    parser.add_argument("--backends", default="xnnpack,portable,openvino")
+    parser.add_argument("--backends", default="xnnpack,portable,coreml")
     parser.add_argument("--schemes", default="fp32,int8")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--keep", type=Path, help="work in this directory and keep it")
@@ -231,6 +269,7 @@ def main() -> int:
     print(f"naive loop (fresh torch.export per cell, sequential): {naive:7.1f} s  ({len(cells)} .pte)")
     print(f"etforge (etforge export -n {args.workers} -P process):         {etforge:7.1f} s  ({len(cells)} .pte)")
     print(f"etforge / naive: {etforge / naive:.2f}")
+    print("\n".join(time_breakdown(layout, etforge, args.workers)))
     print(f"etforge second run (nothing to do): {noop:.2f} s")
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)

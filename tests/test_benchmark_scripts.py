@@ -40,6 +40,7 @@ def test_etforge_vs_naive_builds_one_cell_on_both_sides_and_prints_a_ratio():
     assert run.returncode == 0, run.stdout + run.stderr
     assert "both sides built the same 1 cells; 2 programs load in the ExecuTorch runtime" in run.stdout
     assert "etforge / naive: " in run.stdout
+    assert "  export     1 tasks" in run.stdout and "outside the actions" in run.stdout  # the time breakdown
 
 
 def test_etforge_vs_naive_prints_no_ratio_when_a_side_failed_a_cell():
