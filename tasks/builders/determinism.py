@@ -14,8 +14,8 @@ and the LLM custom ops, which carry copies of some kernel code). Measured, execu
 same tiny_bert/portable/fp32 program on the same inputs gives 129.46 dB when the runtime was
 loaded first and 133.57 dB when the quantized op library was, every time; which came first in a
 worker depended on the tasks it ran before, so on the scheduler (`-n 2` or not). So every build
-action loads them in one order first (:func:`load_runtime_libraries`, the stage table's
-``BUILD_SETUP``), and every entry to the runtime goes through :func:`runtime`.
+action loads them in one order first (:func:`load_runtime_libraries`, each stage's ``setup``
+in the stage table), and every entry to the runtime goes through :func:`runtime`.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from etforge.engine.inputs import judges_current_program, upstream_entries
 from etforge.pipeline.keys import content_key
 from etforge.pipeline.results import BuildRequest, Skip, TaskStatus
 from etforge.pipeline.specs import spec_of
-from etforge.pipeline.stages import BUILD_SETUP, STAGE, holds, kind_of, missing_here
+from etforge.pipeline.stages import STAGE, holds, kind_of, missing_here
 
 
 def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = None) -> bool:
@@ -42,7 +42,8 @@ def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = 
         return upstream_entries(plan, stage, subject, store, host, rebuild)
 
     def build(workdir: Path, upstream: dict):
-        load_callable(BUILD_SETUP)()
+        if stage.setup:
+            load_callable(stage.setup)()
         builder = load_callable(stage.builder_for(kind_of(subject)))  # the model's kind picks it, once
         return builder(BuildRequest(plan=plan, subject=subject, upstream=upstream, workdir=workdir))
 

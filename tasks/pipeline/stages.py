@@ -38,8 +38,8 @@ MANIFEST_FILES = (
     "etforge_models.h",
     "selected_operators.yaml",  # the shipped programs' operators outside delegates (selective build)
 )
-# Called before every model, graph or cell builder: ExecuTorch's native libraries in one load order,
-# so a program computes the same whatever the worker ran before (tasks/builders/determinism.py).
+# What a model, graph or cell task calls before its builder: ExecuTorch's native libraries in one
+# load order, so a program computes the same whatever the worker ran before (builders/determinism.py).
 BUILD_SETUP = "etforge.builders.determinism:load_runtime_libraries"
 
 
@@ -65,6 +65,7 @@ class Stage:
     options: tuple = ()  # (name, help) of boolean flags handed to the builder (doit task parameters)
     default: bool = True  # run by a plain `doit`
     llm_builder: str | None = None  # the builder of an LLM's task (ModelKind.LLM), chosen once by kind
+    setup: str | None = BUILD_SETUP  # "module:function" called before the builder (model, graph, cell tasks)
 
     def builder_for(self, kind: ModelKind) -> str:
         """The builder a subject of ``kind`` runs (its model's kind)."""
@@ -74,7 +75,7 @@ class Stage:
         """The entry modules whose import closure joins the key of a subject of ``kind``."""
         if self.subject == "pipeline":
             return self.code
-        modules = (self.builder_for(kind), BUILD_SETUP)
+        modules = (self.builder_for(kind), self.setup) if self.setup else (self.builder_for(kind),)
         return tuple(dict.fromkeys(self.code + tuple(m.split(":")[0] for m in modules)))
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from etforge.program.costs import planned_peak
 from etforge.publish.outcome import SHIPS, finite
 
 REGRESSION, IMPROVEMENT, CHANGED, NEW, REMOVED = "regression", "improvement", "changed", "new", "removed"
@@ -171,10 +172,11 @@ def _metrics(name: str, a: dict, b: dict, tol: dict) -> list:
 
 
 def _planned(metrics: dict):
+    """The largest arena a method needs: what the budget gate judges (max_planned_bytes)."""
     planned = _get(metrics, "memory", "planned_bytes")
     if not isinstance(planned, dict) or not planned:
         return None
-    return sum(finite(n) or 0 for sizes in planned.values() if isinstance(sizes, list) for n in sizes)
+    return planned_peak({m: [finite(n) or 0 for n in v] for m, v in planned.items() if isinstance(v, list)})
 
 
 def _flat(value, prefix: str = "") -> dict:

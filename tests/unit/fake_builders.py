@@ -243,5 +243,6 @@ def fake_stages() -> dict:
     for stage in STAGES:
         if stage.name in BUILDERS:
             builder, llm_builder = BUILDERS[stage.name]
-            out[stage.name] = FakeStage(**{**vars(stage), "builder": builder, "llm_builder": llm_builder}, real=stage)
+            fields = {**vars(stage), "builder": builder, "llm_builder": llm_builder, "setup": None}  # no torch
+            out[stage.name] = FakeStage(**fields, real=stage)
     return out

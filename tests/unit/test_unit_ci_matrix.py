@@ -151,5 +151,5 @@ def test_a_fresh_checkout_plans_from_the_build_seconds_the_remote_entries_keep(e
     seconds = recorded_durations(selection.specs, reading_store(selection.plan).build_seconds)
     assert set(seconds) == set(built)  # the metal cells were never built: estimated, not recorded
     for task, elapsed in built.items():
-        assert seconds[task] == pytest.approx(elapsed, abs=0.05)  # measured when the entry was stored
+        assert seconds[task] == pytest.approx(elapsed, abs=0.25)  # measured when the entry was stored (before its copy)
     assert not list(fresh.root.glob("artifacts/cache/*/*"))  # looked up, never downloaded
