@@ -62,9 +62,12 @@ class Stage:
     options: tuple = ()  # (name, help) of boolean flags handed to the builder (doit task parameters)
     default: bool = True  # run by a plain `doit`
     llm_builder: str | None = None  # the builder of an LLM's task (ModelKind.LLM), chosen once by kind
+    seq2seq_builder: str | None = None  # the builder of an encoder-decoder's task (ModelKind.SEQ2SEQ)
 
     def builder_for(self, kind: ModelKind) -> str:
         """The builder a subject of ``kind`` runs (its model's kind)."""
+        if kind == ModelKind.SEQ2SEQ and self.seq2seq_builder:
+            return self.seq2seq_builder
         return self.llm_builder if kind == ModelKind.LLM and self.llm_builder else self.builder
 
     def code_for(self, kind: ModelKind) -> tuple:
@@ -86,6 +89,7 @@ STAGES = (
         task_doc="torch.export {model} once and record eager reference outputs",
         builder="etforge.builders.capture:capture_stage",
         llm_builder="etforge.builders.llm_stages:capture_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:capture_stage",
         code=("etforge.builders.capture",),
         key_inputs=("model", "seed", "toolchain"),
         outputs=(("model.pt2", None), ("reference.npz", None)),
@@ -99,6 +103,7 @@ STAGES = (
         task_doc="{method} {scheme} of {model} with {ref}",
         builder="etforge.builders.quantize:quantize_stage",
         llm_builder="etforge.builders.llm_stages:quantize_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:quantize_stage",
         code=("etforge.builders.quantize",),
         key_inputs=("transform", "calibration", "toolchain", "quantizer_code"),
         upstream=("capture",),
@@ -114,6 +119,7 @@ STAGES = (
         task_doc="lower {model} for {backend} ({scheme}) to {pte}",
         builder="etforge.builders.lower:export_stage",
         llm_builder="etforge.builders.llm_stages:export_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:export_stage",
         code=("etforge.builders.lower",),  # (a recipe's lowering context joins through partitioner_code)
         key_inputs=("backend", "embedded_metadata", "coverage_gate", "toolchain", "partitioner_code"),
         upstream=("graph", "capture"),  # capture: the outputs its metadata describes
@@ -147,6 +153,7 @@ STAGES = (
         task_doc="run {pte} and compare with eager PyTorch",
         builder="etforge.builders.validate:validate_stage",
         llm_builder="etforge.builders.llm_stages:validate_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:validate_stage",
         code=("etforge.builders.validate",),
         key_inputs=("thresholds", "host_runnable", "runtime_tools", "toolchain"),
         upstream=("export", "capture"),
