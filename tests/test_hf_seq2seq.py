@@ -96,6 +96,9 @@ def test_one_program_two_methods_validated_step_by_step(built, model, encoder_in
     assert export["cell"]["inputs"][0]["name"] == encoder_input[0]
     assert export["cell"]["inputs"][0]["shape"] == encoder_input[1]
     assert export["delegated_ops"] > 0
+    # what ExecuTorch's runners read from the program (constant methods), like an LLM's
+    assert export["llm_metadata"]["get_max_seq_len"] == 16 and export["llm_metadata"]["get_vocab_size"] == 256
+    assert {"get_max_seq_len", "get_eos_ids"} <= set(program.method_names)
 
 
 def test_whisper_tokens_vary_so_greedy_agreement_means_something(built):

@@ -184,6 +184,25 @@ def reference_methods(eager: dict) -> dict:
     }
 
 
+def runner_metadata(model_spec, capture) -> dict:
+    """The constant methods ExecuTorch's LLM runners read (extension/llm/runner/constants.h; the ASR
+    runner reads ``get_eos_ids``), from the config (built, never downloaded) and the seq2seq options."""
+    from etforge.builders.hf_models import build_config
+
+    source = model_spec.source["transformers"]
+    config = build_config(source)
+    metadata = {
+        "get_max_seq_len": source["seq2seq"]["max_cache_len"],
+        "get_vocab_size": config.get_text_config(decoder=True).vocab_size,
+        "use_kv_cache": True,
+        "decoder_start_token_id": capture.llm["start_token"],
+    }
+    eos = getattr(config, "eos_token_id", None)
+    if eos is not None:
+        metadata["get_eos_ids"] = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+    return metadata
+
+
 def extra_arrays(eager: dict) -> dict:
     """What the step-by-step validation reads besides the methods' samples (reference.npz)."""
     import numpy as np

@@ -101,11 +101,17 @@ def quantize_stage(request: BuildRequest) -> BuildResult:
 
 
 def export_stage(request: BuildRequest) -> BuildResult:
-    """A multi-method module's export; a quantized cell's same-scheme logits travel on to validate."""
-    from etforge.builders.lower import export_stage as module_export
+    """A multi-method module's export with the ASR runner's metadata methods
+    (etforge.builders.seq2seq_export.runner_metadata); a quantized cell's same-scheme logits travel on
+    to validate."""
+    from etforge.builders.lower import build_export
+    from etforge.builders.seq2seq_export import runner_metadata
 
-    result = module_export(request)
-    graph = request.upstream["graph"]
+    cell, graph = request.subject, request.upstream["graph"]
+    quantize = graph.result(QuantizeResult) if cell.transform is not None else None
+    capture = request.upstream["capture"].result(CaptureResult)
+    edge_options = {"constant_methods": runner_metadata(cell.model, capture)}
+    result = build_export(cell, graph.files[PROGRAM], request.workdir, capture, edge_options, quantize=quantize)
     if SAME_SCHEME in graph.files:
         result.files[SAME_SCHEME] = graph.files[SAME_SCHEME]
     return result
