@@ -138,6 +138,15 @@ def test_seq2seq_options_and_inputs_are_checked(tmp_path):
     assert "'seq2seq' options apply to tasks automatic-speech-recognition, text2text-generation" in line
 
 
+def test_a_config_of_the_other_task_is_one_line(tmp_path):
+    line = _error(tmp_path, PIPELINE.replace("task: automatic-speech-recognition", "task: text2text-generation"))
+    assert ":6: models.whisper.transformers.task: AutoModelForSeq2SeqLM (task 'text2text-generation') " in line
+    assert "has no class for model_type 'whisper'" in line and "t5" in line
+    line = _error(tmp_path, PIPELINE.replace("task: text2text-generation", "task: automatic-speech-recognition"))
+    assert "AutoModelForSpeechSeq2Seq (task 'automatic-speech-recognition') has no class for model_type 't5'" in line
+    assert "moonshine" in line  # the model types it takes, the first 12 by name
+
+
 def test_methods_are_implied_from_the_config(tmp_path):
     (tmp_path / "pipeline.yaml").write_text(PIPELINE)
     plan = resolve(tmp_path / "pipeline.yaml")
@@ -163,7 +172,13 @@ def test_unsupported_backend_and_scheme_are_rejected_at_plan_time(tmp_path):
     assert "encoder-decoder export (Whisper, T5; static KV cache) is measured on" in reasons["whisper/coreml/fp32"]
     assert "not coreml" in reasons["t5/coreml/fp32"]
     assert "several methods are not calibrated yet" in reasons["whisper/xnnpack/int8"]
+    assert "fp16 encoder-decoder programs are refused on XNNPACK" in _fp16_reason(tmp_path)
     assert {c.name for c in plan.cells} == {"whisper/xnnpack/fp32", "t5/xnnpack/fp32"}
+
+
+def _fp16_reason(tmp_path: Path) -> str:
+    (tmp_path / "pipeline.yaml").write_text(PIPELINE.replace("quantization: [fp32]", "quantization: [fp32, fp16]"))
+    return {r.name: r.reason for r in resolve(tmp_path / "pipeline.yaml").rejected}["t5/xnnpack/fp16"]
 
 
 @pytest.mark.slow
@@ -179,3 +194,16 @@ def test_portable_and_8da4w_validate_step_by_step(tmp_path):
         quantized = _numerics(project, f"{model}/xnnpack/8da4w")
         assert quantized["passed"], quantized["misses"]
         assert quantized["seq2seq"]["same_scheme"]["sqnr_db"] > 30  # the lowering, apart from the quantization
+
+
+def test_seq2seq_tasks_run_their_own_builders_and_their_keys_cover_them():
+    from etforge.config.model import ModelKind
+    from etforge.pipeline.stages import STAGES
+
+    chosen = {s.name: s.builder_for(ModelKind.SEQ2SEQ) for s in STAGES if s.subject != "pipeline"}
+    for stage in ("capture", "quantize", "export", "validate"):
+        assert chosen[stage] == f"etforge.builders.seq2seq_stages:{stage}_stage"
+        code = next(s for s in STAGES if s.name == stage).code_for(ModelKind.SEQ2SEQ)
+        assert "etforge.builders.seq2seq_stages" in code  # its import closure joins the task's key
+    assert chosen["benchmark"] == "etforge.builders.benchmark:benchmark_stage"  # each method timed
+    assert chosen["sizegate"] == "etforge.builders.gates:size_gate_stage"
