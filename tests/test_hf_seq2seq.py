@@ -171,7 +171,7 @@ def test_unsupported_backend_and_scheme_are_rejected_at_plan_time(tmp_path):
     reasons = {r.name: r.reason for r in plan.rejected}
     assert "encoder-decoder export (Whisper, T5; static KV cache) is measured on" in reasons["whisper/coreml/fp32"]
     assert "not coreml" in reasons["t5/coreml/fp32"]
-    assert "several methods are not calibrated yet" in reasons["whisper/xnnpack/int8"]
+    assert "static int8 (PT2E) calibrates one exported graph" in reasons["whisper/xnnpack/int8"]  # the recipe's
     assert "fp16 encoder-decoder programs are refused on XNNPACK" in _fp16_reason(tmp_path)
     assert {c.name for c in plan.cells} == {"whisper/xnnpack/fp32", "t5/xnnpack/fp32"}
 

@@ -259,6 +259,10 @@ def checkpoint_digest(files: dict) -> str:
     return digest(sorted(files.items()))
 
 
+def _seq2seq_refuses(member, rejected) -> bool:
+    return rejected.quantization in ((member.llm.get("seq2seq") or {}).get("rejected") or {})
+
+
 def reject_llm_cells(
     cells: tuple, rejected: tuple, models: dict, backends: dict, recipe_path: recipes.RecipePath = recipes.DEFAULT_PATH
 ) -> tuple[tuple, tuple]:
@@ -273,8 +277,10 @@ def reject_llm_cells(
         model = models.get(r.model)
         members = backends[r.backend].members if r.backend in backends else ()
         known = [m.llm["rejected"][r.quantization] for m in members if r.quantization in (m.llm.get("rejected") or {})]
+        if model is not None and model.kind == ModelKind.SEQ2SEQ:  # the recipe's measured seq2seq reason
+            known = [m.llm["seq2seq"]["rejected"][r.quantization] for m in members if _seq2seq_refuses(m, r)]
         refused.append(
-            replace(r, reason=known[0]) if model is not None and model.kind == ModelKind.LLM and known else r
+            replace(r, reason=known[0]) if model is not None and model.kind != ModelKind.MODULE and known else r
         )
     for cell in cells:
         reason = llm_rejection(cell, recipe_path) if cell.model.kind == ModelKind.LLM else None
