@@ -207,3 +207,10 @@ def test_seq2seq_tasks_run_their_own_builders_and_their_keys_cover_them():
         assert "etforge.builders.seq2seq_stages" in code  # its import closure joins the task's key
     assert chosen["benchmark"] == "etforge.builders.benchmark:benchmark_stage"  # each method timed
     assert chosen["sizegate"] == "etforge.builders.gates:size_gate_stage"
+
+
+def test_an_infinite_program_value_is_minus_infinity_db_not_a_crash():
+    """An fp16 decoder returned inf logits (Whisper on XNNPACK): the SQNR is -inf, which every gate fails."""
+    from etforge.builders.numerics import sqnr_db
+
+    assert sqnr_db([1.0, 2.0], [float("inf"), 2.0]) == float("-inf")
