@@ -60,7 +60,8 @@ METHODS = {"encoder", "text_decoder"}
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("seq2seq") / "proj", PIPELINE)
-    run = project.doit("-n", "2", "-P", "process", "validate")  # two independent models: two workers
+    # two independent models: two workers; one benchmark (a few seconds) for the generation figures
+    run = project.doit("-n", "2", "-P", "process", "validate", "benchmark:whisper/xnnpack/fp32")
     assert run.returncode == 0, run.stdout + run.stderr
     return project
 
@@ -104,6 +105,16 @@ def test_one_program_two_methods_validated_step_by_step(built, model, encoder_in
 def test_whisper_tokens_vary_so_greedy_agreement_means_something(built):
     steps = _numerics(built, "whisper/xnnpack/fp32")["seq2seq"]
     assert len(set(steps["eager_tokens"])) > 2 and steps["greedy_agreement"] == 1.0
+
+
+def test_benchmark_reports_a_generation_like_an_llm(built):
+    """The encoder is the prefill (its output length the prompt, as ExecuTorch's ASR runner counts),
+    then greedy decoder steps up to the cache length; the report's LLM table reads the same figures."""
+    bench = json.loads((built.out / "whisper" / "whisper_xnnpack_fp32.bench.json").read_text())
+    llm = bench["llm"]
+    assert llm["prompt_len"] == 16 and llm["decode_steps"] == 15  # max_source_positions; max_cache_len - 1
+    assert llm["decode_tok_s"] > 0 and llm["ttft_ms"] > llm["prefill_ms"] > 0
+    assert "text_decoder" in bench["per_method"]  # the other method timed too (the encoder: the headline)
 
 
 def _error(tmp_path: Path, text: str) -> str:
@@ -201,11 +212,10 @@ def test_seq2seq_tasks_run_their_own_builders_and_their_keys_cover_them():
     from etforge.pipeline.stages import STAGES
 
     chosen = {s.name: s.builder_for(ModelKind.SEQ2SEQ) for s in STAGES if s.subject != "pipeline"}
-    for stage in ("capture", "quantize", "export", "validate"):
+    for stage in ("capture", "quantize", "export", "validate", "benchmark"):
         assert chosen[stage] == f"etforge.builders.seq2seq_stages:{stage}_stage"
         code = next(s for s in STAGES if s.name == stage).code_for(ModelKind.SEQ2SEQ)
         assert "etforge.builders.seq2seq_stages" in code  # its import closure joins the task's key
-    assert chosen["benchmark"] == "etforge.builders.benchmark:benchmark_stage"  # each method timed
     assert chosen["sizegate"] == "etforge.builders.gates:size_gate_stage"
 
 

@@ -5,10 +5,10 @@
                 methods, encoder and text_decoder (etforge.builders.seq2seq_export)
     quantize    the same schemes as any model, on the eager model; also the quantized eager
                 model's logits, the reference a quantized cell is judged against (SAME_SCHEME)
+    export      a multi-method module's (tasks/builders/lower.py) plus the runner's metadata methods
     validate    the encoder once, then the decoder step by step (etforge.builders.seq2seq_numerics)
-
-Export and benchmark are a multi-method module's (tasks/builders/lower.py, benchmark.py: each
-method timed on its capture sample).
+    benchmark   a generation's figures, as an LLM's (etforge.builders.seq2seq_bench), then each
+                method timed on its capture sample
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from etforge.builders.llm_numerics import SAME_SCHEME
 from etforge.builders.reference import REFERENCE
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
-from etforge.pipeline.stage_results import CaptureResult, QuantizeResult
+from etforge.pipeline.stage_results import CaptureResult, ExportResult, QuantizeResult
 
 PROGRAM = "model.pt2"
 PTE = "program.pte"
@@ -129,4 +129,24 @@ def validate_stage(request: BuildRequest) -> BuildResult:
         )
     return build_seq2seq_validate(
         cell, export.files[PTE], capture.files[REFERENCE], request.workdir, same_scheme=export.files.get(SAME_SCHEME)
+    )
+
+
+def benchmark_stage(request: BuildRequest) -> BuildResult:
+    """A generation's figures (etforge.builders.seq2seq_bench: encoder as the prefill, decoder steps) first,
+    then the module benchmark of each method on its capture sample."""
+    from etforge.builders.benchmark import build_benchmark
+    from etforge.builders.seq2seq_bench import measure
+
+    cell, export, capture = request.subject, request.upstream["export"], request.upstream["capture"]
+    start = capture.result(CaptureResult).llm["start_token"]
+    cache = cell.model.source["transformers"]["seq2seq"]["max_cache_len"]
+    return build_benchmark(
+        cell,
+        export.files[PTE],
+        capture.files[REFERENCE],
+        list(export.result(ExportResult).input_dtypes),
+        request.plan.benchmark,
+        request.workdir,
+        llm_timing=lambda pte, inputs, opts: measure(pte, inputs[0], start, cache, opts),
     )

@@ -173,6 +173,7 @@ STAGES = (
         task_doc="time {pte} in the ExecuTorch runtime (p50, p90, memory)",
         builder="etforge.builders.benchmark:benchmark_stage",
         llm_builder="etforge.builders.llm_stages:benchmark_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:benchmark_stage",
         code=("etforge.builders.benchmark",),
         key_inputs=("benchmark_options", "host", "runtime_tools"),
         upstream=("export", "capture"),
