@@ -3,9 +3,9 @@
 (encoder, text_decoder with a static KV cache), lowered to XNNPACK fp32 and validated like an LLM:
 the encoder once, then the decoder step by step against eager PyTorch in the ExecuTorch runtime.
 
-One project is built once for the module (2 cells, ``-n 2``: about 50 s on 2 cores, most of it
-XNNPACK lowering). The plan-time tests resolve in-process (no torch). Portable and 8da4w cells
-are ``slow``.
+One project is built once for the module (2 cells and one benchmark, ``-n 2``: 45-75 s measured on
+2 shared cores, most of it XNNPACK lowering). The plan-time tests resolve in-process (no torch).
+Portable and 8da4w cells are ``slow``.
 """
 
 from __future__ import annotations
