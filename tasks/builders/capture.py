@@ -198,9 +198,10 @@ def load_programs(path: Path) -> dict:
         return {n: torch.export.load(io.BytesIO(archive.read(f"{n}.pt2"))) for n in names}
 
 
-def write_method_references(path: Path, methods: dict) -> None:
+def write_method_references(path: Path, methods: dict, extra: dict | None = None) -> None:
     """reference.npz of a multi-method model: ``methods`` (their names) and, per method, ``method_<name>``
-    holding the bytes of that method's own reference.npz (tasks/builders/reference.py)."""
+    holding the bytes of that method's own reference.npz (tasks/builders/reference.py); ``extra``: more
+    named arrays a stage's own reader wants (a seq2seq model's step-by-step reference)."""
     import io
 
     import numpy as np
@@ -210,6 +211,7 @@ def write_method_references(path: Path, methods: dict) -> None:
         buffer = io.BytesIO()
         write_reference(buffer, samples, eager, names, source)
         arrays[f"method_{name}"] = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
+    arrays.update(extra or {})
     with open(path, "wb") as f:
         np.savez(f, **arrays)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from etforge.config.hf_seq2seq import ENCODER_INPUTS
 from etforge.config.hf_source import TASKS
 
 # The task's Auto class when the source names no model_class.
@@ -66,7 +67,7 @@ def build_hf_model(spec, root: Path):
             raise
         model = _instantiate(cls, config, "eager", root, source.get("checkpoint"))
     model = model.eval()
-    if source["task"] == "text-generation":
+    if source["task"] == "text-generation" or source["task"] in ENCODER_INPUTS:  # wrapped by llm/seq2seq_export
         return model
     if source["task"] in NAMED_OUTPUT_TASKS:
         return TupleOutputs(model, named=True)

@@ -57,7 +57,7 @@ def sqnr_db(reference, actual) -> float | None:
     if noise == 0.0:
         return None
     signal = float(np.dot(ref, ref))
-    if signal == 0.0:
+    if signal == 0.0 or signal / noise == 0.0:  # an infinite error (an fp16 overflow to inf) included
         return -math.inf
     return measured_sqnr(10.0 * math.log10(signal / noise))
 

@@ -131,3 +131,37 @@ def task_model_types(mapping: str) -> frozenset | None:
                 return None
             return frozenset(k for k, _ in pairs) if pairs else None
     return None
+
+
+def _class_default(path: Path, name: str, key: str, depth: int = 0):
+    """(found, value) of ``key``'s literal default in class ``name`` of ``path`` or its bases."""
+    tree = _parse(path)
+    cls = _find_class(tree, name) if tree is not None else None
+    if tree is None or cls is None or depth > 8:
+        return False, None
+    for stmt in cls.body:
+        if isinstance(stmt, ast.AnnAssign) and getattr(stmt.target, "id", None) == key and stmt.value is not None:
+            try:
+                return True, ast.literal_eval(stmt.value)
+            except ValueError:
+                return False, None
+    for base in cls.bases:
+        base_name = ast.unparse(base)
+        where = path if _find_class(tree, base_name) else _imported_from(tree, base_name, path)
+        if where:
+            found, value = _class_default(where, base_name, key, depth + 1)
+            if found:
+                return True, value
+    return False, None
+
+
+def default_value(model_type: str, key: str):
+    """The literal default of config key ``key`` in ``model_type``'s config class (``num_mel_bins: int = 80``),
+    or None when it has none this module can read."""
+    root = _package_dir()
+    names = config_class_names()
+    if root is None or not names or model_type not in names:
+        return None
+    folder = model_type.replace("-", "_")
+    path = root / "models" / folder / f"configuration_{folder}.py"
+    return _class_default(path, names[model_type], key)[1] if path.is_file() else None

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from etforge.config import recipes
 from etforge.config.hf_config_keys import accepted_keys, known_model_types, task_model_types
+from etforge.config.hf_seq2seq import ENCODER_INPUTS, resolve_seq2seq, seq2seq_rejection
 from etforge.config.model import InputSpec, ModelKind
 from etforge.core.digest import digest
 
@@ -39,6 +40,9 @@ TASKS = {
     "image-classification": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
     "fill-mask": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
     "object-detection": ("AutoModelForObjectDetection", "MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES"),
+    # encoder-decoder programs (encoder + text_decoder methods): tasks/config/hf_seq2seq.py
+    "automatic-speech-recognition": ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+    "text2text-generation": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
 }
 # Defaults of the `llm:` block (a text-generation model's export and validation).
 LLM_DEFAULTS = {"max_context_len": 128, "prompt_len": 8, "decode_steps": 8, "dynamic_shapes": True}
@@ -79,13 +83,17 @@ def uses_custom_ops(members) -> bool:
 
 def model_kind(source: dict) -> ModelKind:
     """A transformers text-generation model is an LLM: exported with a static KV cache and
-    validated step by step; every other source is a module."""
+    validated step by step; an encoder-decoder task (Whisper, T5) likewise, as two methods; every
+    other source is a module."""
     transformers = source.get("transformers")
+    if transformers and transformers["task"] in ENCODER_INPUTS:
+        return ModelKind.SEQ2SEQ
     return ModelKind.LLM if transformers and transformers["task"] == TEXT_GENERATION else ModelKind.MODULE
 
 
 def resolve_transformers(r, name: str, spec: dict) -> tuple[dict, tuple | None]:
-    """(source, implied inputs or None) of ``models.<name>`` (``r``: tasks/config/resolve.py's resolver)."""
+    """(source, implied methods or None) of ``models.<name>`` (``r``: tasks/config/resolve.py's resolver):
+    ``(("forward", inputs),)`` for an LLM, ``encoder`` and ``text_decoder`` for a seq2seq model."""
     path = ("models", name, "transformers")
     node = spec["transformers"]
     version = r.versions.distribution(DISTRIBUTION)
@@ -121,6 +129,10 @@ def resolve_transformers(r, name: str, spec: dict) -> tuple[dict, tuple | None]:
     if not node.get("model_class"):
         _check_task(r, task, config["model_type"], path)
     source["config"] = config
+    if "seq2seq" in node and task not in ENCODER_INPUTS:
+        raise r.doc.error(
+            path + ("seq2seq",), f"'seq2seq' options apply to tasks {', '.join(ENCODER_INPUTS)}, not {task!r}"
+        )
     inputs = None
     if task == TEXT_GENERATION:
         llm = {**LLM_DEFAULTS, **(node.get("llm") or {})}
@@ -134,11 +146,19 @@ def resolve_transformers(r, name: str, spec: dict) -> tuple[dict, tuple | None]:
                 "set transformers.llm.prompt_len instead",
             )
         inputs = (
-            InputSpec("input_ids", (1, llm["prompt_len"]), "int64", (0, config["vocab_size"])),
-            InputSpec("cache_position", (llm["prompt_len"],), "int64", (0, llm["max_context_len"])),
+            (
+                "forward",
+                (
+                    InputSpec("input_ids", (1, llm["prompt_len"]), "int64", (0, config["vocab_size"])),
+                    InputSpec("cache_position", (llm["prompt_len"],), "int64", (0, llm["max_context_len"])),
+                ),
+            ),
         )
     elif "llm" in node:
         raise r.doc.error(path + ("llm",), f"'llm' options apply to task {TEXT_GENERATION!r}, not {task!r}")
+    elif task in ENCODER_INPUTS:
+        source["seq2seq"], methods = resolve_seq2seq(r, task, node, spec, config, path, name)
+        return {"transformers": source, "packages": {DISTRIBUTION: version}}, methods
     elif "inputs" not in spec:
         raise r.doc.error(
             ("models", name),
@@ -239,6 +259,10 @@ def checkpoint_digest(files: dict) -> str:
     return digest(sorted(files.items()))
 
 
+def _seq2seq_refuses(member, rejected) -> bool:
+    return rejected.quantization in ((member.llm.get("seq2seq") or {}).get("rejected") or {})
+
+
 def reject_llm_cells(
     cells: tuple, rejected: tuple, models: dict, backends: dict, recipe_path: recipes.RecipePath = recipes.DEFAULT_PATH
 ) -> tuple[tuple, tuple]:
@@ -253,11 +277,15 @@ def reject_llm_cells(
         model = models.get(r.model)
         members = backends[r.backend].members if r.backend in backends else ()
         known = [m.llm["rejected"][r.quantization] for m in members if r.quantization in (m.llm.get("rejected") or {})]
+        if model is not None and model.kind == ModelKind.SEQ2SEQ:  # the recipe's measured seq2seq reason
+            known = [m.llm["seq2seq"]["rejected"][r.quantization] for m in members if _seq2seq_refuses(m, r)]
         refused.append(
-            replace(r, reason=known[0]) if model is not None and model.kind == ModelKind.LLM and known else r
+            replace(r, reason=known[0]) if model is not None and model.kind != ModelKind.MODULE and known else r
         )
     for cell in cells:
         reason = llm_rejection(cell, recipe_path) if cell.model.kind == ModelKind.LLM else None
+        if cell.model.kind == ModelKind.SEQ2SEQ:
+            reason = seq2seq_rejection(cell, recipe_path)
         if reason:
             refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
         else:

@@ -96,6 +96,7 @@ class ModelKind(StrEnum):
 
     MODULE = "module"  # an nn.Module: one export of each method, validated per output
     LLM = "llm"  # a decoder-only LLM: a static KV cache program, validated per decode step
+    SEQ2SEQ = "seq2seq"  # an encoder-decoder (Whisper, T5): encoder + text_decoder methods, validated per step
 
 
 @dataclass(frozen=True)

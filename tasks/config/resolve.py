@@ -79,7 +79,7 @@ class _Resolver:
 
     def model(self, name: str, spec: dict) -> ModelSpec:
         path = ("models", name)
-        implied_inputs = None  # a text-generation model's inputs follow from its llm options
+        implied_methods = None  # an LLM's or a seq2seq model's methods follow from its options
         if "python" in spec:
             file = self.factory_file(spec["python"], path + ("python",))
             source = {
@@ -96,7 +96,7 @@ class _Resolver:
             if spec.get("packages"):
                 source["packages"] = self.package_versions(spec["packages"], path + ("packages",))
         elif "transformers" in spec:
-            source, implied_inputs = resolve_transformers(self, name, spec)
+            source, implied_methods = resolve_transformers(self, name, spec)
         else:
             source = torchvision_source(self, spec["torchvision"], path + ("torchvision",))
         weights = None
@@ -117,13 +117,13 @@ class _Resolver:
                 path, "declare either 'inputs' (one method, forward) or 'methods' (each with its inputs), not both"
             )
         dim_ranges: dict = {}  # dim names are shared across inputs and methods
-        if implied_inputs is not None:  # from the source (an LLM's token ids and cache positions)
+        if implied_methods is not None:  # from the source (an LLM's token ids and cache positions)
             if "methods" in spec:
                 raise self.doc.error(
                     path + ("methods",),
                     "a text-generation model's methods are implied (forward with a static KV cache); drop 'methods'",
                 )
-            methods: tuple = (("forward", tuple(implied_inputs)),)
+            methods: tuple = tuple(implied_methods)
         elif "methods" in spec:
             methods = tuple(
                 (m, self.inputs(body["inputs"], path + ("methods", m, "inputs"), dim_ranges))

@@ -218,6 +218,7 @@ class Verdict(Judgement):
     same_scheme_sqnr_db: float | None = None
     same_scheme_top1_agreement: float | None = None
     decode_steps: int | None = None
+    encoder_sqnr_db: float | None = None  # an encoder-decoder program (Whisper, T5): its encoder method's
     # checked on the device: the .bpte's test cases and tolerances
     method: str | None = None
     test_cases: int | None = None

@@ -65,10 +65,13 @@ class Stage:
     options: tuple = ()  # (name, help) of boolean flags handed to the builder (doit task parameters)
     default: bool = True  # run by a plain `doit`
     llm_builder: str | None = None  # the builder of an LLM's task (ModelKind.LLM), chosen once by kind
+    seq2seq_builder: str | None = None  # the builder of an encoder-decoder's task (ModelKind.SEQ2SEQ)
     setup: str | None = BUILD_SETUP  # "module:function" called before the builder (model, graph, cell tasks)
 
     def builder_for(self, kind: ModelKind) -> str:
         """The builder a subject of ``kind`` runs (its model's kind)."""
+        if kind == ModelKind.SEQ2SEQ and self.seq2seq_builder:
+            return self.seq2seq_builder
         return self.llm_builder if kind == ModelKind.LLM and self.llm_builder else self.builder
 
     def code_for(self, kind: ModelKind) -> tuple:
@@ -92,6 +95,7 @@ STAGES = (
         task_doc="torch.export {model} once and record eager reference outputs",
         builder="etforge.builders.capture:capture_stage",
         llm_builder="etforge.builders.llm_stages:capture_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:capture_stage",
         code=("etforge.builders.capture",),
         key_inputs=("model", "seed", "toolchain"),
         outputs=(("model.pt2", None), ("reference.npz", None)),
@@ -105,6 +109,7 @@ STAGES = (
         task_doc="{method} {scheme} of {model} with {ref}",
         builder="etforge.builders.quantize:quantize_stage",
         llm_builder="etforge.builders.llm_stages:quantize_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:quantize_stage",
         code=("etforge.builders.quantize",),
         key_inputs=("transform", "calibration", "toolchain", "quantizer_code"),
         upstream=("capture",),
@@ -120,6 +125,7 @@ STAGES = (
         task_doc="lower {model} for {backend} ({scheme}) to {pte}",
         builder="etforge.builders.lower:export_stage",
         llm_builder="etforge.builders.llm_stages:export_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:export_stage",
         code=("etforge.builders.lower",),  # (a recipe's lowering context joins through partitioner_code)
         key_inputs=("backend", "embedded_metadata", "coverage_gate", "toolchain", "partitioner_code"),
         upstream=("graph", "capture"),  # capture: the outputs its metadata describes
@@ -153,6 +159,7 @@ STAGES = (
         task_doc="run {pte} and compare with eager PyTorch",
         builder="etforge.builders.validate:validate_stage",
         llm_builder="etforge.builders.llm_stages:validate_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:validate_stage",
         code=("etforge.builders.validate",),
         key_inputs=("thresholds", "host_runnable", "runtime_tools", "toolchain"),
         upstream=("export", "capture"),
@@ -172,6 +179,7 @@ STAGES = (
         task_doc="time {pte} in the ExecuTorch runtime (p50, p90, memory)",
         builder="etforge.builders.benchmark:benchmark_stage",
         llm_builder="etforge.builders.llm_stages:benchmark_stage",
+        seq2seq_builder="etforge.builders.seq2seq_stages:benchmark_stage",
         code=("etforge.builders.benchmark",),
         key_inputs=("benchmark_options", "host", "runtime_tools"),
         upstream=("export", "capture"),

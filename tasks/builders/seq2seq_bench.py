@@ -1,0 +1,115 @@
+"""The generation figures of an encoder-decoder program (Whisper, T5), in an LLM's terms.
+
+bench.json's ``llm`` section, as tasks/builders/llm_bench.py measures an LLM's, so the report's LLM
+table shows both alike. ExecuTorch's ASR runner (extension/asr/runner/seq2seq_runner.cpp) counts
+the encoder's output length as the "prompt tokens"; so does this:
+
+    load_ms          load_program + load_method of encoder and text_decoder, the program loaded afresh
+    prefill          one execute of ``encoder`` on the capture's input: prefill_tok_s = S / time
+    ttft_ms          the encoder, the decoder's first step (start token) and its argmax
+    decode           N greedy decoder steps, each one execute: decode_tok_s = N / their time, and the
+                     p50 of one step (N = the cache length - 1, at most llm_bench.DECODE_STEPS)
+    first_*          the same of the very first generation after loading
+
+Peak RSS as llm_bench measures it (VmHWM reset just before loading). Timings are reported, never gated.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from pathlib import Path
+
+from etforge.builders.llm_bench import DECODE_STEPS, NS_PER_MS, _r, _reset_peak
+from etforge.builders.proc_status import proc_status_bytes
+
+
+def _generate(encoder, decoder, features, start: int, steps: int, samples: list) -> dict:
+    import torch
+
+    clock = time.perf_counter_ns
+    t0 = clock()
+    states = encoder.execute([features])[0]
+    t1 = clock()
+    logits = decoder.execute([torch.tensor([[start]]), states, torch.tensor([0])])[0]
+    token = int(logits.reshape(-1)[-logits.shape[-1] :].argmax())
+    t2 = clock()
+    samples.append(proc_status_bytes("VmRSS").get("VmRSS", 0))
+    step_ns = []
+    for i in range(1, steps + 1):
+        ids, pos = torch.tensor([[token]]), torch.tensor([i])
+        s0 = clock()
+        out = decoder.execute([ids, states, pos])[0]
+        step_ns.append(clock() - s0)
+        token = int(out.reshape(-1)[-out.shape[-1] :].argmax())
+    samples.append(proc_status_bytes("VmRSS").get("VmRSS", 0))
+    return {"prefill_ns": t1 - t0, "ttft_ns": t2 - t0, "step_ns": step_ns, "length": int(states.shape[1])}
+
+
+def measure(pte: Path, features, start: int, max_cache_len: int, opts: dict) -> dict:
+    """The ``llm`` section of bench.json for the encoder-decoder program ``pte``; ``features``: the
+    capture's encoder input; ``start``: the decoder start token."""
+    from executorch.runtime import Runtime
+
+    from etforge.config.hf_seq2seq import DECODER, ENCODER
+
+    steps = max(1, min(DECODE_STEPS, max_cache_len - 1))
+    features = features.contiguous()
+    gc.collect()
+    before = proc_status_bytes("VmRSS").get("VmRSS")
+    reset = _reset_peak()
+    t0 = time.perf_counter_ns()
+    program = Runtime.get().load_program(str(pte))
+    encoder, decoder = program.load_method(ENCODER), program.load_method(DECODER)
+    t1 = time.perf_counter_ns()
+    samples = [proc_status_bytes("VmRSS").get("VmRSS", 0)]
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        first = _generate(encoder, decoder, features, start, steps, samples)
+        runs: list = []
+        deadline = time.perf_counter_ns() + int(opts["max_seconds"] * 1e9) if opts["max_seconds"] else None
+        while len(runs) < opts["iterations"]:
+            runs.append(_generate(encoder, decoder, features, start, steps, samples))
+            if deadline is not None and time.perf_counter_ns() > deadline:
+                break
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+        del encoder, decoder, program
+    hwm = proc_status_bytes("VmHWM").get("VmHWM") if reset else None
+    peak = max([hwm or 0, *samples]) or None
+    length = first["length"]
+    prefill_ms = statistics.median(r["prefill_ns"] for r in runs) / NS_PER_MS
+    decode_ms = statistics.median(sum(r["step_ns"]) for r in runs) / NS_PER_MS
+    steps_ms = sorted(s / NS_PER_MS for r in runs for s in r["step_ns"])
+    return {
+        "prompt_len": length,
+        "decode_steps": steps,
+        "dynamic_shapes": False,
+        "generations": len(runs),
+        "load_ms": _r((t1 - t0) / NS_PER_MS),
+        "prefill_ms": _r(prefill_ms),
+        "prefill_tok_s": _r(length / (prefill_ms / 1e3)),
+        "ttft_ms": _r(statistics.median(r["ttft_ns"] for r in runs) / NS_PER_MS),
+        "decode_ms": _r(decode_ms),
+        "decode_tok_s": _r(steps / (decode_ms / 1e3)),
+        "decode_step_ms": {"p50": _r(statistics.median(steps_ms)), "min": _r(steps_ms[0]), "max": _r(steps_ms[-1])},
+        "first_generation": {
+            "ttft_ms": _r(first["ttft_ns"] / NS_PER_MS),
+            "prefill_tok_s": _r(length / (first["prefill_ns"] / 1e9)),
+            "decode_tok_s": _r(steps / (sum(first["step_ns"]) / 1e9)),
+        },
+        "memory": {
+            "rss_before_load_bytes": before,
+            "peak_rss_bytes": peak,
+            "peak_rss_delta_bytes": peak - before if peak is not None and before is not None else None,
+            "rss_after_load_bytes": samples[0] or None,
+            "rss_method": "VmHWM after the runs, reset through /proc/self/clear_refs just before loading"
+            if hwm is not None
+            else "largest VmRSS sampled after loading and after each generation",
+        },
+        "timer": "time.perf_counter_ns around method.execute (encoder = prefill, each decoder step); "
+        "ttft adds the first decoder step and its argmax; prompt_len = the encoder's output length",
+    }
