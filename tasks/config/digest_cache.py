@@ -79,6 +79,19 @@ class DigestCache:
             self.dirty = True
         return table[content_sha256]
 
+    def knows(self, kind: str, content_sha256: str) -> bool:
+        """Whether a value of ``kind`` is memoised for ``content_sha256`` (kept by this run if so)."""
+        if content_sha256 not in self.derived_entries.get(kind, {}):
+            return False
+        self.used.add((kind, content_sha256))
+        return True
+
+    def remember(self, kind: str, content_sha256: str, value=True) -> None:
+        """Memoise ``value`` of ``kind`` for ``content_sha256`` (a JSON-serialisable value)."""
+        self.derived_entries.setdefault(kind, {})[content_sha256] = value
+        self.used.add((kind, content_sha256))
+        self.dirty = True
+
     def save(self) -> None:
         if not self.dirty:
             return

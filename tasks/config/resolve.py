@@ -33,21 +33,24 @@ from etforge.config.remote_url import check_remote_setting
 from etforge.config.selection import cache_settings
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
 from etforge.config.torchvision_names import torchvision_source
+from etforge.config.validation_memo import ValidationMemo, validation_memo
 from etforge.config.yamlfile import LoadedYaml, load_yaml
 from etforge.core.digest import digest
+from etforge.core.errors import PipelineError
 
 MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
 
 
 class _Resolver:
-    def __init__(self, doc: LoadedYaml, root: Path, digests: DigestCache, versions: ToolVersions):
+    def __init__(self, doc: LoadedYaml, root: Path, digests: DigestCache, versions: ToolVersions, memo: ValidationMemo):
         self.doc = doc
         self.data = doc.data
         self.root = root
         self.digests = digests
         self.versions = versions
+        self.memo = memo  # recipes and options that passed their checks before are not checked again
         self.imports = ImportGraph(root, digests)  # parses a project file once, memoised by content
-        self.recipes = recipes.RecipePath.for_project(root)  # the project's own recipes/ first
+        self.recipes = recipes.RecipePath.for_project(root, memo)  # the project's own recipes/ first
         self.labels = HostLabels(self.recipes)  # worker labels: what cells need, what this host offers
 
     def inside_root(self, rel: str, path: tuple) -> Path:
@@ -285,7 +288,7 @@ class _Resolver:
         recipe = self.recipes.load("backend", recipe_name)
         if recipe is None:
             raise self.doc.error(path, self.recipes.unknown_message("backend", recipe_name))
-        for opt_path, message in recipes.check_options(recipe, options):
+        for opt_path, message in recipes.check_options(recipe, options, self.memo):
             raise self.doc.error(path[:2] + opt_path, message)
         runtime = recipe.data.get("runtime") or {}
         delegates = tuple(runtime.get("delegates", ()))
@@ -347,7 +350,7 @@ class _Resolver:
         if recipe is None:
             raise self.doc.error(("quantization", index), self.recipes.unknown_message("quantization", name))
         options = (self.data.get("quantization_options") or {}).get(name, {})
-        for opt_path, message in recipes.check_options(recipe, options):
+        for opt_path, message in recipes.check_options(recipe, options, self.memo):
             raise self.doc.error(("quantization_options", name) + opt_path, message)
         return (
             QuantSpec(name=name, recipe=recipe, options={**recipe.defaults(), **options}),
@@ -363,12 +366,13 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     pipeline_file = Path(pipeline_file).absolute()
     root = pipeline_file.parent
     doc = load_yaml(pipeline_file, display_name=_display(pipeline_file))
-    schema.validate(doc, "pipeline.schema.json")
     own_digests = digests is None
     if own_digests:
         digests = digest_cache_for(pipeline_file)
     versions = ToolVersions()  # one metadata lookup per distribution for this resolution
-    r = _Resolver(doc, root, digests, versions)
+    memo = validation_memo(digests, versions.distribution)
+    schema.validate(doc, "pipeline.schema.json", memo)
+    r = _Resolver(doc, root, digests, versions, memo)
     m = MatrixResolver(doc, versions)
     data = doc.data
     models = {name: r.model(name, spec) for name, spec in data["models"].items()}
@@ -391,6 +395,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         raise doc.error(("manifests",) + path, message)
     cache_remote, cache_read_only = cache_settings(data.get("cache"), root)
     check_remote_setting(doc, cache_remote, from_env=bool(os.environ.get("ETFORGE_CACHE_REMOTE")))
+    _check_backend_recipes(r.recipes)
     if own_digests and digests is not None:
         digests.save()
     benchmark = dict(data.get("benchmark") or {})
@@ -423,6 +428,17 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False),
         diff={**defaults.DIFF_TOLERANCES, **(data.get("diff") or {})},
     )
+
+
+def _check_backend_recipes(path: recipes.RecipePath) -> None:
+    """Load every backend recipe, as the manifests do to rank platforms (RecipePath.platform_order),
+    so that their validation is remembered with this plan's memo and a no-op run checks none of
+    them again. One that does not load is not this plan's error: the manifest stage reports it."""
+    for name in path.available("backend"):
+        try:
+            path.load("backend", name)
+        except PipelineError:
+            pass
 
 
 def _display(path: Path) -> str:
