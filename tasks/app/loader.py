@@ -28,6 +28,7 @@ from etforge.engine.lifecycle import RunLifecycle
 from etforge.engine.run_command import RunSession
 from etforge.pipeline.stages import STAGES
 from etforge.publish.exit_status import ExitStatus
+from etforge.publish.outcome_memo import RunOutcomes
 from etforge.publish.progress import EtforgeReporter, RunView
 
 # The selection flags, as doit command-line options (they appear in every command's --help).
@@ -169,14 +170,16 @@ class PipelineLoader(NamespaceTaskLoader):
     def load_doit_config(self):
         request, option_defaults = request_from(self._options)
         selection = load_selection(request)
-        view = RunView(selection.plan, selection.specs, selection.cells_by_task, selection.host)
-        judge = ExitStatus(selection.plan, selection.host, selection.specs, selection.cells_by_task)
+        # every reader of the cells' outcomes (manifests, report, exit status, table) shares one memo
+        outcomes = RunOutcomes(selection.plan, selection.host)
+        view = RunView(selection.plan, selection.specs, selection.cells_by_task, selection.host, outcomes)
+        judge = ExitStatus(selection.plan, selection.host, selection.specs, selection.cells_by_task, outcomes)
         self.session = RunSession(
             lifecycle=RunLifecycle(selection.layout, selection.specs, judge=judge.decide),
             make_reporter=lambda outstream, options: EtforgeReporter(outstream, options, view),
             reporter_name=REPORTER,
         )
-        self.namespace = task_creators(selection, option_defaults)
+        self.namespace = task_creators(selection, option_defaults, outcomes)
         config = doit_config(selection)
         dodo = _project_dodo(selection.plan.root, self._options.get("dodo_file"))
         if dodo is not None:

@@ -83,12 +83,20 @@ def replay_of(plan, stage: Stage, subject, host: dict) -> tuple | None:
 
 
 def stage_tasks(
-    plan, stage: Stage, cells, store, host: dict, options: dict | None = None, retry_failed: bool = False
+    plan,
+    stage: Stage,
+    cells,
+    store,
+    host: dict,
+    options: dict | None = None,
+    retry_failed: bool = False,
+    outcomes=None,
 ) -> list:
     """Every doit task dict of ``stage`` for the selected ``cells`` (``retry_failed``: declared
-    expected failures run again too, instead of replaying their recorded failure)."""
+    expected failures run again too, instead of replaying their recorded failure; ``outcomes``:
+    the run's memo of cell outcomes, handed to a matrix-wide stage's content, tasks/engine/actions.py)."""
     if stage.subject == "pipeline":
-        return [_matrix_task(plan, stage, cells, store, host, options or {})]
+        return [_matrix_task(plan, stage, cells, store, host, options or {}, outcomes)]
     tasks = []
     for subject in subjects(plan, stage, cells):
         spec = spec_of(plan, stage, subject, host)
@@ -109,7 +117,7 @@ def stage_tasks(
     return tasks
 
 
-def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict) -> dict:
+def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict, outcomes=None) -> dict:
     task = {
         "basename": stage.name,
         "doc": stage.task_doc.format(**doc_fields(plan, stage, None)),
@@ -117,8 +125,8 @@ def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict) ->
         "verbosity": 2,
     }
     if stage.cached:
-        task["actions"] = [(run_matrix_stage, [plan, stage.name, cells, store, host])]
-        task["uptodate"] = [(matrix_up_to_date, [plan, stage.name, cells, store, host])]
+        task["actions"] = [(run_matrix_stage, [plan, stage.name, cells, store, host], {"outcomes": outcomes})]
+        task["uptodate"] = [(matrix_up_to_date, [plan, stage.name, cells, store, host], {"outcomes": outcomes})]
     else:  # it re-checks its gates every time
         task["actions"] = [(run_uncached, [plan, stage.name, cells, host])]
         task["uptodate"] = [False]
