@@ -93,7 +93,9 @@ def test_a_no_op_plan_validates_nothing_and_a_bad_file_is_still_one_line(unit_pr
     monkeypatch.setattr("etforge.config.recipes._option_problems", refuse)
     resolve(unit_project.pipeline)
     monkeypatch.undo()
-    unit_project.write_pipeline(PIPELINE.replace("quantization: [fp32, fp16]", "quantization: [fp32, fp16]\nmodles: {}"))
+    unit_project.write_pipeline(
+        PIPELINE.replace("quantization: [fp32, fp16]", "quantization: [fp32, fp16]\nmodles: {}")
+    )
     for _ in range(2):  # a failure is never remembered
         with pytest.raises(PipelineError) as error:
             resolve(unit_project.pipeline)
