@@ -36,7 +36,6 @@ from etforge.config.torchvision_names import torchvision_source
 from etforge.config.validation_memo import ValidationMemo, validation_memo
 from etforge.config.yamlfile import LoadedYaml, load_yaml
 from etforge.core.digest import digest
-from etforge.core.errors import PipelineError
 
 MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
 
@@ -395,7 +394,6 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         raise doc.error(("manifests",) + path, message)
     cache_remote, cache_read_only = cache_settings(data.get("cache"), root)
     check_remote_setting(doc, cache_remote, from_env=bool(os.environ.get("ETFORGE_CACHE_REMOTE")))
-    _check_backend_recipes(r.recipes)
     if own_digests and digests is not None:
         digests.save()
     benchmark = dict(data.get("benchmark") or {})
@@ -428,17 +426,6 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False),
         diff={**defaults.DIFF_TOLERANCES, **(data.get("diff") or {})},
     )
-
-
-def _check_backend_recipes(path: recipes.RecipePath) -> None:
-    """Load every backend recipe, as the manifests do to rank platforms (RecipePath.platform_order),
-    so that their validation is remembered with this plan's memo and a no-op run checks none of
-    them again. One that does not load is not this plan's error: the manifest stage reports it."""
-    for name in path.available("backend"):
-        try:
-            path.load("backend", name)
-        except PipelineError:
-            pass
 
 
 def _display(path: Path) -> str:

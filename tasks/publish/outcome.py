@@ -269,9 +269,10 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             # identical to eager: no SQNR (infinite), no error; a NaN SQNR is a number in the record
             facts["exact"] = _info(validate).get("sqnr_db") is None and verdict.max_abs_error == 0
     bench = by_kind.get("benchmark")
-    benchmark = BenchmarkResult.from_json(_info(bench))
-    if _status(bench) == TaskStatus.OK and benchmark.judges(sha256):
-        facts["benchmark"] = benchmark
+    if _status(bench) == TaskStatus.OK:
+        benchmark = BenchmarkResult.from_json(_info(bench))
+        if benchmark.judges(sha256):
+            facts["benchmark"] = benchmark
     return Evidence(**facts)
 
 
@@ -302,8 +303,10 @@ def _natural(
     for name, record, _ in records:
         # A failure under the current key counts, unless it names other bytes than this program
         # (one that names none, e.g. a crash before it could, still counts: failing is the safe side).
+        if _status(record) != TaskStatus.FAILED:
+            continue  # (parsed only when it failed: a no-op run reads every cell's records)
         judged = Judgement.from_json(_info(record)).program_sha256
-        if _status(record) == TaskStatus.FAILED and judged in (None, sha256):
+        if judged in (None, sha256):
             reason = f"{name}: {record.get('reason') or 'failed'}"
             return out(CellState.FAILED, reason, log=record.get("log"), task=name)
     for name, record, _ in records:
