@@ -263,6 +263,12 @@ class WorkerRunner(MRunner):
                 if completed:
                     continue
                 return False
+            if not node.task.actions and not node.task.teardown:
+                # A group task (``export``: every export:* task) runs nothing: done here, as doit's
+                # sequential runner does, rather than forking a worker for it (a no-op run forked one).
+                self.process_task_result(node, self.execute_task(node.task))
+                completed.append(node)
+                continue
             self._start(node, workers)
 
     def _start(self, node, workers: list) -> None:
