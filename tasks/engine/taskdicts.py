@@ -106,10 +106,12 @@ def stage_tasks(
     options: dict | None = None,
     retry_failed: bool = False,
     outcomes=None,
+    records=None,
 ) -> list:
     """Every doit task dict of ``stage`` for the selected ``cells`` (``retry_failed``: declared
     expected failures run again too, instead of replaying their recorded failure; ``outcomes``:
-    the run's memo of cell outcomes, handed to a matrix-wide stage's content, tasks/engine/actions.py)."""
+    the run's memo of cell outcomes, handed to a matrix-wide stage's content, tasks/engine/actions.py;
+    ``records``: the run's parsed records, tasks/cache/records.py RunRecords, for the up-to-date checks)."""
     if stage.subject == "pipeline":
         return [_matrix_task(plan, stage, cells, store, host, options or {}, outcomes)]
     tasks = []
@@ -123,7 +125,7 @@ def stage_tasks(
                 "name": sub,
                 "doc": stage.task_doc.format(**doc_fields(plan, stage, subject)),
                 "actions": [(run_stage, [plan, stage.name, subject, store, host])],
-                "uptodate": [(is_up_to_date, [spec, store], {"replay": replay})],
+                "uptodate": [(is_up_to_date, [spec, store], {"replay": replay, "records": records})],
                 "task_dep": list(dict.fromkeys(_deps(plan, stage, subject))),
                 "verbosity": 2,  # builders send their own output to the task's log file
                 "meta": {"etforge": {"needs": sorted(needs_of(stage, subject))}},  # cluster routing

@@ -18,52 +18,40 @@ as tasks/config/digest_cache.py): a rewrite within one timestamp tick could keep
 
 from __future__ import annotations
 
-import os
-import time
-from pathlib import Path
-
-from etforge.cache.records import current
-from etforge.config.digest_cache import RACY_NS
+from etforge.cache.records import RunRecords, signature, trusted
 from etforge.config.model import Cell, Plan
 from etforge.pipeline.specs import TaskSpec
 from etforge.publish.outcome import CellOutcome, cell_outcome
 
 
-def _signature(path: Path) -> tuple | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-
-
 class _Reader:
     """outcome.py's ``read``: the current record, with the signature its file had before it was read."""
 
-    def __init__(self):
+    def __init__(self, records: RunRecords):
+        self.records = records
         self.read: list = []  # (path, signature) of every record file read
         self.trusted = True  # False once a file was too fresh to vouch for its signature
 
     def __call__(self, spec: TaskSpec) -> dict | None:
-        signature = _signature(spec.state_file)
-        if signature is not None and time.time_ns() - max(signature[1], signature[2]) < RACY_NS:
-            self.trusted = False
-        self.read.append((spec.state_file, signature))
-        return current(spec)
+        sig, record = self.records.state(spec.state_file)
+        self.trusted = self.trusted and trusted(sig)
+        self.read.append((spec.state_file, sig))
+        return record if isinstance(record, dict) and record.get("key") == spec.key else None
 
 
 class RunOutcomes:
-    def __init__(self, plan: Plan, host: dict | None = None):
+    def __init__(self, plan: Plan, host: dict | None = None, records: RunRecords | None = None):
         self.plan = plan
         self.host = host  # etforge.config.machine.host_fingerprint(): benchmarks are read for it
+        self.records = records or RunRecords()  # the run's parsed records, shared with the up-to-date checks
         self._kept: dict = {}  # cell name -> ([(record file, signature)], CellOutcome)
         self.decided = 0  # outcomes decided rather than kept: what a no-op run's test counts
 
     def of(self, cell: Cell) -> CellOutcome:
         kept = self._kept.get(cell.name)
-        if kept is not None and all(_signature(path) == signature for path, signature in kept[0]):
+        if kept is not None and all(signature(path) == sig for path, sig in kept[0]):
             return kept[1]
-        reader = _Reader()
+        reader = _Reader(self.records)
         result = cell_outcome(self.plan, cell, self.host, read=reader)
         self.decided += 1
         if reader.trusted:

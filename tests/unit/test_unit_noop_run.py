@@ -19,6 +19,7 @@ from collections import Counter
 import pytest
 
 import unit.test_unit_engine_run as engine_run
+from etforge.cache.records import RunRecords
 from etforge.config import schema
 from etforge.config.machine import host_fingerprint
 from etforge.config.resolve import resolve
@@ -110,3 +111,18 @@ def test_a_no_op_plan_does_not_import_jsonschema(unit_project):
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_run_parses_a_record_once_while_its_file_is_unchanged(tmp_path):
+    path = tmp_path / "export__a.json"
+    records = RunRecords()
+    assert records.state(path) == (None, None)  # not there yet
+    path.write_text(json.dumps({"status": "ok", "key": "k1"}))
+    assert records.state(path)[1] == {"status": "ok", "key": "k1"}  # written since: read
+    time.sleep(RACY_S)
+    kept = records.state(path)[1]
+    assert records.state(path)[1] is kept  # parsed once
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(json.dumps({"status": "failed", "key": "k1"}))
+    os.replace(tmp, path)
+    assert records.state(path)[1] == {"status": "failed", "key": "k1"}
