@@ -369,7 +369,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     if own_digests:
         digests = digest_cache_for(pipeline_file)
     versions = ToolVersions()  # one metadata lookup per distribution for this resolution
-    memo = validation_memo(digests, versions.distribution)
+    code = CodeDigests(digests)  # etforge's code, for the validation memo and the keys
+    memo = validation_memo(digests, versions.distribution, code)
     schema.validate(doc, "pipeline.schema.json", memo)
     r = _Resolver(doc, root, digests, versions, memo)
     m = MatrixResolver(doc, versions)
@@ -419,7 +420,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         regression_pct=regression_pct,
         seed=(data.get("validation") or {}).get("seed", defaults.SEED),
         toolchain=toolchain_versions(versions.distribution),
-        code=CodeDigests(digests),
+        code=code,
         project_code=CodeDigests(digests, root=root, package=None),
         manifests=data.get("manifests") or {},
         expected_failures=expected_failures,

@@ -1,6 +1,6 @@
 """What a run need not validate again: data that passed the very same checks before.
 
-    memo = validation_memo(digests, versions)
+    memo = validation_memo(digests, versions, code)
     memo.once(value, check)   check() unless ``value`` passed under the same salt before
 
 Schema validation (tasks/config/schema.py) and a recipe's option check (tasks/config/recipes.py
@@ -50,13 +50,16 @@ class ValidationMemo:
         return result
 
 
-def validation_memo(digests: DigestCache, version: Callable[[str], str | None]) -> ValidationMemo:
-    """The memo of a project's DigestCache; ``version``: a memoising distribution-version lookup."""
+def validation_memo(
+    digests: DigestCache, version: Callable[[str], str | None], code: CodeDigests | None = None
+) -> ValidationMemo:
+    """The memo of a project's DigestCache; ``version``: a memoising distribution-version lookup;
+    ``code``: the plan's digests of etforge's code (one import graph walk for both)."""
     schemas = {p.name: digests.file_digest(p) for p in sorted(SCHEMA_DIR.glob("*.json"))}
     salt = digest(
         {
             "schemas": schemas,
-            "code": CodeDigests(digests).of(CHECKING_CODE),
+            "code": (code or CodeDigests(digests)).of(CHECKING_CODE),
             "libraries": {name: version(name) for name in LIBRARIES},
             "python": sys.version,
         }
