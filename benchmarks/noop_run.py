@@ -12,7 +12,9 @@ backend as etforge's. Both sides are timed as whole processes (interpreter start
 included). It prints the median wall times and their ratio, and exits 1, naming what failed,
 when an etforge run started a task, when the two sides did not have the same number of
 up-to-date tasks, or when etforge's median is over ``--max-seconds`` or the ratio over
-``--max-ratio`` (issue 22: under 0.5 s and at most 3x; 0 turns a bound off).
+``--max-ratio`` (issue 22: under 0.5 s and at most 3x; 0 turns a bound off). It also prints
+each side's median CPU time (user + sys): on a shared machine the wall clock moves with the
+load, the CPU time much less; the bounds are on the wall clock.
 
 Both sides run without ``PYTHONDONTWRITEBYTECODE``: an installed etforge, like doit, has its
 bytecode, and with that variable set every run compiled etforge's ~100 modules again (0.4 s
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -50,19 +53,23 @@ def task_t():
 """
 
 
-def run(cmd: list, cwd: Path, env: dict | None = None) -> tuple[float, subprocess.CompletedProcess]:
+def run(cmd: list, cwd: Path, env: dict | None = None) -> tuple[float, subprocess.CompletedProcess, float]:
+    """(wall seconds, the finished process, its CPU seconds: user + sys)."""
     env = {k: v for k, v in (os.environ if env is None else env).items() if k != "PYTHONDONTWRITEBYTECODE"}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
-    return time.perf_counter() - start, proc
+    elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return elapsed, proc, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
-def etforge_side(project: Path, repeats: int) -> tuple[list, int, list]:
-    """(wall times, up-to-date tasks, problems) of ``repeats`` no-op etforge runs."""
-    times, counts, problems = [], set(), []
+def etforge_side(project: Path, repeats: int) -> tuple[list, int, list, list]:
+    """(wall times, up-to-date tasks, problems, CPU times) of ``repeats`` no-op etforge runs."""
+    times, counts, problems, cpu = [], set(), [], []
     run([sys.executable, "-m", "etforge", "list"], project)  # bytecode, untimed (and never builds)
     for i in range(repeats):
-        elapsed, proc = run([sys.executable, "-m", "etforge"], project)
+        elapsed, proc, cpu_seconds = run([sys.executable, "-m", "etforge"], project)
         found = UP_TO_DATE.search(proc.stdout)
         started = START.findall(proc.stdout)
         if proc.returncode != 0:
@@ -76,30 +83,32 @@ def etforge_side(project: Path, repeats: int) -> tuple[list, int, list]:
         else:
             counts.add(int(found.group(2)))
         times.append(elapsed)
+        cpu.append(cpu_seconds)
     if len(counts) > 1:
         problems.append(f"the etforge runs reported different numbers of up-to-date tasks: {sorted(counts)}")
-    return times, (counts.pop() if len(counts) == 1 else 0), problems
+    return times, (counts.pop() if len(counts) == 1 else 0), problems, cpu
 
 
-def doit_side(tasks: int, repeats: int) -> tuple[list, list]:
-    """(wall times, problems) of ``repeats`` no-op runs of a bare doit with ``tasks`` up-to-date tasks."""
-    times, problems = [], []
+def doit_side(tasks: int, repeats: int) -> tuple[list, list, list]:
+    """(wall times, problems, CPU times) of ``repeats`` no-op runs of a bare doit with ``tasks`` up-to-date tasks."""
+    times, problems, cpu = [], [], []
     with tempfile.TemporaryDirectory(prefix="noop-doit-") as tmp:
         work = Path(tmp)
         (work / "dodo.py").write_text(BARE_DODO)
         env = {**os.environ, "NOOP_TASKS": str(tasks)}
         run([sys.executable, "-m", "doit", "list"], work, env)  # bytecode, untimed
-        _, first = run([sys.executable, "-m", "doit"], work, env)
+        _, first, _ = run([sys.executable, "-m", "doit"], work, env)
         if first.returncode != 0:
-            return [], [f"bare doit's first run failed: {first.stderr.strip()[-300:]}"]
+            return [], [f"bare doit's first run failed: {first.stderr.strip()[-300:]}"], []
         for i in range(repeats):
-            elapsed, proc = run([sys.executable, "-m", "doit"], work, env)
+            elapsed, proc, cpu_seconds = run([sys.executable, "-m", "doit"], work, env)
             ran = proc.stdout.count(".  t:")  # doit's line for an executed task
             skipped = proc.stdout.count("-- t:")  # and for one up to date
             if proc.returncode != 0 or ran or skipped != tasks:
                 problems.append(f"bare doit run {i + 1}: exit {proc.returncode}, {ran} ran, {skipped} up to date")
             times.append(elapsed)
-    return times, problems
+            cpu.append(cpu_seconds)
+    return times, problems, cpu
 
 
 def main() -> int:
@@ -110,7 +119,7 @@ def main() -> int:
     parser.add_argument("--max-ratio", type=float, default=3.0, help="etforge / bare doit bound; 0: none")
     args = parser.parse_args()
 
-    times, tasks, problems = etforge_side(args.project, args.repeats)
+    times, tasks, problems, cpu_ours = etforge_side(args.project, args.repeats)
     if not problems and tasks == 0:
         problems.append("etforge reported 0 up-to-date tasks: build the project first (`etforge`)")
     if problems:
@@ -118,7 +127,7 @@ def main() -> int:
         for problem in problems:
             print(f"  {problem}", file=sys.stderr)
         return 1
-    bare, problems = doit_side(tasks, args.repeats)
+    bare, problems, cpu_theirs = doit_side(tasks, args.repeats)
     if problems:
         print("no figure printed: the bare doit side did not run as a no-op", file=sys.stderr)
         for problem in problems:
@@ -130,6 +139,12 @@ def main() -> int:
     print(f"etforge no-op:   median {ours:.3f} s (min {min(times):.3f}, max {max(times):.3f})")
     print(f"bare doit no-op: median {theirs:.3f} s (min {min(bare):.3f}, max {max(bare):.3f})")
     print(f"etforge / bare doit: {ratio:.2f}")
+    ours_cpu, theirs_cpu = statistics.median(cpu_ours), statistics.median(cpu_theirs)
+    if theirs_cpu > 0:
+        print(
+            f"CPU (user + sys), median: etforge {ours_cpu:.3f} s, bare doit {theirs_cpu:.3f} s, "
+            f"ratio {ours_cpu / theirs_cpu:.2f}"
+        )
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1):
         print(f"note: load average {load:.1f} on {os.cpu_count()} cores: other work competed for the CPU")

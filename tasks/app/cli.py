@@ -42,11 +42,19 @@ DOIT_PLUGINS = {
 class EtforgeMain(DoitMain):
     BIN_NAME = "etforge"
 
+    def get_cmds(self):
+        """doit's commands and the plugins', found once per run: each call scans the entry points
+        of every installed distribution (tens of ms here), and main() asks before DoitMain.run does."""
+        if getattr(self, "_cmds", None) is None:
+            self._cmds = super().get_cmds()
+        return self._cmds
+
 
 def main(argv: list | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     app = EtforgeMain(PipelineLoader(), config_filenames=(), extra_config=DOIT_PLUGINS)
-    return app.run(options_first(args, set(app.get_cmds().to_dict())))
+    # the names only: loading every command would import explain's, diff's and ci-matrix's modules
+    return app.run(options_first(args, set(app.get_cmds())))
 
 
 def _option_table() -> dict:

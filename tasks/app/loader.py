@@ -21,6 +21,7 @@ from doit import get_var
 from doit.cmd_base import NamespaceTaskLoader
 from doit.loader import load_doit_config
 
+from etforge.cache.records import RunRecords
 from etforge.config.selection import pipeline_path
 from etforge.core.console import say
 from etforge.engine.entry import REPORTER, Request, doit_config, load_selection, task_creators
@@ -28,6 +29,7 @@ from etforge.engine.lifecycle import RunLifecycle
 from etforge.engine.run_command import RunSession
 from etforge.pipeline.stages import STAGES
 from etforge.publish.exit_status import ExitStatus
+from etforge.publish.outcome_memo import RunOutcomes
 from etforge.publish.progress import EtforgeReporter, RunView
 
 # The selection flags, as doit command-line options (they appear in every command's --help).
@@ -169,14 +171,18 @@ class PipelineLoader(NamespaceTaskLoader):
     def load_doit_config(self):
         request, option_defaults = request_from(self._options)
         selection = load_selection(request)
-        view = RunView(selection.plan, selection.specs, selection.cells_by_task, selection.host)
-        judge = ExitStatus(selection.plan, selection.host, selection.specs, selection.cells_by_task)
+        # every reader of the cells' outcomes (manifests, report, exit status, table) shares one memo,
+        # and it shares the records it parses with the up-to-date checks
+        records = RunRecords()
+        outcomes = RunOutcomes(selection.plan, selection.host, records)
+        view = RunView(selection.plan, selection.specs, selection.cells_by_task, selection.host, outcomes)
+        judge = ExitStatus(selection.plan, selection.host, selection.specs, selection.cells_by_task, outcomes)
         self.session = RunSession(
             lifecycle=RunLifecycle(selection.layout, selection.specs, judge=judge.decide),
             make_reporter=lambda outstream, options: EtforgeReporter(outstream, options, view),
             reporter_name=REPORTER,
         )
-        self.namespace = task_creators(selection, option_defaults)
+        self.namespace = task_creators(selection, option_defaults, outcomes, records)
         config = doit_config(selection)
         dodo = _project_dodo(selection.plan.root, self._options.get("dodo_file"))
         if dodo is not None:

@@ -41,6 +41,7 @@ class DigestCache:
         self.entries: dict = {}
         self.derived_entries: dict = {}  # kind -> content sha256 -> value
         self.used: set = set()  # (kind, sha256) read or computed by this run
+        self._resolved: dict = {}  # path as asked -> its resolved name, the memo's key
         self.dirty = False
         try:
             data = json.loads(state_file.read_text(encoding="utf-8"))
@@ -58,7 +59,11 @@ class DigestCache:
     def file_digest(self, path: Path) -> str:
         st = path.stat()
         signature = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
-        key = str(path.resolve())
+        key = self._resolved.get(path)
+        if key is None:
+            key = str(path.resolve())
+            if path.is_absolute():  # resolving lstats every component: once per absolute path per run
+                self._resolved[path] = key
         cached = self.entries.get(key)
         if isinstance(cached, list) and cached[:4] == signature:
             return cached[4]
@@ -78,6 +83,19 @@ class DigestCache:
             table[content_sha256] = compute()
             self.dirty = True
         return table[content_sha256]
+
+    def knows(self, kind: str, content_sha256: str) -> bool:
+        """Whether a value of ``kind`` is memoised for ``content_sha256`` (kept by this run if so)."""
+        if content_sha256 not in self.derived_entries.get(kind, {}):
+            return False
+        self.used.add((kind, content_sha256))
+        return True
+
+    def remember(self, kind: str, content_sha256: str, value=True) -> None:
+        """Memoise ``value`` of ``kind`` for ``content_sha256`` (a JSON-serialisable value)."""
+        self.derived_entries.setdefault(kind, {})[content_sha256] = value
+        self.used.add((kind, content_sha256))
+        self.dirty = True
 
     def save(self) -> None:
         if not self.dirty:

@@ -10,9 +10,10 @@ lowering contexts are named by dotted path and imported inside task actions.
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from etforge.config import schema
 from etforge.config.tools import check_tools
@@ -41,17 +42,21 @@ class Recipe:
 
 @dataclass(frozen=True)
 class RecipePath:
-    """Directories searched for recipes, in order (each holds backends/ and quantization/)."""
+    """Directories searched for recipes, in order (each holds backends/ and quantization/).
+
+    ``memo``: a ValidationMemo (tasks/config/validation_memo.py) that skips validating a recipe
+    whose data passed before; None validates every recipe once per process."""
 
     dirs: tuple = (RECIPE_DIR,)
+    memo: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def for_project(cls, root: Path) -> RecipePath:
+    def for_project(cls, root: Path, memo: Any = None) -> RecipePath:
         """A project's own ``recipes/`` (when it has one) before etforge's."""
         own = Path(root) / "recipes"
         if own.is_dir() and own.resolve() != RECIPE_DIR.resolve():
-            return cls((own, RECIPE_DIR))
-        return cls()
+            return cls((own, RECIPE_DIR), memo)
+        return cls(memo=memo)
 
     def available(self, kind: str) -> list[str]:
         return sorted({p.stem for d in self.dirs for p in (d / KIND_DIRS[kind]).glob("*.yaml")})
@@ -69,7 +74,7 @@ class RecipePath:
     def load(self, kind: str, name: str) -> Recipe | None:
         """The recipe called ``name`` (the first on the path), or None when none exists."""
         path = self.find(kind, name)
-        return None if path is None else _load(kind, name, path)
+        return None if path is None else _load(kind, name, path, self.memo)
 
     def unknown_message(self, kind: str, name: str) -> str:
         names = self.available(kind)
@@ -92,16 +97,16 @@ class RecipePath:
 DEFAULT_PATH = RecipePath()
 
 
-def _load(kind: str, name: str, path: Path) -> Recipe:
+def _load(kind: str, name: str, path: Path, memo: Any = None) -> Recipe:
     st = path.stat()
-    return _load_file(kind, name, path, st.st_mtime_ns, st.st_size)
+    return _load_file(kind, name, path, st.st_mtime_ns, st.st_size, memo)
 
 
 @cache
-def _load_file(kind: str, name: str, path: Path, mtime_ns: int, size: int) -> Recipe:
+def _load_file(kind: str, name: str, path: Path, mtime_ns: int, size: int, memo: Any = None) -> Recipe:
     """(Once per process per version of the file: the manifests read every backend's on each run.)"""
     doc = load_yaml(path, display_name=_shown(path))
-    schema.validate(doc, "recipe.schema.json")
+    schema.validate(doc, "recipe.schema.json", memo)
     if doc.data["kind"] != kind or doc.data["name"] != name:
         raise doc.error(("name",), f"recipe file {path.name} must declare kind {kind!r} and name {name!r}")
     for key_path, message in check_tools(doc.data):
@@ -127,9 +132,16 @@ def unknown_recipe_message(kind: str, name: str, path: RecipePath = DEFAULT_PATH
     return path.unknown_message(kind, name)
 
 
-def check_options(recipe: Recipe, options: dict) -> list[tuple[tuple, str]]:
-    """Errors in user options for ``recipe``, as (key path, message) pairs."""
-    validator = schema.Validator(recipe.options_schema)
+def check_options(recipe: Recipe, options: dict, memo: Any = None) -> list[tuple[tuple, str]]:
+    """Errors in user options for ``recipe``, as (key path, message) pairs (``memo``: none, without
+    validating, for options it has seen pass against this recipe's options before)."""
+    if memo is None:
+        return _option_problems(recipe, options)
+    return memo.once(("options", recipe.options_schema, options), lambda: _option_problems(recipe, options)) or []
+
+
+def _option_problems(recipe: Recipe, options: dict) -> list[tuple[tuple, str]]:
+    validator = schema.validator(recipe.options_schema)
     problems = []
     allowed = sorted(recipe.data.get("options") or {})
     for error in validator.iter_errors(options):

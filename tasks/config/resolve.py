@@ -33,6 +33,7 @@ from etforge.config.remote_url import check_remote_setting
 from etforge.config.selection import cache_settings
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
 from etforge.config.torchvision_names import torchvision_source
+from etforge.config.validation_memo import ValidationMemo, validation_memo
 from etforge.config.yamlfile import LoadedYaml, load_yaml
 from etforge.core.digest import digest
 
@@ -40,14 +41,15 @@ MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
 
 
 class _Resolver:
-    def __init__(self, doc: LoadedYaml, root: Path, digests: DigestCache, versions: ToolVersions):
+    def __init__(self, doc: LoadedYaml, root: Path, digests: DigestCache, versions: ToolVersions, memo: ValidationMemo):
         self.doc = doc
         self.data = doc.data
         self.root = root
         self.digests = digests
         self.versions = versions
+        self.memo = memo  # recipes and options that passed their checks before are not checked again
         self.imports = ImportGraph(root, digests)  # parses a project file once, memoised by content
-        self.recipes = recipes.RecipePath.for_project(root)  # the project's own recipes/ first
+        self.recipes = recipes.RecipePath.for_project(root, memo)  # the project's own recipes/ first
         self.labels = HostLabels(self.recipes)  # worker labels: what cells need, what this host offers
 
     def inside_root(self, rel: str, path: tuple) -> Path:
@@ -285,7 +287,7 @@ class _Resolver:
         recipe = self.recipes.load("backend", recipe_name)
         if recipe is None:
             raise self.doc.error(path, self.recipes.unknown_message("backend", recipe_name))
-        for opt_path, message in recipes.check_options(recipe, options):
+        for opt_path, message in recipes.check_options(recipe, options, self.memo):
             raise self.doc.error(path[:2] + opt_path, message)
         runtime = recipe.data.get("runtime") or {}
         delegates = tuple(runtime.get("delegates", ()))
@@ -347,7 +349,7 @@ class _Resolver:
         if recipe is None:
             raise self.doc.error(("quantization", index), self.recipes.unknown_message("quantization", name))
         options = (self.data.get("quantization_options") or {}).get(name, {})
-        for opt_path, message in recipes.check_options(recipe, options):
+        for opt_path, message in recipes.check_options(recipe, options, self.memo):
             raise self.doc.error(("quantization_options", name) + opt_path, message)
         return (
             QuantSpec(name=name, recipe=recipe, options={**recipe.defaults(), **options}),
@@ -363,12 +365,14 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     pipeline_file = Path(pipeline_file).absolute()
     root = pipeline_file.parent
     doc = load_yaml(pipeline_file, display_name=_display(pipeline_file))
-    schema.validate(doc, "pipeline.schema.json")
     own_digests = digests is None
     if own_digests:
         digests = digest_cache_for(pipeline_file)
     versions = ToolVersions()  # one metadata lookup per distribution for this resolution
-    r = _Resolver(doc, root, digests, versions)
+    code = CodeDigests(digests)  # etforge's code, for the validation memo and the keys
+    memo = validation_memo(digests, versions.distribution, code)
+    schema.validate(doc, "pipeline.schema.json", memo)
+    r = _Resolver(doc, root, digests, versions, memo)
     m = MatrixResolver(doc, versions)
     data = doc.data
     models = {name: r.model(name, spec) for name, spec in data["models"].items()}
@@ -416,7 +420,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         regression_pct=regression_pct,
         seed=(data.get("validation") or {}).get("seed", defaults.SEED),
         toolchain=toolchain_versions(versions.distribution),
-        code=CodeDigests(digests),
+        code=code,
         project_code=CodeDigests(digests, root=root, package=None),
         manifests=data.get("manifests") or {},
         expected_failures=expected_failures,

@@ -7,7 +7,9 @@
 
 Builders, content and render functions are named by dotted path in the stage
 table and imported here, inside the action: planning imports none of them
-(neither torch nor the publishing modules).
+(neither torch nor the publishing modules). A content function is handed the run's
+``outcomes`` too: an object the loader made (publish's RunOutcomes, opaque here), so
+that the cells' outcomes are decided once per run whichever stage reads them.
 """
 
 from __future__ import annotations
@@ -51,24 +53,24 @@ def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = 
     return run_cached(spec, store, build, inputs=inputs, accept=accept)
 
 
-def _matrix_spec(plan, stage, cells, host):
+def _matrix_spec(plan, stage, cells, host, outcomes=None):
     """(content, spec with its content key) of a matrix-wide stage."""
-    content = load_callable(stage.content)(plan, cells, host)
+    content = load_callable(stage.content)(plan, cells, host, outcomes=outcomes)
     return content, spec_of(plan, stage, key=content_key(plan, stage, content))
 
 
-def matrix_up_to_date(plan, stage_name: str, cells, store: Store, host: dict | None = None) -> bool:
+def matrix_up_to_date(plan, stage_name: str, cells, store: Store, host: dict | None = None, outcomes=None) -> bool:
     try:
-        _, spec = _matrix_spec(plan, STAGE[stage_name], cells, host)
+        _, spec = _matrix_spec(plan, STAGE[stage_name], cells, host, outcomes)
         return is_up_to_date(spec, store)
     except Exception:  # the action reports it
         return False
 
 
-def run_matrix_stage(plan, stage_name: str, cells, store: Store, host: dict | None = None) -> bool:
+def run_matrix_stage(plan, stage_name: str, cells, store: Store, host: dict | None = None, outcomes=None) -> bool:
     stage = STAGE[stage_name]
     try:
-        content, spec = _matrix_spec(plan, stage, cells, host)
+        content, spec = _matrix_spec(plan, stage, cells, host, outcomes)
     except Exception as exc:  # e.g. two variants that would ship under one file name
         reason = first_line(exc)
         # A truthful record for the reporter, under a key that is never current.

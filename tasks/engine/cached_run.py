@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from etforge.cache.records import read_state, recorded_program_sha256, write_state
+from etforge.cache.records import RunRecords, read_state, recorded_program_sha256, write_state
 from etforge.cache.store import ENTRY_MANIFEST, Store, materialize
 from etforge.core.digest import sha256_file
 from etforge.core.text import first_line
@@ -37,19 +37,22 @@ from etforge.pipeline.specs import TaskSpec
 from etforge.pipeline.stage_results import Judgement
 
 
-def is_up_to_date(spec: TaskSpec, store: Store, replay: tuple | None = None) -> bool:
+def is_up_to_date(spec: TaskSpec, store: Store, replay: tuple | None = None, records: RunRecords | None = None) -> bool:
     """Whether the task's record says it is done for its key and its files are still there.
 
     ``replay``: the specs of the task's upstream tasks when its failure is declared expected
     (None: a failure runs again, as doit users expect). Then a failure recorded under the
-    current key is up to date, and so is a block while an upstream task still fails."""
+    current key is up to date, and so is a block while an upstream task still fails. ``records``:
+    the run's parsed records (tasks/cache/records.py RunRecords), else each is read here."""
     # (not named `task`: doit would pass its own Task object in that slot)
-    record = read_state(spec.state_file)
+    record = read_state(spec.state_file) if records is None else records.state(spec.state_file)[1]
     status = task_status((record or {}).get("status"))
     if status is None or record.get("key") != spec.key:
         return False
     if not status.done:
-        return replay is not None and (status == TaskStatus.FAILED or any(map(_not_ok, replay)))
+        return replay is not None and (
+            status == TaskStatus.FAILED or any(_not_ok(upstream, records) for upstream in replay)
+        )
     if status in (TaskStatus.SKIPPED, TaskStatus.REJECTED):
         return True  # nothing was written; the key already covers what this host lacks or the scheme refuses
     for name, target in spec.outputs.items():
@@ -65,15 +68,15 @@ def is_up_to_date(spec: TaskSpec, store: Store, replay: tuple | None = None) -> 
         ):
             return False
     if spec.judges is not None and not Judgement.from_json(record.get("info")).judges(
-        recorded_program_sha256(spec.judges)
+        recorded_program_sha256(spec.judges, records)
     ):
         return False
     return True
 
 
-def _not_ok(upstream: TaskSpec) -> bool:
+def _not_ok(upstream: TaskSpec, records: RunRecords | None = None) -> bool:
     """Whether the upstream task's record for its current key says it failed or was blocked."""
-    record = read_state(upstream.state_file) or {}
+    record = (read_state(upstream.state_file) if records is None else records.state(upstream.state_file)[1]) or {}
     return record.get("key") == upstream.key and record.get("status") in (TaskStatus.FAILED, TaskStatus.BLOCKED)
 
 

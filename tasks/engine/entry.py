@@ -150,11 +150,13 @@ def check_links(plan: Plan) -> None:
                 ) from None
 
 
-def task_creators(selection: Selection, option_defaults: dict) -> dict:
+def task_creators(selection: Selection, option_defaults: dict, outcomes=None, records=None) -> dict:
     """``{"task_<stage>": creator}`` for every stage, in pipeline order (doit's task-creator namespace).
 
     ``option_defaults``: stage option name -> its default (``release --allow-failures``), for
-    the deprecated ``allow_failures=1`` form."""
+    the deprecated ``allow_failures=1`` form; ``outcomes``: the run's memo of cell outcomes
+    (publish's RunOutcomes, made by the loader), handed to the matrix-wide stages; ``records``: the
+    run's parsed records (tasks/cache/records.py RunRecords) the up-to-date checks share with it."""
 
     def creator(stage: Stage):
         def create():
@@ -166,6 +168,8 @@ def task_creators(selection: Selection, option_defaults: dict) -> dict:
                 selection.host,
                 option_defaults,
                 retry_failed=selection.retry_failed,
+                outcomes=outcomes,
+                records=records,
             )
 
         create.__doc__ = stage.doc

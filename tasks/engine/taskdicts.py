@@ -11,6 +11,9 @@ for the tasks of the stages it lists in ``after``, for the selected cells.
 
 from __future__ import annotations
 
+from functools import cache
+from string import Formatter
+
 from etforge.engine.actions import matrix_up_to_date, run_matrix_stage, run_stage, run_uncached
 from etforge.engine.cached_run import is_up_to_date
 from etforge.pipeline.layout import layout_of
@@ -19,30 +22,42 @@ from etforge.pipeline.stages import STAGE, Stage, holds, needs_of, subject_of, t
 
 
 def doc_fields(plan, stage: Stage, subject) -> dict:
-    """What a task's ``task_doc`` may name."""
+    """What a task's ``task_doc`` may name; only the fields it does name are computed (a no-op run
+    makes every task's doc, and most fields are paths made relative)."""
     layout = layout_of(plan)
-    fields = {
-        "files": ", ".join(blob for blob, *_ in stage.outputs),
-        "manifest_dir": layout.manifest_dir.relative_to(plan.root),
-        "report": layout.report_path.relative_to(plan.root),
-        "archive": layout.archive_path(f"{plan.name}-{plan.version}").relative_to(plan.root),
+    fields: dict = {
+        "files": lambda: ", ".join(blob for blob, *_ in stage.outputs),
+        "manifest_dir": lambda: layout.manifest_dir.relative_to(plan.root),
+        "report": lambda: layout.report_path.relative_to(plan.root),
+        "archive": lambda: layout.archive_path(f"{plan.name}-{plan.version}").relative_to(plan.root),
     }
     if stage.subject == "model":
-        fields["model"] = subject.name
+        fields["model"] = lambda: subject.name
     elif subject is not None:
         cell = subject
-        sibling = plan.fp32_sibling(cell)
+
+        def sibling() -> str:
+            found = plan.fp32_sibling(cell)
+            return found.name if found else ""
+
         fields.update(
-            model=cell.model.name,
-            backend=cell.backend.name,
-            scheme=cell.quant.name,
-            cell=cell.name,
-            pte=layout.pte_path(cell).name,
-            sibling=sibling.name if sibling else "",
-            method=getattr(cell.transform, "method", ""),
-            ref=getattr(cell.transform, "ref", ""),
+            model=lambda: cell.model.name,
+            backend=lambda: cell.backend.name,
+            scheme=lambda: cell.quant.name,
+            cell=lambda: cell.name,
+            pte=lambda: layout.pte_path(cell).name,
+            sibling=sibling,
+            method=lambda: getattr(cell.transform, "method", ""),
+            ref=lambda: getattr(cell.transform, "ref", ""),
         )
-    return fields
+    return {name: fields[name]() for name in _named(stage.task_doc) if name in fields}
+
+
+@cache
+def _named(template: str) -> tuple:
+    """The field names a str.format template uses (``{cell.name}`` uses ``cell``)."""
+    names = (name.split(".")[0].split("[")[0] for _, name, _, _ in Formatter().parse(template) if name)
+    return tuple(dict.fromkeys(names))
 
 
 def matrix_task_deps(plan, stage: Stage, cells) -> list:
@@ -83,12 +98,22 @@ def replay_of(plan, stage: Stage, subject, host: dict) -> tuple | None:
 
 
 def stage_tasks(
-    plan, stage: Stage, cells, store, host: dict, options: dict | None = None, retry_failed: bool = False
+    plan,
+    stage: Stage,
+    cells,
+    store,
+    host: dict,
+    options: dict | None = None,
+    retry_failed: bool = False,
+    outcomes=None,
+    records=None,
 ) -> list:
     """Every doit task dict of ``stage`` for the selected ``cells`` (``retry_failed``: declared
-    expected failures run again too, instead of replaying their recorded failure)."""
+    expected failures run again too, instead of replaying their recorded failure; ``outcomes``:
+    the run's memo of cell outcomes, handed to a matrix-wide stage's content, tasks/engine/actions.py;
+    ``records``: the run's parsed records, tasks/cache/records.py RunRecords, for the up-to-date checks)."""
     if stage.subject == "pipeline":
-        return [_matrix_task(plan, stage, cells, store, host, options or {})]
+        return [_matrix_task(plan, stage, cells, store, host, options or {}, outcomes)]
     tasks = []
     for subject in subjects(plan, stage, cells):
         spec = spec_of(plan, stage, subject, host)
@@ -100,7 +125,7 @@ def stage_tasks(
                 "name": sub,
                 "doc": stage.task_doc.format(**doc_fields(plan, stage, subject)),
                 "actions": [(run_stage, [plan, stage.name, subject, store, host])],
-                "uptodate": [(is_up_to_date, [spec, store], {"replay": replay})],
+                "uptodate": [(is_up_to_date, [spec, store], {"replay": replay, "records": records})],
                 "task_dep": list(dict.fromkeys(_deps(plan, stage, subject))),
                 "verbosity": 2,  # builders send their own output to the task's log file
                 "meta": {"etforge": {"needs": sorted(needs_of(stage, subject))}},  # cluster routing
@@ -109,7 +134,7 @@ def stage_tasks(
     return tasks
 
 
-def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict) -> dict:
+def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict, outcomes=None) -> dict:
     task = {
         "basename": stage.name,
         "doc": stage.task_doc.format(**doc_fields(plan, stage, None)),
@@ -117,8 +142,8 @@ def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict) ->
         "verbosity": 2,
     }
     if stage.cached:
-        task["actions"] = [(run_matrix_stage, [plan, stage.name, cells, store, host])]
-        task["uptodate"] = [(matrix_up_to_date, [plan, stage.name, cells, store, host])]
+        task["actions"] = [(run_matrix_stage, [plan, stage.name, cells, store, host], {"outcomes": outcomes})]
+        task["uptodate"] = [(matrix_up_to_date, [plan, stage.name, cells, store, host], {"outcomes": outcomes})]
     else:  # it re-checks its gates every time
         task["actions"] = [(run_uncached, [plan, stage.name, cells, host])]
         task["uptodate"] = [False]

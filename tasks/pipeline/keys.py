@@ -111,16 +111,26 @@ def _required_host(host):
 def key_of(plan, stage: Stage, subject, host: dict | None = None, fresh: bool = False) -> str:
     """The key of ``stage``'s task for ``subject`` (a ModelSpec or a Cell); ``host``: for benchmarks.
 
-    Memoised per plan by task name (a task's key depends on the plan only); ``fresh``: computed
-    anyway (to check that the subjects sharing one task name share its key).
+    Memoised per plan by task name (a task's key depends on the plan only, and a benchmark's on the
+    host too); ``fresh``: computed anyway (to check that the subjects sharing one task name share its key).
     """
-    if fresh or "host" in stage.key_inputs:
+    if fresh:
         return key_from(inputs_of(plan, stage, subject, host, fresh))
-    memo = plan.memo.setdefault("keys", {})
+    return memoised(plan, "keys", stage, subject, host, lambda: key_from(inputs_of(plan, stage, subject, host)))
+
+
+def memoised(plan, table: str, stage: Stage, subject, host: dict | None, compute):
+    """``compute()`` once per plan per task name, and per host for a stage whose key has the host in it."""
+    memo = plan.memo.setdefault(table, {})
     name = task_name(stage, subject)
-    if name not in memo:
-        memo[name] = key_from(inputs_of(plan, stage, subject, host))
-    return memo[name]
+    found = memo.get(name)
+    if "host" not in stage.key_inputs:
+        if found is None:
+            found = memo[name] = compute()
+        return found
+    if found is None or found[0] != host:  # (a copy of the host it was computed for, and the value)
+        found = memo[name] = (dict(host) if host is not None else None, compute())
+    return found[1]
 
 
 def inputs_of(plan, stage: Stage, subject, host: dict | None = None, fresh: bool = False) -> dict:
@@ -130,13 +140,9 @@ def inputs_of(plan, stage: Stage, subject, host: dict | None = None, fresh: bool
          "code": {etforge file: sha256}}
 
     A task's record keeps them, so that ``etforge explain`` can name what changed."""
-    if fresh or "host" in stage.key_inputs:
+    if fresh:
         return _inputs(plan, stage, subject, host)
-    memo = plan.memo.setdefault("inputs", {})
-    name = task_name(stage, subject)
-    if name not in memo:
-        memo[name] = _inputs(plan, stage, subject, host)
-    return memo[name]
+    return memoised(plan, "inputs", stage, subject, host, lambda: _inputs(plan, stage, subject, host))
 
 
 def _inputs(plan, stage: Stage, subject, host: dict | None) -> dict:

@@ -20,6 +20,7 @@ with ``:`` and ``/`` as ``__``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from etforge.config.digest_cache import PROJECT_MEMO
@@ -30,7 +31,8 @@ class ArtifactLayout:
     root: Path  # the project directory (where pipeline.yaml is)
     name: str  # the pipeline's name
 
-    @property
+    # (the directories every other path is under: made once per layout, a no-op run asks ~4,000 times)
+    @cached_property
     def artifacts_dir(self) -> Path:
         return self.root / "artifacts"
 
@@ -50,11 +52,11 @@ class ArtifactLayout:
     def lock_file(self) -> Path:
         return self.etforge_dir / "run.lock"
 
-    @property
+    @cached_property
     def out_dir(self) -> Path:
         return self.artifacts_dir / self.name
 
-    @property
+    @cached_property
     def state_dir(self) -> Path:
         return self.out_dir / ".state"
 
@@ -141,7 +143,14 @@ class ArtifactLayout:
 
 
 def layout_of(plan) -> ArtifactLayout:
-    return ArtifactLayout(plan.root, plan.name)
+    """The plan's layout (one per plan: it is derived from the plan alone)."""
+    memo = getattr(plan, "memo", None)
+    if memo is None:
+        return ArtifactLayout(plan.root, plan.name)
+    found = memo.get("layout")
+    if found is None or found.root != plan.root or found.name != plan.name:
+        found = memo["layout"] = ArtifactLayout(plan.root, plan.name)
+    return found
 
 
 def _file_stem(task_name: str) -> str:

@@ -50,12 +50,15 @@ def spec_of(plan, stage, subject=None, host: dict | None = None, key: str | None
     if stage.subject == "model" and hasattr(subject, "model"):
         subject = subject.model
     name = task_name(stage, subject)
-    if "host" in stage.key_inputs:  # (its key is the host's too: not memoised, as key_of does)
-        return _spec(plan, stage, subject, host, name, layout)
     # Memoised per plan by task name: a no-op run asks for each spec many times (the up-to-date
     # checks, then every reader of the cells' outcomes), and building one is mostly Path joins.
     memo = plan.memo.setdefault("specs", {})
     found = memo.get((name, id(stage)))
+    if "host" in stage.key_inputs:  # its key is the host's too: kept with (a copy of) that host
+        if found is None or found[0] != host:
+            spec = _spec(plan, stage, subject, host, name, layout)
+            found = memo[(name, id(stage))] = (dict(host) if host is not None else None, spec)
+        return found[1]
     if found is None:
         found = memo[(name, id(stage))] = _spec(plan, stage, subject, host, name, layout)
     return found

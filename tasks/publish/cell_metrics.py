@@ -124,13 +124,14 @@ def timings(o: outcome.CellOutcome) -> dict | None:
     return o.evidence.benchmark.to_json() if o.evidence.benchmark else None
 
 
-def snapshot(plan, cells, host: dict | None) -> dict:
+def snapshot(plan, cells, host: dict | None, outcomes=None) -> dict:
     """The current run in the shape a release's provenance gives a diff:
     {"cells": {name: {"status", "sha256", "cell", "metrics"}}, "timings": {name: bench}}."""
     by_name = {c.name: c for c in cells}
     rows: dict = {}
     bench: dict = {}
-    for o in outcome.outcomes(plan, cells, host):
+    # ``outcomes``: the run's (tasks/publish/outcome_memo.py RunOutcomes), or decided here
+    for o in outcomes.outcomes(cells) if outcomes is not None else outcome.outcomes(plan, cells, host):
         cell = by_name[o.cell]
         row = {"status": str(o.status), "cell": cell.canonical()}
         if o.ships:

@@ -56,12 +56,12 @@ def scoped(plan, cells, baseline_cells: dict) -> dict:
     return {n: v for n, v in baseline_cells.items() if n in selected or n not in known}
 
 
-def compare(plan, cells, host, baseline: diff_baseline.Baseline) -> list:
-    current = cell_metrics.snapshot(plan, cells, host)
+def compare(plan, cells, host, baseline: diff_baseline.Baseline, outcomes=None) -> list:
+    current = cell_metrics.snapshot(plan, cells, host, outcomes)
     return diff.compare(scoped(plan, cells, baseline.cells), baseline.timings, current, plan.diff, baseline.toolchain)
 
 
-def changes_since(plan, cells, host) -> dict | None:
+def changes_since(plan, cells, host, outcomes=None) -> dict | None:
     """{"label", "summary", "rows"} against the remembered baseline; None when there is none, or
     when the release it came from was replaced or removed since (no comparison with nothing)."""
     try:
@@ -78,7 +78,7 @@ def changes_since(plan, cells, host) -> dict | None:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    changes = compare(plan, cells, host, baseline)
+    changes = compare(plan, cells, host, baseline, outcomes)
     return {
         "label": baseline.label,
         "summary": diff.summary_line(changes, baseline.label),

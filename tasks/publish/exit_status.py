@@ -19,6 +19,7 @@ from etforge.pipeline.layout import layout_of
 from etforge.pipeline.specs import cells_of_tasks
 from etforge.pipeline.stages import is_cell_task
 from etforge.publish import outcome, release, summary
+from etforge.publish.outcome_memo import RunOutcomes
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,7 @@ class ExitStatus:
     host: dict  # etforge.config.machine.host_fingerprint(): benchmark rows are read for it
     specs: dict  # task name -> TaskSpec (tasks/pipeline/specs.py run_specs)
     cells_by_task: dict  # task name -> the Cell it belongs to (cell tasks only)
+    run: RunOutcomes | None = None  # the run's outcomes, each cell decided once (default: decided here)
 
     def decide(self, ran: set, touched: set) -> bool:
         """Write summary.json, say what failed; True when the run failed."""
@@ -43,7 +45,8 @@ class ExitStatus:
 
     def outcomes(self, task_names) -> list:
         """Outcomes of the cells the tasks belong to (a capture belongs to every cell of its model)."""
-        return outcome.outcomes(self.plan, touched_cells(self.plan, self.cells_by_task, task_names), self.host)
+        run = self.run or RunOutcomes(self.plan, self.host)
+        return run.outcomes(touched_cells(self.plan, self.cells_by_task, task_names))
 
     def write_summary(self, results: list) -> bool:
         if not results:

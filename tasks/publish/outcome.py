@@ -1,7 +1,7 @@
 """A cell's outcome: the one decision that the summary, report, manifests, C++ header,
 release and the run's exit status all read (none of them re-derives it).
 
-    cell_outcome(plan, cell, host=None) -> CellOutcome
+    cell_outcome(plan, cell, host=None, read=current) -> CellOutcome
     outcomes(plan, cells=None, host=None) -> [CellOutcome], in plan order
     rejected_outcome(rejected) -> CellOutcome of a combination refused at plan time
     failing(outcomes) -> the outcomes that fail the run
@@ -47,11 +47,15 @@ and ``rejected`` for combinations the recipes refuse at plan time.
 Ships (manifests, C++ header, release): ok, provisional, on-device.
 Fails the run: failed, unexpectedly-passing.
 
+A run decides each cell once (etforge.publish.outcome_memo RunOutcomes, which hands
+``read`` in to see which record files a decision read).
+
 This module must not import torch or executorch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -60,7 +64,7 @@ from etforge.cache.records import current
 from etforge.config.model import Cell, ExpectedFailure, Plan, RejectedCell, default_range_note
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import TaskStatus, task_status
-from etforge.pipeline.specs import cell_specs, spec_of
+from etforge.pipeline.specs import TaskSpec, cell_specs, spec_of
 from etforge.pipeline.stage_results import (
     BenchmarkResult,
     CaptureResult,
@@ -199,9 +203,12 @@ def _status(record: dict | None) -> TaskStatus | None:
     return task_status((record or {}).get("status"))
 
 
-def _records(plan: Plan, cell: Cell, host: dict | None) -> list:
+Read = Callable[[TaskSpec], "dict | None"]  # a task's current record or None (cache.records current)
+
+
+def _records(plan: Plan, cell: Cell, host: dict | None, read: Read) -> list:
     """(task name, current record or None, spec) of the cell's tasks, in pipeline order."""
-    return [(s.name, current(s), s) for s in cell_specs(plan, cell, host)]
+    return [(s.name, read(s), s) for s in cell_specs(plan, cell, host)]
 
 
 def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None) -> Evidence:
@@ -262,38 +269,44 @@ def _evidence(plan: Plan, cell: Cell, by_kind: dict, export: ExportResult | None
             # identical to eager: no SQNR (infinite), no error; a NaN SQNR is a number in the record
             facts["exact"] = _info(validate).get("sqnr_db") is None and verdict.max_abs_error == 0
     bench = by_kind.get("benchmark")
-    benchmark = BenchmarkResult.from_json(_info(bench))
-    if _status(bench) == TaskStatus.OK and benchmark.judges(sha256):
-        facts["benchmark"] = benchmark
+    if _status(bench) == TaskStatus.OK:
+        benchmark = BenchmarkResult.from_json(_info(bench))
+        if benchmark.judges(sha256):
+            facts["benchmark"] = benchmark
     return Evidence(**facts)
 
 
-def cell_outcome(plan: Plan, cell: Cell, host: dict | None = None) -> CellOutcome:
-    """The outcome of ``cell`` from its current records (see the module docstring)."""
-    records = _records(plan, cell, host)
+def cell_outcome(plan: Plan, cell: Cell, host: dict | None = None, read: Read = current) -> CellOutcome:
+    """The outcome of ``cell`` from its current records (see the module docstring), each read
+    with ``read`` (and nothing else read)."""
+    records = _records(plan, cell, host, read)
     by_kind = {name.split(":", 1)[0]: record for name, record, _ in records}
     exported = _status(by_kind["export"]) == TaskStatus.OK
     export = ExportResult.from_json(_info(by_kind["export"])) if exported else None
     evidence = _evidence(plan, cell, by_kind, export)
-    natural = _natural(plan, cell, records, by_kind, export, evidence)
+    natural = _natural(plan, cell, records, by_kind, export, evidence, read)
     return _with_expectation(plan.expected_failure(cell), natural)
 
 
-def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evidence: Evidence) -> CellOutcome:
+def _natural(
+    plan: Plan, cell: Cell, records: list, by_kind: dict, export, evidence: Evidence, read: Read
+) -> CellOutcome:
     """The outcome before ``matrix.expected_failures`` is applied."""
 
     def out(status, reason="", **kw):
         return CellOutcome(cell=cell.name, status=status, reason=" ".join(str(reason).split()), evidence=evidence, **kw)
 
     sha256 = export.sha256 if export is not None else None
-    moot = _size_gate_moot(plan, cell, by_kind)
+    moot = _size_gate_moot(plan, cell, by_kind, read)
     if moot:  # a failed fp32 sibling never hides this cell's own verdict: judged on its numerics
         records = [r for r in records if not r[0].startswith(STAGE["sizegate"].name + ":")]
     for name, record, _ in records:
         # A failure under the current key counts, unless it names other bytes than this program
         # (one that names none, e.g. a crash before it could, still counts: failing is the safe side).
+        if _status(record) != TaskStatus.FAILED:
+            continue  # (parsed only when it failed: a no-op run reads every cell's records)
         judged = Judgement.from_json(_info(record)).program_sha256
-        if _status(record) == TaskStatus.FAILED and judged in (None, sha256):
+        if judged in (None, sha256):
             reason = f"{name}: {record.get('reason') or 'failed'}"
             return out(CellState.FAILED, reason, log=record.get("log"), task=name)
     for name, record, _ in records:
@@ -349,7 +362,7 @@ def _natural(plan: Plan, cell: Cell, records: list, by_kind: dict, export, evide
     return out(CellState.OK, "; ".join(notes))
 
 
-def _size_gate_moot(plan: Plan, cell: Cell, by_kind: dict) -> str:
+def _size_gate_moot(plan: Plan, cell: Cell, by_kind: dict, read: Read) -> str:
     """What the size gate says when it has nothing to compare against (its fp32 sibling's export did not
     succeed, so it could not run), or "" when it did run or waits for this cell's own export."""
     if _status(by_kind.get("sizegate")) != TaskStatus.BLOCKED or _status(by_kind.get("export")) != TaskStatus.OK:
@@ -358,7 +371,7 @@ def _size_gate_moot(plan: Plan, cell: Cell, by_kind: dict) -> str:
     if sibling is None:
         return ""
     spec = spec_of(plan, STAGE["export"].name, sibling)
-    status = _status(current(spec))
+    status = _status(read(spec))
     if status not in (TaskStatus.FAILED, TaskStatus.BLOCKED, TaskStatus.REJECTED, TaskStatus.SKIPPED):
         return ""
     return f"size gate: nothing to compare against ({spec.name} {status}); judged on its numerics"

@@ -16,7 +16,8 @@ from etforge.cache.records import read_state
 from etforge.config.model import Plan
 from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import cells_of_tasks
-from etforge.publish import outcome, summary
+from etforge.publish import summary
+from etforge.publish.outcome_memo import RunOutcomes
 
 EXPECTED_FAILURE = "expected-failure"  # a failure matrix.expected_failures declares: never shown as FAILED
 # Every word the status column shows; the column is as wide as the longest.
@@ -27,12 +28,14 @@ WIDTH = max(map(len, STATES))
 @dataclass(frozen=True)
 class RunView:
     """What the reporter reads: the plan, task name -> TaskSpec (whose record a finish line reads),
-    task name -> Cell, and the host fingerprint (benchmark rows)."""
+    task name -> Cell, the host fingerprint (benchmark rows) and the run's outcomes (each cell
+    decided once per run; default: decided for the table)."""
 
     plan: object
     specs: dict
     cells_by_task: dict
     host: dict
+    outcomes: RunOutcomes | None = None
 
 
 class EtforgeReporter(ConsoleReporter):
@@ -123,7 +126,8 @@ class EtforgeReporter(ConsoleReporter):
         if self.view is None:
             return
         plan = self.view.plan
-        results = outcome.outcomes(plan, [c for c in plan.cells if c.name in self.touched_cells], self.view.host)
+        run = self.view.outcomes or RunOutcomes(plan, self.view.host)
+        results = run.outcomes([c for c in plan.cells if c.name in self.touched_cells])
         if not results:
             return
         self.write(f"\n{plan.name}: {self.executed} task(s) run, {self.up_to_date} up to date\n")

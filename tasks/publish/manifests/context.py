@@ -61,6 +61,7 @@ from etforge.publish.manifests.naming import (
 )
 from etforge.publish.manifests.program_check import check_program
 from etforge.publish.manifests.selective import pipeline_fields, variant_fields
+from etforge.publish.outcome_memo import RunOutcomes
 
 
 class ManifestError(Exception):
@@ -306,7 +307,8 @@ def build_context(
     }
 
 
-def manifest_content(plan: Plan, cells, host: dict | None) -> dict:
+def manifest_content(plan: Plan, cells, host: dict | None, outcomes: RunOutcomes | None = None) -> dict:
     """What the manifest stage renders (its digest is the key): every cell of the plan, whatever the
-    selection, so that a sub-matrix run never drops the other cells' shipped programs."""
-    return build_context(plan, host=host)
+    selection, so that a sub-matrix run never drops the other cells' shipped programs (``outcomes``:
+    the run's, tasks/publish/outcome_memo.py)."""
+    return build_context(plan, host=host, results=outcomes.by_name() if outcomes is not None else None)

@@ -21,6 +21,7 @@ from etforge.pipeline.results import BuildResult
 from etforge.pipeline.stage_results import ReportResult
 from etforge.publish import baseline, diff_section, outcome, summary, templates
 from etforge.publish.outcome import finite as _num
+from etforge.publish.outcome_memo import RunOutcomes
 from etforge.publish.report.charts import BACKEND_MARKERS, bar_chart, marker_path, scatter_chart, scheme_colours
 from etforge.publish.report.cost_charts import planned_chart, size_breakdown_chart
 from etforge.publish.report.cost_fields import EMPTY as COST_EMPTY
@@ -260,12 +261,20 @@ def _order(plan):
 
 
 def build_context(
-    plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None, host: dict | None = None
+    plan,
+    cells,
+    rejected,
+    bench: dict | None = None,
+    baseline_flags: list | None = None,
+    host: dict | None = None,
+    results: dict | None = None,
 ) -> dict:
-    """``host``: read the cells' benchmark records too (a failed benchmark fails its cell)."""
+    """``host``: read the cells' benchmark records too (a failed benchmark fails its cell); ``results``:
+    their outcomes (cell name -> CellOutcome) when the caller has them already."""
     bench = bench or {}
     flags = _flags_by_cell(baseline_flags)
-    rows = [cell_data(plan, c, outcome.cell_outcome(plan, c, host), bench, flags) for c in cells]
+    results = results or {}
+    rows = [cell_data(plan, c, results.get(c.name) or outcome.cell_outcome(plan, c, host), bench, flags) for c in cells]
     rows += [rejected_data(r) for r in rejected or ()]
     rows.sort(key=_order(plan))
     built_rows = [r for r in rows if r["status"] != "rejected"]  # only these get bars and points
@@ -369,19 +378,29 @@ def write_report(
 # ---------------------------------------------------------------- the report stage
 
 
-def benchmark_results(plan, cells, host: dict) -> dict:
+def benchmark_results(plan, cells, host: dict, outcomes: RunOutcomes | None = None) -> dict:
     """Cell name -> benchmark info of the cells benchmarked here (their outcomes' evidence)."""
-    return {o.cell: o.evidence.benchmark.to_json() for o in outcome.outcomes(plan, cells, host) if o.evidence.benchmark}
+    run = outcomes or RunOutcomes(plan, host)
+    return {o.cell: o.evidence.benchmark.to_json() for o in run.outcomes(cells) if o.evidence.benchmark}
 
 
-def report_content(plan, cells, host: dict) -> dict:
-    """What the report stage renders (its digest is the key): the page's context for the selected cells."""
+def report_content(plan, cells, host: dict, outcomes: RunOutcomes | None = None) -> dict:
+    """What the report stage renders (its digest is the key): the page's context for the selected
+    cells (``outcomes``: the run's, tasks/publish/outcome_memo.py; each cell is decided once)."""
+    run = outcomes or RunOutcomes(plan, host)
     models = {c.model.name for c in cells}
-    bench = benchmark_results(plan, cells, host)
+    bench = benchmark_results(plan, cells, host, run)
     context = build_context(
-        plan, cells, [r for r in plan.rejected if r.model in models], bench, baseline.regressions(plan, bench), host
+        plan,
+        cells,
+        [r for r in plan.rejected if r.model in models],
+        bench,
+        baseline.regressions(plan, bench),
+        host,
+        results=run.by_name(cells),
     )
-    context["changes"] = diff_section.changes_since(plan, cells, host)  # against the last `etforge diff`'s baseline
+    # against the last `etforge diff`'s baseline
+    context["changes"] = diff_section.changes_since(plan, cells, host, run)
     return context
 
 

@@ -1,0 +1,67 @@
+"""What a run need not validate again: data that passed the very same checks before.
+
+    memo = validation_memo(digests, versions, code)
+    memo.once(value, check)   check() unless ``value`` passed under the same salt before
+
+Schema validation (tasks/config/schema.py) and a recipe's option check (tasks/config/recipes.py
+check_options) are pure functions of the data checked, the schema files, the checking code and
+jsonschema. The memo keys a pass by a digest of the value (its ``repr``: 4 and 4.0, "1" and 1
+stay apart, as they do for the schema) under a salt of the schemas' bytes, the import closure of
+the checking code and the versions of jsonschema and its referencing library, so that a no-op run
+validates nothing and never imports jsonschema (0.1-0.4 s here). Only a pass is remembered: a bad
+file is checked again every time and gives the same one-line error. Entries live in the project's
+DigestCache, which is saved only once the whole plan checked out (a bad input writes nothing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from etforge.config.code_deps import CodeDigests
+from etforge.config.digest_cache import DigestCache
+from etforge.core.digest import digest
+from etforge.core.paths import SCHEMA_DIR
+
+KIND = "validated"  # DigestCache.derived kind of a pass; the salt is part of each entry's key
+CHECKING_CODE = ("etforge.config.schema", "etforge.config.recipes")
+LIBRARIES = ("jsonschema", "referencing", "jsonschema-specifications")
+
+
+class ValidationMemo:
+    def __init__(self, digests: DigestCache, salt: str):
+        self.digests = digests
+        self.salt = salt
+
+    def key(self, value) -> str:
+        return hashlib.sha256(f"{self.salt}\n{value!r}".encode()).hexdigest()
+
+    def once(self, value, check: Callable[[], Any]) -> Any:
+        """``check()`` (None or an empty result: a pass; a raise or a non-empty result: a failure)
+        unless ``value`` passed before; None when it did."""
+        key = self.key(value)
+        if self.digests.knows(KIND, key):
+            return None
+        result = check()
+        if not result:
+            self.digests.remember(KIND, key)
+        return result
+
+
+def validation_memo(
+    digests: DigestCache, version: Callable[[str], str | None], code: CodeDigests | None = None
+) -> ValidationMemo:
+    """The memo of a project's DigestCache; ``version``: a memoising distribution-version lookup;
+    ``code``: the plan's digests of etforge's code (one import graph walk for both)."""
+    schemas = {p.name: digests.file_digest(p) for p in sorted(SCHEMA_DIR.glob("*.json"))}
+    salt = digest(
+        {
+            "schemas": schemas,
+            "code": (code or CodeDigests(digests)).of(CHECKING_CODE),
+            "libraries": {name: version(name) for name in LIBRARIES},
+            "python": sys.version,
+        }
+    )
+    return ValidationMemo(digests, salt)

@@ -1,0 +1,128 @@
+"""What an unchanged pipeline costs: a no-op run decides each cell's outcome once and validates nothing.
+
+The manifests' and the report's up-to-date checks, the exit status and the summary table all read
+the cells' outcomes; the run's memo (tasks/publish/outcome_memo.py) decides each cell once, and
+again only when a record it read changed. Schema validation is remembered by content
+(tasks/config/validation_memo.py): a no-op run neither validates nor imports jsonschema, and a
+bad file is still one file:line: key error, every time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+import unit.test_unit_engine_run as engine_run
+from etforge.cache.records import RunRecords
+from etforge.config import schema
+from etforge.config.machine import host_fingerprint
+from etforge.config.resolve import resolve
+from etforge.core.errors import PipelineError
+from etforge.pipeline.specs import spec_of
+from etforge.publish import outcome, outcome_memo
+from etforge.publish.outcome_memo import RunOutcomes
+from unit.support import PIPELINE
+
+RACY_S = 0.15  # records older than this are trusted by their stat signature (outcome_memo.RACY_NS)
+
+
+@pytest.fixture
+def etforge(unit_project, monkeypatch, capfd) -> engine_run.Etforge:
+    for name, stage in engine_run.fake_builders.fake_stages().items():
+        monkeypatch.setitem(engine_run.STAGE, name, stage)
+    return engine_run.Etforge(unit_project, monkeypatch, capfd)
+
+
+def count_decisions(monkeypatch) -> Counter:
+    """Cell name -> how many times its outcome was decided (through the memo or around it)."""
+    decided: Counter = Counter()
+    decide = outcome.cell_outcome
+
+    def counting(plan, cell, *args, **kwargs):
+        decided[cell.name] += 1
+        return decide(plan, cell, *args, **kwargs)
+
+    monkeypatch.setattr(outcome_memo, "cell_outcome", counting)
+    monkeypatch.setattr(outcome, "cell_outcome", counting)
+    return decided
+
+
+def test_a_no_op_run_decides_each_cell_once(etforge, monkeypatch):
+    first = etforge()  # every default stage: the manifests and the report read every outcome
+    assert first.code == 0, first.out + first.err
+    assert {"manifest", "report"} <= first.started
+    time.sleep(RACY_S)
+    decided = count_decisions(monkeypatch)
+    second = etforge()
+    assert second.code == 0, second.out + second.err
+    assert second.started == set(), second.out
+    assert set(decided) == set(engine_run.CELLS)
+    assert max(decided.values()) == 1, decided  # not once per reader (manifest, report, exit status, table)
+
+
+def test_a_kept_outcome_is_decided_again_when_a_record_it_read_changes(etforge):
+    assert etforge("export", "validate").code == 0
+    time.sleep(RACY_S)
+    plan = resolve(etforge.project.pipeline)
+    cell = etforge.project.cell(plan, "a/xnnpack/fp32")
+    run = RunOutcomes(plan, host_fingerprint())
+    assert run.of(cell).status == "provisional"
+    assert run.of(cell).status == "provisional" and run.decided == 1
+    state = spec_of(plan, "validate", cell).state_file
+    record = json.loads(state.read_text())
+    record.update(status="failed", reason="measured 3 dB")
+    tmp = state.with_name(state.name + ".new")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, state)  # as records are written: a new inode, a fresh mtime
+    assert run.of(cell).status == "failed"
+    assert run.decided == 2
+
+
+def test_a_no_op_plan_validates_nothing_and_a_bad_file_is_still_one_line(unit_project, monkeypatch):
+    resolve(unit_project.pipeline)  # remembers that this pipeline and its recipes passed
+
+    def refuse(*args):
+        raise AssertionError("validated again")
+
+    monkeypatch.setattr(schema, "_validate", refuse)
+    monkeypatch.setattr("etforge.config.recipes._option_problems", refuse)
+    resolve(unit_project.pipeline)
+    monkeypatch.undo()
+    unit_project.write_pipeline(
+        PIPELINE.replace("quantization: [fp32, fp16]", "quantization: [fp32, fp16]\nmodles: {}")
+    )
+    for _ in range(2):  # a failure is never remembered
+        with pytest.raises(PipelineError) as error:
+            resolve(unit_project.pipeline)
+        assert str(error.value) == f"{unit_project.pipeline}:14: modles: unknown key 'modles'; did you mean 'models'?"
+
+
+def test_a_no_op_plan_does_not_import_jsonschema(unit_project):
+    resolve(unit_project.pipeline)
+    code = (
+        "import sys; from etforge.config.resolve import resolve; "
+        f"resolve({str(unit_project.pipeline)!r}); print('jsonschema' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_run_parses_a_record_once_while_its_file_is_unchanged(tmp_path):
+    path = tmp_path / "export__a.json"
+    records = RunRecords()
+    assert records.state(path) == (None, None)  # not there yet
+    path.write_text(json.dumps({"status": "ok", "key": "k1"}))
+    assert records.state(path)[1] == {"status": "ok", "key": "k1"}  # written since: read
+    time.sleep(RACY_S)
+    kept = records.state(path)[1]
+    assert records.state(path)[1] is kept  # parsed once
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(json.dumps({"status": "failed", "key": "k1"}))
+    os.replace(tmp, path)
+    assert records.state(path)[1] == {"status": "failed", "key": "k1"}
