@@ -25,11 +25,13 @@ def sqnr_text(o: CellOutcome) -> str:
     return "-" if sqnr is None else f"{sqnr:.1f}"
 
 
-def outcome_row(o: CellOutcome) -> dict:
+def outcome_row(o: CellOutcome, shown=None) -> dict:
+    """The cell's summary row; ``shown`` turns its log's path into what a shipped file may name
+    (the report: relative to the artifacts, so two checkouts write the same bytes)."""
     ev = o.evidence
     note = o.reason
     if o.log and o.status in ("failed", "expected-failure"):
-        note += f" (log: {o.log})"
+        note += f" (log: {shown(o.log) if shown else o.log})"
     p50 = ev.latency_p50_ms
     return {
         "cell": o.cell,

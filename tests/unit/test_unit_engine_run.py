@@ -248,6 +248,8 @@ def test_the_manifests_ship_exactly_the_passing_cells_and_list_the_failed_one(et
     html = (etforge.project.out / "report.html").read_text()
     assert 'data-cell="a/portable/fp32" data-status="failed"' in html
     assert 'data-cell="b/portable/fp32" data-status="provisional"' in html
+    # The report ships in a release: its notes name a log as the manifests do, never this checkout's path.
+    assert "(log: logs/export__a__portable__fp32.log)" in html and str(etforge.project.root) not in html
     # Fixed: the cell's own tasks run again, and the matrix-wide ones whose content changed.
     etforge.control()
     again = etforge()

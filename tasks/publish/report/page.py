@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from etforge.core.atomic import atomic_write_text
+from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import BuildResult
 from etforge.pipeline.stage_results import ReportResult
 from etforge.publish import baseline, diff_section, outcome, summary, templates
@@ -168,7 +169,7 @@ def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict)
         "quant": cell.quant.name,
         "quantized": cell.transform is not None,
         "status": result.status,
-        "note": summary.outcome_row(result)["note"],
+        "note": summary.outcome_row(result, layout_of(plan).shown)["note"],
         "size_bytes": size,
         "size_text": summary.human_size(size),
         "sqnr_db": sqnr,
