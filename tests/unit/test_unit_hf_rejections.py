@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from etforge.config import recipes
+from etforge.config.hf_config_keys import known_model_types
+from etforge.config.hf_source import TASKS
 from etforge.core.errors import PipelineError
 from etforge.publish import summary
 from unit.support import make_unit_project
@@ -61,7 +63,7 @@ hf_tasks:
 
 def _project(tmp_path: Path, pipeline: str = PIPELINE, block: str = HF_TASKS, recipe: str = "portable"):
     project = make_unit_project(tmp_path / "proj", pipeline, models=())
-    text = (recipes.RECIPE_DIR / "backends" / f"{recipe}.yaml").read_text()
+    text = (recipes.RECIPE_DIR / "backends" / f"{recipe}.yaml").read_text().split("\nhf_tasks:")[0]  # its own, last
     project.write(f"recipes/backends/{recipe}.yaml", text + block)
     return project
 
@@ -152,3 +154,33 @@ def test_explicit_keep_float_regexes_on_an_llm_are_kept(tmp_path):
     assert not plan.rejected
     cell = next(c for c in plan.cells if c.name == "tiny_llm/xnnpack/8da4w")
     assert cell.transform.options["keep_float"] == ["model.layers.0.mlp.*"]
+
+
+def test_the_real_recipes_hf_task_rejections_name_real_tasks_schemes_and_model_types():
+    path = recipes.RecipePath()
+    schemes = set(path.available("quantization"))
+    model_types = known_model_types()
+    entries = 0
+    for name in path.available("backend"):
+        block = path.load("backend", name).data.get("hf_tasks")
+        if not block:
+            continue
+        assert block["measured"].strip(), name
+        for entry in block["rejected"]:
+            entries += 1
+            assert entry["task"] in TASKS and entry["task"] != "text-generation", (name, entry)
+            assert set(entry.get("schemes", ())) <= schemes, (name, entry)
+            assert model_types is None or set(entry.get("model_types", ())) <= set(model_types), (name, entry)
+    assert entries, "no backend recipe carries a measured hf_tasks rejection"
+
+
+def test_the_real_recipes_reject_what_was_measured_to_fail(tmp_path):
+    pipeline = PIPELINE.replace("  portable: {}\n", "  coreml: {}\n  openvino: {}\n  xnnpack: {}\n")
+    plan = make_unit_project(tmp_path / "proj", pipeline, models=()).plan()
+    refused = {r.name: r.reason for r in plan.rejected}
+    for cell in ("bert_mlm/coreml/int8", "vit/coreml/int8", "bert_mlm/openvino/int8", "vit/openvino/int8"):
+        assert "(measured 2026-11-25 on tiny random-weight configs" in refused[cell], refused
+    assert "fake_quantize_tensor_cachemask_kernel_type_handling" in refused["vit/coreml/int8"]
+    assert "LayerNorm's 1-D bias" in refused["vit/openvino/int8"]
+    # what was measured to build stays in the plan
+    assert {"vit/xnnpack/int8", "bert_mlm/coreml/fp32", "vit/openvino/fp32"} <= {c.name for c in plan.cells}
