@@ -28,8 +28,8 @@ name: t
 version: 0.0.1
 models:
   tiny_bert:
-    # eager attention: its mask ops leave XNNPACK 54 % of the compute ops (sdpa's: 46 %, under the 50 % gate)
-    transformers: {{task: feature-extraction, attn_implementation: eager, config: {CONFIG}}}
+    # default sdpa attention: XNNPACK takes 47 % of the ops but 99 % of the FLOPs the coverage gate judges
+    transformers: {{task: feature-extraction, config: {CONFIG}}}
     inputs:
       - {{name: input_ids, shape: [1, 16], dtype: int64, range: [3, 512]}}
       - {{name: attention_mask, shape: [1, 16], dtype: int64, sample: attention_mask}}

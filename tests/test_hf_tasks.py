@@ -54,8 +54,6 @@ models:
 backends:
   xnnpack: {{}}
 quantization: [fp32]
-gates:  # the op-count gate: BERT's layout ops leave XNNPACK 39 % of the ops, all of its matmuls inside
-  min_delegation_coverage: {{xnnpack: 0.3}}
 """
 
 

@@ -430,6 +430,7 @@ def backends_page() -> str:
         out.append(f"| `{b.name}` | " + " | ".join(marks) + " |\n")
     out.append("\n")
     out.append(llm_section(backends))
+    out.append(hf_tasks_section(backends))
     out.append("\n## Backend recipes\n\n")
     for b in backends:
         out.append(backend_section(b, schemes))
@@ -461,6 +462,29 @@ def llm_section(backends) -> str:
         "static KV cache, which only these backends and schemes take; every other LLM cell is "
         "`rejected` when the plan is built, with the reason.\n\n"
         "| backend | schemes | custom ops | refused, and why |\n|---|---|---|---|\n" + "".join(rows)
+    )
+
+
+def hf_tasks_section(backends) -> str:
+    """The Hugging Face task cells each backend recipe's ``hf_tasks`` block refuses (measured)."""
+    rows = []
+    for b in backends:
+        block = b.data.get("hf_tasks") or {}
+        for entry in block.get("rejected") or ():
+            types = ", ".join(code(t) for t in entry.get("model_types") or ()) or "any"
+            schemes = ", ".join(code(q) for q in entry.get("schemes") or ()) or "every scheme"
+            rows.append(
+                f"| `{b.name}` | {code(entry['task'])} | {types} | {schemes} | {cell(entry['reason'])} "
+                f"| {cell(block.get('measured', ''))} |\n"
+            )
+    if not rows:
+        return ""
+    return (
+        "\n## Hugging Face task cells\n\n"
+        "A `transformers:` model of another task (see [LLMs and Hugging Face models](llm.md#vision-and-masked-lm-tasks)) is refused "
+        "where its backend recipe's `hf_tasks` block says it was measured not to build: the cell is "
+        "`rejected` when the plan is built, with the reason and when it was measured.\n\n"
+        "| backend | task | model types | schemes | why | measured |\n|---|---|---|---|---|---|\n" + "".join(rows)
     )
 
 

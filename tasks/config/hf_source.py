@@ -291,3 +291,73 @@ def reject_llm_cells(
         else:
             kept.append(cell)
     return tuple(kept), tuple(refused)
+
+
+def task_rejection(cell) -> str | None:
+    """Why a non-LLM ``transformers:`` cell cannot be built on its backend, or None: what each member
+    recipe's ``hf_tasks`` block says was measured to fail (task, optionally model types and schemes)."""
+    source = (cell.model.source or {}).get("transformers")
+    if not source or source["task"] == TEXT_GENERATION:
+        return None
+    model_type = source["config"].get("model_type")
+    for member in cell.backend.members:
+        block = member.hf_tasks
+        for entry in block.get("rejected") or ():
+            if (
+                entry["task"] == source["task"]
+                and model_type in entry.get("model_types", (model_type,))
+                and cell.quant.name in entry.get("schemes", (cell.quant.name,))
+            ):
+                return f"{entry['reason']} (measured {block['measured']})"
+    return None
+
+
+def reject_task_cells(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
+    """The matrix's cells without the Hugging Face task cells a backend recipe refuses (task_rejection),
+    which join ``rejected``; a matrix left empty is one error naming pipeline.yaml's line."""
+    from etforge.config.model import RejectedCell
+
+    kept, refused = [], list(rejected)
+    for cell in cells:
+        reason = task_rejection(cell)
+        if reason:
+            refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
+        else:
+            kept.append(cell)
+    if not kept:
+        raise doc.error(
+            ("quantization",),
+            "every cell of the matrix is refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused[:3]),
+        )
+    return tuple(kept), tuple(refused)
+
+
+def reject_llm_keep_float(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
+    """``keep_float: auto`` measures each layer on the module reference; an LLM's reference (a prompt and
+    its logits per decode step) has no such measure yet, so its cells of that scheme are rejected, and
+    the option is an error where it names no other cell. Explicit regexes work on LLMs (torchao schemes)."""
+    from etforge.config.model import RejectedCell
+    from etforge.config.yamlfile import format_path
+
+    auto = {c.quant.name for c in cells if c.transform is not None and c.transform.options.get("keep_float") == "auto"}
+    refused = list(rejected)
+    for scheme in sorted(auto):
+        path = ("quantization_options", scheme, "keep_float")
+        users = [c for c in cells if c.quant.name == scheme]
+        llms = sorted({c.model.name for c in users if c.model.kind == ModelKind.LLM})
+        why = (
+            f"auto is not implemented for text-generation models ({', '.join(llms)}): it measures "
+            "layers on a module's reference outputs, not on decode steps; name the layers instead "
+            "(keep_float: [regex, ...] works on LLM cells)"
+        )
+        if llms and all(c.model.kind == ModelKind.LLM for c in users):
+            raise doc.error(path, why)
+        if llms:
+            where = f"{doc.file}:{doc.line_of(path)}: {format_path(path)}"
+            refused += [
+                RejectedCell(c.model.name, c.backend.name, c.quant.name, f"{where}: {why}")
+                for c in users
+                if c.model.kind == ModelKind.LLM
+            ]
+    names = {r.name for r in refused}
+    return tuple(c for c in cells if c.name not in names), tuple(refused)

@@ -161,6 +161,7 @@ class BackendMember:
     # The rest of what its recipe says of it (recipes are the one home of a backend's facts):
     lowering: dict = field(default_factory=dict)  # {context: module:function, fresh_process: bool}
     llm: dict = field(default_factory=dict)  # {schemes, custom_ops, rejected, static_shapes}
+    hf_tasks: dict = field(default_factory=dict)  # {measured, rejected: [{task, model_types, schemes, reason}]}
     manifest: dict = field(default_factory=dict)  # {description, platforms, rank}
     cmake_targets: dict = field(default_factory=dict)  # {source, wheel}: what an app links for its delegate
     # {runner, name[, proxy]}: what runs its programs here when the runtime cannot (runtime.validated_by)

@@ -14,7 +14,13 @@ from etforge.config import defaults, npz_index, recipes, schema
 from etforge.config.code_deps import CodeDigests, ImportGraph
 from etforge.config.digest_cache import DigestCache, digest_cache_for
 from etforge.config.dynamic_cells import reject_dynamic
-from etforge.config.hf_source import model_kind, reject_llm_cells, resolve_transformers
+from etforge.config.hf_source import (
+    model_kind,
+    reject_llm_cells,
+    reject_llm_keep_float,
+    reject_task_cells,
+    resolve_transformers,
+)
 from etforge.config.labels import HostLabels
 from etforge.config.manifest_options import check_options as check_manifest_options
 from etforge.config.matrix import MatrixResolver
@@ -303,6 +309,7 @@ class _Resolver:
             dynamic_shapes=bool(recipe.data.get("dynamic_shapes", False)),
             lowering=dict(recipe.data.get("lowering") or {}),
             llm=dict(recipe.data.get("llm") or {}),
+            hf_tasks=dict(recipe.data.get("hf_tasks") or {}),
             manifest=dict(recipe.data.get("manifest") or {}),
             cmake_targets=dict(runtime.get("cmake_targets") or {}),
             **{k: runtime[k] for k in ("validated_by", "probe") if runtime.get(k)},  # what runs or probes it here
@@ -385,6 +392,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     cells, rejected = m.cells(models, backends, quants, quant_thresholds)
     cells, rejected = reject_dynamic(doc, cells, rejected)
     cells, rejected = reject_llm_cells(cells, rejected, models, backends, r.recipes)
+    cells, rejected = reject_task_cells(doc, cells, rejected)
+    cells, rejected = reject_llm_keep_float(doc, cells, rejected)
     m.check_backend_options(cells, rejected)
     expected_failures = m.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)}
