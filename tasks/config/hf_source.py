@@ -333,31 +333,35 @@ def reject_task_cells(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]
 
 
 def reject_llm_keep_float(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
-    """``keep_float: auto`` measures each layer on the module reference; an LLM's reference (a prompt and
-    its logits per decode step) has no such measure yet, so its cells of that scheme are rejected, and
-    the option is an error where it names no other cell. Explicit regexes work on LLMs (torchao schemes)."""
+    """``keep_float: auto`` measures each layer on the module reference; a generative model's reference
+    (an LLM's or an encoder-decoder's prompt and its logits per decode step) has no such measure yet, so
+    its cells of that scheme are rejected, and the option is an error where it names no other cell.
+    Explicit regexes work on LLMs (torchao schemes)."""
     from etforge.config.model import RejectedCell
     from etforge.config.yamlfile import format_path
+
+    def generative(cell) -> bool:
+        return cell.model.kind in (ModelKind.LLM, ModelKind.SEQ2SEQ)
 
     auto = {c.quant.name for c in cells if c.transform is not None and c.transform.options.get("keep_float") == "auto"}
     refused = list(rejected)
     for scheme in sorted(auto):
         path = ("quantization_options", scheme, "keep_float")
         users = [c for c in cells if c.quant.name == scheme]
-        llms = sorted({c.model.name for c in users if c.model.kind == ModelKind.LLM})
+        models = sorted({c.model.name for c in users if generative(c)})
         why = (
-            f"auto is not implemented for text-generation models ({', '.join(llms)}): it measures "
+            f"auto is not implemented for generative models ({', '.join(models)}): it measures "
             "layers on a module's reference outputs, not on decode steps; name the layers instead "
             "(keep_float: [regex, ...] works on LLM cells)"
         )
-        if llms and all(c.model.kind == ModelKind.LLM for c in users):
+        if models and all(generative(c) for c in users):
             raise doc.error(path, why)
-        if llms:
+        if models:
             where = f"{doc.file}:{doc.line_of(path)}: {format_path(path)}"
             refused += [
                 RejectedCell(c.model.name, c.backend.name, c.quant.name, f"{where}: {why}")
                 for c in users
-                if c.model.kind == ModelKind.LLM
+                if generative(c)
             ]
     names = {r.name for r in refused}
     return tuple(c for c in cells if c.name not in names), tuple(refused)

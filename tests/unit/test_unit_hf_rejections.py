@@ -3,7 +3,7 @@
 - a backend recipe's ``hf_tasks`` block (what was measured not to build: task, optionally model types
   and schemes, the reason, when and with what) rejects those cells with its reason and date, in the plan
   and the summary, like a scheme recipe's refusals; the real recipes' entries name real tasks and schemes;
-- ``keep_float: auto`` on a text-generation model is refused at plan time (one ``file:line: key`` line
+- ``keep_float: auto`` on a text-generation or encoder-decoder model is refused at plan time (one ``file:line: key`` line
   when it applies to LLM cells only; else those cells are rejected naming that line), explicit regexes stay.
 """
 
@@ -146,7 +146,17 @@ def test_keep_float_auto_on_an_llm_only_is_one_line_naming_the_option(tmp_path):
     project = make_unit_project(tmp_path / "proj", LLM_PIPELINE, models=())
     line = _error(project)
     assert "pipeline.yaml:10: quantization_options.8da4w.keep_float: auto is not implemented" in line, line
-    assert "text-generation models (tiny_llm)" in line and "keep_float: [regex, ...]" in line
+    assert "generative models (tiny_llm)" in line and "keep_float: [regex, ...]" in line
+
+
+def test_keep_float_auto_on_an_encoder_decoder_is_refused_too(tmp_path):
+    t5 = "{model_type: t5, vocab_size: 64, d_model: 32, d_kv: 8, d_ff: 64, num_layers: 1, num_heads: 4}"
+    pipeline = LLM_PIPELINE.replace(
+        f"transformers: {{task: text-generation, config: {LLAMA}, llm: {{max_context_len: 32}}}}",
+        f"transformers: {{task: text2text-generation, config: {t5}, seq2seq: {{max_cache_len: 16}}}}",
+    )
+    line = _error(make_unit_project(tmp_path / "proj", pipeline, models=()))
+    assert "quantization_options.8da4w.keep_float: auto is not implemented for generative models (tiny_llm)" in line
 
 
 def test_keep_float_auto_shared_with_a_module_rejects_only_the_llm_cells(tmp_path):
