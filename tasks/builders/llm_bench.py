@@ -124,9 +124,27 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
         if hwm is not None
         else "largest VmRSS sampled after loading, each prefill and each generation"
     )
+    return generation_section(
+        runs,
+        first,
+        length,
+        steps,
+        dynamic,
+        load_ns=t1 - t0,
+        memory=(before, hwm, samples, rss_method),
+        timer="time.perf_counter_ns around method.execute (prefill, each decode step); ttft adds the argmax",
+    )
+
+
+def generation_section(
+    runs: list, first: dict, length: int, steps: int, dynamic: bool, load_ns: int, memory: tuple, timer: str
+) -> dict:
+    """bench.json's ``llm`` section from timed generations (each: ``prefill_ns``, ``ttft_ns``, ``step_ns``):
+    medians over ``runs``, the very ``first`` generation apart; ``memory``: (RSS before loading, VmHWM
+    after the runs or None, RSS samples, how the peak was measured). LLMs and encoder-decoders alike."""
+    before, hwm, samples, rss_method = memory
     # the kernel's RSS counters lag by a few pages per thread: a sample may read above VmHWM
     peak = max([hwm or 0, *samples]) or None
-
     prefill_ms = statistics.median(r["prefill_ns"] for r in runs) / NS_PER_MS
     decode_ms = statistics.median(sum(r["step_ns"]) for r in runs) / NS_PER_MS
     steps_ms = sorted(s / NS_PER_MS for r in runs for s in r["step_ns"])
@@ -135,7 +153,7 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
         "decode_steps": steps,
         "dynamic_shapes": dynamic,
         "generations": len(runs),
-        "load_ms": _r((t1 - t0) / NS_PER_MS),
+        "load_ms": _r(load_ns / NS_PER_MS),
         "prefill_ms": _r(prefill_ms),
         "prefill_tok_s": _r(length / (prefill_ms / 1e3)),
         "ttft_ms": _r(statistics.median(r["ttft_ns"] for r in runs) / NS_PER_MS),
@@ -154,7 +172,7 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
             "rss_after_load_bytes": samples[0] or None,
             "rss_method": rss_method,
         },
-        "timer": "time.perf_counter_ns around method.execute (prefill, each decode step); ttft adds the argmax",
+        "timer": timer,
     }
 
 

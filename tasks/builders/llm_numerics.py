@@ -190,7 +190,6 @@ def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_sch
 
     from etforge.builders.determinism import deterministic
     from etforge.builders.llm_export import REFERENCE_SOURCE, register_custom_ops
-    from etforge.builders.numerics import finite_json
     from etforge.builders.program_io import load_method
     from etforge.core.digest import sha256_file
 
@@ -224,11 +223,20 @@ def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_sch
 
     if random_weights(cell.model):
         report["notes"].append(RANDOM_WEIGHTS_NOTE)
+    return generative_verdict(workdir, report, ("prefill_sqnr_db",), inputs=report["inputs"])
+
+
+def generative_verdict(workdir: Path, report: dict, own: tuple, **extra) -> BuildResult:
+    """Write ``report`` (its ``llm`` or ``seq2seq`` metrics, thresholds, misses) as numerics.json and
+    return the cell's Verdict: the figures every generative cell has, its ``own`` metric keys
+    (``prefill_sqnr_db``, ``encoder_sqnr_db``) and ``extra`` fields. Failed when a threshold missed."""
+    from etforge.builders.numerics import finite_json
+
+    metrics, misses = report.get("llm") or report["seq2seq"], report["misses"]
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     info = {
-        key: metrics[key]
-        for key in ("sqnr_db", "prefill_sqnr_db", "top1_agreement", "greedy_agreement", "max_abs_error", "cosine")
+        key: metrics[key] for key in ("sqnr_db", *own, "top1_agreement", "greedy_agreement", "max_abs_error", "cosine")
     }
     if "same_scheme" in metrics:
         info.update(
@@ -238,10 +246,10 @@ def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_sch
     info.update(
         nonfinite_values=metrics["nonfinite"]["nan"] + metrics["nonfinite"]["inf"],
         samples=1,
-        inputs=report["inputs"],
         passed=not misses,
         program_sha256=report["program_sha256"],
         decode_steps=metrics["decode_steps"],
+        **extra,
     )
     if misses:
         return BuildResult(

@@ -17,11 +17,10 @@ Peak RSS as llm_bench measures it (VmHWM reset just before loading). Timings are
 from __future__ import annotations
 
 import gc
-import statistics
 import time
 from pathlib import Path
 
-from etforge.builders.llm_bench import DECODE_STEPS, NS_PER_MS, _r, _reset_peak
+from etforge.builders.llm_bench import DECODE_STEPS, _reset_peak, generation_section
 from etforge.builders.proc_status import proc_status_bytes
 
 
@@ -50,8 +49,7 @@ def _generate(encoder, decoder, features, start: int, steps: int, samples: list)
 def measure(pte: Path, features, start: int, max_cache_len: int, opts: dict) -> dict:
     """The ``llm`` section of bench.json for the encoder-decoder program ``pte``; ``features``: the
     capture's encoder input; ``start``: the decoder start token."""
-    from executorch.runtime import Runtime
-
+    from etforge.builders.determinism import runtime
     from etforge.config.hf_seq2seq import DECODER, ENCODER
 
     steps = max(1, min(DECODE_STEPS, max_cache_len - 1))
@@ -60,7 +58,7 @@ def measure(pte: Path, features, start: int, max_cache_len: int, opts: dict) -> 
     before = proc_status_bytes("VmRSS").get("VmRSS")
     reset = _reset_peak()
     t0 = time.perf_counter_ns()
-    program = Runtime.get().load_program(str(pte))
+    program = runtime().load_program(str(pte))
     encoder, decoder = program.load_method(ENCODER), program.load_method(DECODER)
     t1 = time.perf_counter_ns()
     samples = [proc_status_bytes("VmRSS").get("VmRSS", 0)]
@@ -79,37 +77,19 @@ def measure(pte: Path, features, start: int, max_cache_len: int, opts: dict) -> 
             gc.enable()
         del encoder, decoder, program
     hwm = proc_status_bytes("VmHWM").get("VmHWM") if reset else None
-    peak = max([hwm or 0, *samples]) or None
-    length = first["length"]
-    prefill_ms = statistics.median(r["prefill_ns"] for r in runs) / NS_PER_MS
-    decode_ms = statistics.median(sum(r["step_ns"]) for r in runs) / NS_PER_MS
-    steps_ms = sorted(s / NS_PER_MS for r in runs for s in r["step_ns"])
-    return {
-        "prompt_len": length,
-        "decode_steps": steps,
-        "dynamic_shapes": False,
-        "generations": len(runs),
-        "load_ms": _r((t1 - t0) / NS_PER_MS),
-        "prefill_ms": _r(prefill_ms),
-        "prefill_tok_s": _r(length / (prefill_ms / 1e3)),
-        "ttft_ms": _r(statistics.median(r["ttft_ns"] for r in runs) / NS_PER_MS),
-        "decode_ms": _r(decode_ms),
-        "decode_tok_s": _r(steps / (decode_ms / 1e3)),
-        "decode_step_ms": {"p50": _r(statistics.median(steps_ms)), "min": _r(steps_ms[0]), "max": _r(steps_ms[-1])},
-        "first_generation": {
-            "ttft_ms": _r(first["ttft_ns"] / NS_PER_MS),
-            "prefill_tok_s": _r(length / (first["prefill_ns"] / 1e9)),
-            "decode_tok_s": _r(steps / (sum(first["step_ns"]) / 1e9)),
-        },
-        "memory": {
-            "rss_before_load_bytes": before,
-            "peak_rss_bytes": peak,
-            "peak_rss_delta_bytes": peak - before if peak is not None and before is not None else None,
-            "rss_after_load_bytes": samples[0] or None,
-            "rss_method": "VmHWM after the runs, reset through /proc/self/clear_refs just before loading"
-            if hwm is not None
-            else "largest VmRSS sampled after loading and after each generation",
-        },
-        "timer": "time.perf_counter_ns around method.execute (encoder = prefill, each decoder step); "
+    rss_method = (
+        "VmHWM after the runs, reset through /proc/self/clear_refs just before loading"
+        if hwm is not None
+        else "largest VmRSS sampled after loading and after each generation"
+    )
+    return generation_section(
+        runs,
+        first,
+        first["length"],
+        steps,
+        False,
+        load_ns=t1 - t0,
+        memory=(before, hwm, samples, rss_method),
+        timer="time.perf_counter_ns around method.execute (encoder = prefill, each decoder step); "
         "ttft adds the first decoder step and its argmax; prompt_len = the encoder's output length",
-    }
+    )

@@ -18,13 +18,9 @@ cell with its quantized eager model. Every comparison fails on NaN.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from etforge.pipeline.results import BuildResult, TaskStatus
-from etforge.pipeline.stage_results import Verdict
-
-NUMERICS = "numerics.json"
+from etforge.pipeline.results import BuildResult
 
 
 def run_seq2seq(program, encoder_input, tokens: list) -> dict:
@@ -57,8 +53,14 @@ def build_seq2seq_validate(
 
     from etforge.builders.determinism import deterministic
     from etforge.builders.hf_models import RANDOM_WEIGHTS_NOTE, random_weights
-    from etforge.builders.llm_numerics import compare_llm, compare_same_scheme, llm_thresholds, llm_verdict
-    from etforge.builders.numerics import finite_json, nonfinite, sqnr_db
+    from etforge.builders.llm_numerics import (
+        compare_llm,
+        compare_same_scheme,
+        generative_verdict,
+        llm_thresholds,
+        llm_verdict,
+    )
+    from etforge.builders.numerics import nonfinite, sqnr_db
     from etforge.builders.program_io import cast_inputs, load_program, program_io_dtypes
     from etforge.builders.seq2seq_export import REFERENCE_SOURCE
     from etforge.config.hf_seq2seq import DECODER, ENCODER
@@ -101,31 +103,9 @@ def build_seq2seq_validate(
         "misses": misses,
         "notes": [RANDOM_WEIGHTS_NOTE] if random_weights(cell.model) else [],
     }
-    out = workdir / NUMERICS
-    out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    info = {
-        key: metrics[key]
-        for key in ("sqnr_db", "encoder_sqnr_db", "top1_agreement", "greedy_agreement", "max_abs_error", "cosine")
-    }
-    if "same_scheme" in metrics:
-        info.update(
-            same_scheme_sqnr_db=metrics["same_scheme"]["sqnr_db"],
-            same_scheme_top1_agreement=metrics["same_scheme"]["top1_agreement"],
-        )
-    info.update(
-        nonfinite_values=metrics["nonfinite"]["nan"] + metrics["nonfinite"]["inf"],
-        samples=1,
-        inputs=REFERENCE_SOURCE,
-        methods=[ENCODER, DECODER],
-        passed=not misses,
-        program_sha256=report["program_sha256"],
-        decode_steps=metrics["decode_steps"],
+    return generative_verdict(
+        workdir, report, ("encoder_sqnr_db",), inputs=REFERENCE_SOURCE, methods=[ENCODER, DECODER]
     )
-    if misses:
-        return BuildResult(
-            files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason="; ".join(misses)
-        )
-    return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
 
 
 def _sha256(path: Path) -> str:

@@ -3,7 +3,7 @@ methods under a calibrated scheme. Planning code: no torch or executorch."""
 
 from __future__ import annotations
 
-from etforge.config.model import RejectedCell
+from etforge.config.matrix import reject_refused
 
 
 def dynamic_refusal(cell) -> str | None:
@@ -26,16 +26,4 @@ def dynamic_refusal(cell) -> str | None:
 
 
 def reject_dynamic(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
-    kept, refused = [], list(rejected)
-    for cell in cells:
-        reason = dynamic_refusal(cell)
-        if reason:
-            refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
-        else:
-            kept.append(cell)
-    if not kept:
-        raise doc.error(
-            ("quantization",),
-            "every cell of the matrix is refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused[:3]),
-        )
-    return tuple(kept), tuple(refused)
+    return reject_refused(doc, cells, rejected, dynamic_refusal)

@@ -119,14 +119,20 @@ def _class_keys(path: Path, name: str, depth: int = 0) -> set | None:
 
 def accepted_keys(model_type: str) -> set | None:
     """Every key the config class of ``model_type`` accepts, or None when this cannot be read."""
+    found = _config_class(model_type)
+    keys = _class_keys(*found) if found else None
+    return None if keys is None else keys | POST_INIT_KWARGS | {"model_type"}
+
+
+def _config_class(model_type: str) -> tuple[Path, str] | None:
+    """(the file, the class name) of ``model_type``'s config class in transformers' source, or None."""
     root = _package_dir()
     names = config_class_names()
     if root is None or not names or model_type not in names:
         return None
     folder = model_type.replace("-", "_")
     path = root / "models" / folder / f"configuration_{folder}.py"
-    keys = _class_keys(path, names[model_type]) if path.is_file() else None
-    return None if keys is None else keys | POST_INIT_KWARGS | {"model_type"}
+    return (path, names[model_type]) if path.is_file() else None
 
 
 def known_model_types() -> list | None:
@@ -168,10 +174,5 @@ def _class_default(path: Path, name: str, key: str, depth: int = 0):
 def default_value(model_type: str, key: str):
     """The literal default of config key ``key`` in ``model_type``'s config class (``num_mel_bins: int = 80``),
     or None when it has none this module can read."""
-    root = _package_dir()
-    names = config_class_names()
-    if root is None or not names or model_type not in names:
-        return None
-    folder = model_type.replace("-", "_")
-    path = root / "models" / folder / f"configuration_{folder}.py"
-    return _class_default(path, names[model_type], key)[1] if path.is_file() else None
+    found = _config_class(model_type)
+    return _class_default(*found, key)[1] if found else None

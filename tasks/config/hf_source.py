@@ -315,21 +315,9 @@ def task_rejection(cell) -> str | None:
 def reject_task_cells(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:
     """The matrix's cells without the Hugging Face task cells a backend recipe refuses (task_rejection),
     which join ``rejected``; a matrix left empty is one error naming pipeline.yaml's line."""
-    from etforge.config.model import RejectedCell
+    from etforge.config.matrix import reject_refused
 
-    kept, refused = [], list(rejected)
-    for cell in cells:
-        reason = task_rejection(cell)
-        if reason:
-            refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
-        else:
-            kept.append(cell)
-    if not kept:
-        raise doc.error(
-            ("quantization",),
-            "every cell of the matrix is refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused[:3]),
-        )
-    return tuple(kept), tuple(refused)
+    return reject_refused(doc, cells, rejected, task_rejection)
 
 
 def reject_llm_keep_float(doc, cells: tuple, rejected: tuple) -> tuple[tuple, tuple]:

@@ -13,6 +13,24 @@ from etforge.config.tools import ToolVersions, stage_tools
 from etforge.config.yamlfile import LoadedYaml, format_path
 
 
+def reject_refused(doc: LoadedYaml, cells: tuple, rejected: tuple, refusal) -> tuple[tuple, tuple]:
+    """The cells ``refusal(cell)`` has no reason against, and ``rejected`` plus those it refuses;
+    a matrix left empty is one error naming pipeline.yaml's ``quantization`` line."""
+    kept, refused = [], list(rejected)
+    for cell in cells:
+        reason = refusal(cell)
+        if reason:
+            refused.append(RejectedCell(cell.model.name, cell.backend.name, cell.quant.name, reason))
+        else:
+            kept.append(cell)
+    if not kept:
+        raise doc.error(
+            ("quantization",),
+            "every cell of the matrix is refused: " + "; ".join(f"{r.name}: {r.reason}" for r in refused[:3]),
+        )
+    return tuple(kept), tuple(refused)
+
+
 def scheme_size_gate(quant: QuantSpec, backend: BackendSpec) -> dict | None:
     """The scheme's size gate for this backend: its entry for the backend's primary recipe, else the recipe's."""
     table = quant.recipe.data.get("backends") or {}
