@@ -37,22 +37,16 @@ def validate_stage(request: BuildRequest) -> BuildResult:
 
             bundled.reason = f"{load_callable(cell.backend.probe)()}; {bundled.reason}"
         return bundled
-    if not cell.backend.host_runnable:  # run on what its recipe's runtime.validated_by names
-        return build_validate(
-            cell,
-            export.files[PROGRAM],
-            capture.files[REFERENCE],
-            input_dtypes,
-            request.workdir,
-            runner=stand_in_runner(cell.backend, export.files),
-        )
+    # the runtime runs it here, else what its recipe's runtime.validated_by names (no divergence search)
+    here = cell.backend.host_runnable
     return build_validate(
         cell,
         export.files[PROGRAM],
         capture.files[REFERENCE],
         input_dtypes,
         request.workdir,
-        program=capture.files["model.pt2"],
+        program=capture.files["model.pt2"] if here else None,
+        runner=None if here else stand_in_runner(cell.backend, export.files),
     )
 
 

@@ -239,9 +239,7 @@ class DaskRunner(WorkerRunner):
                 if completed:
                     continue
                 return False
-            if not node.task.actions:  # a group task (`export`): nothing to run anywhere
-                self.process_task_result(node, self.execute_task(node.task))
-                completed.append(node)
+            if self._done_here(node, completed):
                 continue
             if self.lost:
                 self._failed(node, f"not run: {self.lost}")

@@ -264,13 +264,18 @@ class WorkerRunner(MRunner):
                 if completed:
                     continue
                 return False
-            if not node.task.actions and not node.task.teardown:
-                # A group task (``export``: every export:* task) runs nothing: done here, as doit's
-                # sequential runner does, rather than forking a worker for it (a no-op run forked one).
-                self.process_task_result(node, self.execute_task(node.task))
-                completed.append(node)
+            if self._done_here(node, completed):
                 continue
             self._start(node, workers)
+
+    def _done_here(self, node, completed: list) -> bool:
+        """A group task (``export``: every export:* task) runs nothing: done here, as doit's
+        sequential runner does, rather than handed to a worker (a no-op run forked one for it)."""
+        if node.task.actions or node.task.teardown:
+            return False
+        self.process_task_result(node, self.execute_task(node.task))
+        completed.append(node)
+        return True
 
     def _start(self, node, workers: list) -> None:
         task = node.task
