@@ -34,6 +34,7 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 
 from etforge.builders.proc_status import proc_status_bytes
@@ -104,26 +105,11 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
     method = program.load_method("forward")
     t1 = time.perf_counter_ns()
     samples = [proc_status_bytes("VmRSS").get("VmRSS", 0)]
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
     try:
-        first = _generate(method, prompt, steps, dynamic, samples)
-        runs: list = []
-        deadline = time.perf_counter_ns() + int(opts["max_seconds"] * 1e9) if opts["max_seconds"] else None
-        while len(runs) < opts["iterations"]:
-            runs.append(_generate(method, prompt, steps, dynamic, samples))
-            if deadline is not None and time.perf_counter_ns() > deadline:
-                break
+        first, runs = timed_generations(partial(_generate, method, prompt, steps, dynamic, samples), opts)
     finally:
-        if gc_was_enabled:
-            gc.enable()
         del method, program
     hwm = proc_status_bytes("VmHWM").get("VmHWM") if reset else None
-    rss_method = (
-        "VmHWM after the runs, reset through /proc/self/clear_refs just before loading"
-        if hwm is not None
-        else "largest VmRSS sampled after loading, each prefill and each generation"
-    )
     return generation_section(
         runs,
         first,
@@ -131,9 +117,28 @@ def measure(pte: Path, prompt, llm: dict, opts: dict) -> dict:
         steps,
         dynamic,
         load_ns=t1 - t0,
-        memory=(before, hwm, samples, rss_method),
+        memory=(before, hwm, samples, "after loading, each prefill and each generation"),
         timer="time.perf_counter_ns around method.execute (prefill, each decode step); ttft adds the argmax",
     )
+
+
+def timed_generations(generate, opts: dict) -> tuple[dict, list]:
+    """(the first generation, then up to ``opts["iterations"]`` more within ``opts["max_seconds"]``),
+    each ``generate()``'s timings, with the garbage collector off so that no pause lands in one."""
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        first = generate()
+        runs: list = []
+        deadline = time.perf_counter_ns() + int(opts["max_seconds"] * 1e9) if opts["max_seconds"] else None
+        while len(runs) < opts["iterations"]:
+            runs.append(generate())
+            if deadline is not None and time.perf_counter_ns() > deadline:
+                break
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return first, runs
 
 
 def generation_section(
@@ -141,8 +146,13 @@ def generation_section(
 ) -> dict:
     """bench.json's ``llm`` section from timed generations (each: ``prefill_ns``, ``ttft_ns``, ``step_ns``):
     medians over ``runs``, the very ``first`` generation apart; ``memory``: (RSS before loading, VmHWM
-    after the runs or None, RSS samples, how the peak was measured). LLMs and encoder-decoders alike."""
-    before, hwm, samples, rss_method = memory
+    after the runs or None, RSS samples, when they were sampled). LLMs and encoder-decoders alike."""
+    before, hwm, samples, sampled = memory
+    rss_method = (
+        "VmHWM after the runs, reset through /proc/self/clear_refs just before loading"
+        if hwm is not None
+        else f"largest VmRSS sampled {sampled}"
+    )
     # the kernel's RSS counters lag by a few pages per thread: a sample may read above VmHWM
     peak = max([hwm or 0, *samples]) or None
     prefill_ms = statistics.median(r["prefill_ns"] for r in runs) / NS_PER_MS

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import gc
 import time
+from functools import partial
 from pathlib import Path
 
-from etforge.builders.llm_bench import DECODE_STEPS, _reset_peak, generation_section
+from etforge.builders.llm_bench import DECODE_STEPS, _reset_peak, generation_section, timed_generations
 from etforge.builders.proc_status import proc_status_bytes
 
 
@@ -62,26 +63,11 @@ def measure(pte: Path, features, start: int, max_cache_len: int, opts: dict) -> 
     encoder, decoder = program.load_method(ENCODER), program.load_method(DECODER)
     t1 = time.perf_counter_ns()
     samples = [proc_status_bytes("VmRSS").get("VmRSS", 0)]
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
     try:
-        first = _generate(encoder, decoder, features, start, steps, samples)
-        runs: list = []
-        deadline = time.perf_counter_ns() + int(opts["max_seconds"] * 1e9) if opts["max_seconds"] else None
-        while len(runs) < opts["iterations"]:
-            runs.append(_generate(encoder, decoder, features, start, steps, samples))
-            if deadline is not None and time.perf_counter_ns() > deadline:
-                break
+        first, runs = timed_generations(partial(_generate, encoder, decoder, features, start, steps, samples), opts)
     finally:
-        if gc_was_enabled:
-            gc.enable()
         del encoder, decoder, program
     hwm = proc_status_bytes("VmHWM").get("VmHWM") if reset else None
-    rss_method = (
-        "VmHWM after the runs, reset through /proc/self/clear_refs just before loading"
-        if hwm is not None
-        else "largest VmRSS sampled after loading and after each generation"
-    )
     return generation_section(
         runs,
         first,
@@ -89,7 +75,7 @@ def measure(pte: Path, features, start: int, max_cache_len: int, opts: dict) -> 
         steps,
         False,
         load_ns=t1 - t0,
-        memory=(before, hwm, samples, rss_method),
+        memory=(before, hwm, samples, "after loading and after each generation"),
         timer="time.perf_counter_ns around method.execute (encoder = prefill, each decoder step); "
         "ttft adds the first decoder step and its argmax; prompt_len = the encoder's output length",
     )
