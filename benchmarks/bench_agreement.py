@@ -29,18 +29,6 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-# ExecuTorch ScalarType codes (MethodMeta.dtype()) -> numpy dtype names.
-SCALAR_TYPES = {
-    0: "uint8",
-    1: "int8",
-    2: "int16",
-    3: "int32",
-    4: "int64",
-    5: "float16",
-    6: "float32",
-    7: "float64",
-    11: "bool",
-}
 CNN_INPUT_SHAPE = (1, 3, 64, 64)
 
 
@@ -67,6 +55,8 @@ def inputs_from_program(pte: Path, method_name: str, seed: int = 0) -> list:
     import numpy as np
     from executorch.runtime import Runtime
 
+    from etforge.builders.pte_interpreter import SCALAR_TYPES  # ExecuTorch ScalarType code -> dtype name
+
     program = Runtime.get().load_program(str(pte))
     meta = program.load_method(method_name).metadata
     rng = np.random.default_rng(seed)
@@ -74,7 +64,7 @@ def inputs_from_program(pte: Path, method_name: str, seed: int = 0) -> list:
     for i in range(meta.num_inputs()):
         tmeta = meta.input_tensor_meta(i)
         dtype = SCALAR_TYPES.get(int(tmeta.dtype()))
-        if dtype is None:
+        if dtype is None or dtype == "bfloat16":  # numpy has no bfloat16
             raise SystemExit(f"input {i}: unsupported ExecuTorch dtype code {tmeta.dtype()}; pass --reference")
         shape = tuple(tmeta.sizes())
         if dtype.startswith("float"):

@@ -29,6 +29,7 @@ import pytest
 import yaml
 from conftest import REPO, SMALL_PIPELINE, make_project
 from test_cpp_runner_runs_programs import ATOL, RTOL, of_kind, parse, python_outputs, run_runner
+from unit.support import upstream_union
 
 MODELS = {"linreg": (1, 4), "cnn": (1, 3, 8, 8)}
 SOURCE_ENV = "ETFORGE_TEST_EXECUTORCH_SOURCE_DIR"
@@ -172,23 +173,7 @@ def test_each_program_and_the_union_are_what_executorchs_tools_say(shipped, tmp_
                 for entry in mine["operators"].values()
             )
     # the union: gen_all_oplist over the per-program files
-    file_list = tmp_path / "list.txt"
-    file_list.write_text("\n".join(listed))
-    (tmp_path / "union").mkdir()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "executorch.codegen.tools.gen_all_oplist",
-            "--model_file_list_path",
-            f"@{file_list}",
-            "--output_dir",
-            str(tmp_path / "union"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    upstream = yaml.safe_load((tmp_path / "union" / "selected_operators.yaml").read_text())
+    upstream = upstream_union(listed, tmp_path)
     union = yaml.safe_load((manifests / "selected_operators.yaml").read_text())
     assert without_debug_info(union) == without_debug_info(upstream)
     assert {"aten::convolution.out", "aten::addmm.out"} <= set(union["operators"])

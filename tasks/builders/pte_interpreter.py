@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 # ExecuTorch ScalarType codes (executorch/exir/scalar_type.py) -> torch dtype names
-_SCALAR_TYPES = {
+SCALAR_TYPES = {
     0: "uint8",
     1: "int8",
     2: "int16",
@@ -73,7 +73,7 @@ class PteInterpreter:
     def _meta(self, tensor) -> tuple:
         import torch
 
-        return [int(s) for s in tensor.sizes], getattr(torch, _SCALAR_TYPES[int(tensor.scalar_type)])
+        return [int(s) for s in tensor.sizes], getattr(torch, SCALAR_TYPES[int(tensor.scalar_type)])
 
     def _value(self, index: int, env: dict, want: str | None = None):
         import torch
@@ -94,7 +94,7 @@ class PteInterpreter:
                     env[index] = torch.empty(sizes, dtype=dtype)  # an out= tensor
             return env[index]
         if isinstance(value, schema.Int):
-            return getattr(torch, _SCALAR_TYPES[value.int_val]) if want == "ScalarType" else value.int_val
+            return getattr(torch, SCALAR_TYPES[value.int_val]) if want == "ScalarType" else value.int_val
         if isinstance(value, schema.Double):
             return float(value.double_val)
         if isinstance(value, schema.Bool):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,3 +146,26 @@ def report_row(cell: str, size=None, sqnr=None, p50=None, status="ok", **extra) 
         "regression": None,
         **extra,
     }
+
+
+def upstream_union(listed: list, workdir: Path) -> dict:
+    """ExecuTorch's own ``gen_all_oplist`` over the per-program selected_operators files ``listed``
+    (run in a subprocess; it needs no runtime): the union etforge's must equal."""
+    import yaml
+
+    (workdir / "list.txt").write_text("\n".join(str(p) for p in listed))
+    (workdir / "union").mkdir()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "executorch.codegen.tools.gen_all_oplist",
+            "--model_file_list_path",
+            f"@{workdir / 'list.txt'}",
+            "--output_dir",
+            str(workdir / "union"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    return yaml.safe_load((workdir / "union" / "selected_operators.yaml").read_text())

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from etforge.program import kernels
+from unit.support import upstream_union
 
 # What gen_oplist lists for the small CNN lowered to portable kernels with int8 weights, and for a
 # dynamic-batch XNNPACK program (measured, executorch 1.5.1).
@@ -98,22 +97,7 @@ def test_the_union_is_what_gen_all_oplist_makes_of_the_per_program_files(tmp_pat
         path = tmp_path / (name.replace("/", "_") + ".yaml")
         path.write_text(yaml.safe_dump(kernels.selection(operators, [name]), default_flow_style=False))
         listed.append(str(path))
-    (tmp_path / "list.txt").write_text("\n".join(listed))
-    (tmp_path / "union").mkdir()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "executorch.codegen.tools.gen_all_oplist",
-            "--model_file_list_path",
-            f"@{tmp_path / 'list.txt'}",
-            "--output_dir",
-            str(tmp_path / "union"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    upstream = yaml.safe_load((tmp_path / "union" / "selected_operators.yaml").read_text())
+    upstream = upstream_union(listed, tmp_path)
     mine = kernels.union_selection(programs)
     # debug_info: upstream names each per-program file, etforge the programs themselves
     paths = {str(Path(p).resolve()): name for p, name in zip(listed, programs)}
