@@ -27,17 +27,30 @@ def regressions(plan, bench: dict) -> list:
     return compare_with_baseline(bench, load_baseline(plan.root / baseline), plan.regression_pct)
 
 
-def p50_of(entry: dict) -> float | None:
-    """The p50 (ms) of a benchmark result: ``p50_ms``, the benchmark task's info (``latency_p50_ms``)
-    or a whole bench.json (``latency_ms.p50``); None unless it is a finite number above 0."""
+def _latency(entry: dict, stat: str) -> float | None:
+    """``stat`` (p50, min) in ms of a benchmark result: ``<stat>_ms``, the benchmark task's info
+    (``latency_<stat>_ms``) or a whole bench.json (``latency_ms.<stat>``); None unless it is a finite
+    number above 0."""
     if not isinstance(entry, dict):
         return None
-    value = entry.get("p50_ms", entry.get("latency_p50_ms"))
+    value = entry.get(f"{stat}_ms", entry.get(f"latency_{stat}_ms"))
     if value is None and isinstance(entry.get("latency_ms"), dict):
-        value = entry["latency_ms"].get("p50")
+        value = entry["latency_ms"].get(stat)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not value > 0:
         return None
     return float(value)
+
+
+def p50_of(entry: dict) -> float | None:
+    """The p50 (ms) of a benchmark result (any of the three shapes ``_latency`` reads)."""
+    return _latency(entry, "p50")
+
+
+def fastest_of(entry: dict) -> float | None:
+    """The fastest timed run (ms) of a benchmark result, its p50 where it records no minimum: what
+    ranks variants (etforge.publish.manifests.ship_fields.platform_defaults)."""
+    fastest = _latency(entry, "min")
+    return fastest if fastest is not None else p50_of(entry)
 
 
 def _host_id_of(entry: dict) -> str | None:

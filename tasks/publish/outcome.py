@@ -152,6 +152,14 @@ class Evidence:
         return self.benchmark.latency_p50_ms if self.benchmark else None
 
     @property
+    def latency_fastest_ms(self) -> float | None:
+        """The fastest timed run (the p50 where a record has no minimum): what ranks variants."""
+        if not self.benchmark:
+            return None
+        fastest = self.benchmark.latency_min_ms
+        return fastest if fastest is not None else self.benchmark.latency_p50_ms
+
+    @property
     def coverage(self) -> float | None:
         """Fraction of the graph's ops the backend took, or None."""
         d, n = self.delegated_ops, self.non_delegated_ops

@@ -142,6 +142,7 @@ def report_row(cell: str, size=None, sqnr=None, p50=None, status="ok", **extra) 
         "sqnr_db": sqnr,
         "sqnr_text": "-" if sqnr is None else f"{sqnr:.1f}",
         "p50_ms": p50,
+        "fastest_ms": p50,
         "latency_text": "-" if p50 is None else f"{p50} ms",
         "regression": None,
         **extra,

@@ -67,7 +67,7 @@ def test_the_default_is_the_fastest_measured_else_the_declared_order():
     assert got["linux"] == {
         "variant": "a/xnnpack/int8",
         "ranked_by": "host latency",
-        "reason": "fastest p50 measured on the build host of 3 measured variant(s) "
+        "reason": "fastest run measured on the build host of 3 measured variant(s) "
         "(within 10% of it, the declared order decides)",
     }
     # a re-benchmark that moves p50s within the tie margin changes neither the pick nor its reason

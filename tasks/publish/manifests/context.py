@@ -256,7 +256,7 @@ def build_context(
         for v in own:
             v["platforms"] = sorted(p for p, ids in fallback.items() if v["id"] in ids and p != "default")
         # host latency only where the caller wants timings (a release leaves them out: reproducible)
-        latency = {v["id"]: results[v["id"]].evidence.latency_p50_ms for v in own} if timings else {}
+        latency = {v["id"]: results[v["id"]].evidence.latency_fastest_ms for v in own} if timings else {}
         labels_file = config.get("labels_file")
         models.append(
             {

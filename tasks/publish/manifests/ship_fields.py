@@ -52,7 +52,7 @@ def capabilities(cell, ev) -> dict:
     return out
 
 
-# Host p50s this close to the fastest are noise on a build host, not a ranking (benchmark repeats
+# Host latencies this close to the fastest are noise on a build host, not a ranking (benchmark repeats
 # on a loaded 2-core machine differ by about this much): ties go to the declared order.
 LATENCY_TIE = 0.10
 
@@ -61,11 +61,14 @@ def platform_defaults(fallback: dict, latency: dict) -> dict:
     """platform -> {"variant", "ranked_by", "reason"}: the variant a loader should pick first.
 
     ``fallback``: platform -> variant ids in the declared order (recipes' ``manifest.rank`` or
-    ``manifests.platforms``); ``latency``: variant id -> host p50 ms, where etforge measured it.
-    When the order's first variant was measured here, the fastest measured variant is the
-    default; otherwise (it runs only on the device) the declared order decides. Variants within
-    ``LATENCY_TIE`` of the fastest count as ties, settled by the declared order, and no figure
-    goes into the reason: a re-benchmark changes the manifests only when the pick changes.
+    ``manifests.platforms``); ``latency``: variant id -> its fastest timed run on the build host
+    (ms, BenchmarkResult.latency_min_ms), where etforge measured it. The minimum, not the p50:
+    other work on the host only ever adds time, so the fastest run is the figure a busy build
+    machine disturbs least (the advice of Python's timeit), and a re-benchmark under load keeps
+    the pick. When the order's first variant was measured here, the fastest measured variant is
+    the default; otherwise (it runs only on the device) the declared order decides. Variants
+    within ``LATENCY_TIE`` of the fastest count as ties, settled by the declared order, and no
+    figure goes into the reason: a re-benchmark changes the manifests only when the pick changes.
     """
     out = {}
     for platform, ids in fallback.items():
@@ -76,7 +79,7 @@ def platform_defaults(fallback: dict, latency: dict) -> dict:
             fastest = min(t for t, _, _ in measured)
             _, _, best = min((n, t, i) for t, n, i in measured if t <= fastest * (1 + LATENCY_TIE))
             reason = (
-                f"fastest p50 measured on the build host of {len(measured)} measured variant(s) "
+                f"fastest run measured on the build host of {len(measured)} measured variant(s) "
                 f"(within {LATENCY_TIE:.0%} of it, the declared order decides)"
             )
             out[platform] = {"variant": best, "ranked_by": "host latency", "reason": reason}

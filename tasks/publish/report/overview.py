@@ -6,8 +6,8 @@
 "Best" is what the manifests name each platform's default (etforge.publish.manifests.ship_fields
 platform_defaults): among the shipped variants in the platform's fallback order, the fastest
 measured on the build host when the order's first choice was measured, else the first of the
-declared order. Latency is the report's (``rows``' p50), so a report without timings ranks
-by the declared order alone.
+declared order. Latency is the report's (``rows``' fastest run, as the manifests rank), so a
+report without timings ranks by the declared order alone.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def best_per_platform(plan, rows: list) -> dict:
             p: [v["id"] for v, _ in fallback_order(variants, platforms[p], chains_by_recipe=True)]
             for p in sorted(platforms)
         }
-        out[model] = platform_defaults(fallback, {r["cell"]: r["p50_ms"] for r in shipped})
+        out[model] = platform_defaults(fallback, {r["cell"]: r["fastest_ms"] for r in shipped})
     return out
 
 

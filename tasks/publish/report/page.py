@@ -180,6 +180,7 @@ def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict)
         "top5_text": format_fraction(top5),
         "random_inputs": bool(ev.metrics) and str(ev.validated_on or "").startswith("random"),
         "p50_ms": p50,
+        "fastest_ms": baseline.fastest_of(timing),  # what ranks a platform's default (overview.py)
         "latency_text": format_ms(p50),
         "bench_title": _bench_title(timing),
         "regression": flags.get(cell.name),
@@ -229,6 +230,7 @@ def rejected_data(rejected) -> dict:
         "top5_text": "-",
         "random_inputs": None,
         "p50_ms": None,
+        "fastest_ms": None,
         "latency_text": "-",
         "bench_title": "",
         "regression": None,
