@@ -15,17 +15,17 @@ run: $(STAMP)
 
 # Run the test suite on three workers (each test file stays on one worker, so its shared
 # fixtures are built once; a third worker fills the cores while the others wait on their
-# doit subprocesses: 425 tests in 12.0 min on 2 cores, against ~13 min on two workers);
-# installs Debian's chromium for the report test if missing.
+# doit subprocesses), the longest modules first (tests/conftest.py LONGEST_FIRST; xdist's
+# own reorder by test count is turned off); installs Debian's chromium for the report test.
 test: $(STAMP)
 	./.ci/install-chromium.sh
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile -m "not slow" tests
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
 # Also the `slow` tests: S3 repeats of the shared-cache scenarios, two more kill points, OpenVINO
 # byte reproducibility across processes; and 12 randomized fault cases instead of 2.
 test-all: $(STAMP)
 	./.ci/install-chromium.sh
-	ETFORGE_FAULT_CASES=12 $(BIN)/python -m pytest -q -n 3 --dist loadfile tests
+	ETFORGE_FAULT_CASES=12 $(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder tests
 
 # ruff (lint and format) and mypy on the package: what CI checks before the tests.
 lint: $(STAMP)

@@ -17,6 +17,43 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The modules that take longest on one worker (seconds measured with --durations, 2 cores), longest
+# first. `make test` hands whole modules to its workers (--dist loadfile) in collection order, and
+# pytest-xdist would otherwise order them by test count, which puts these few-test, long modules
+# last and leaves one worker finishing them alone; longest first keeps the workers busy to the end.
+LONGEST_FIRST = (
+    "test_faults_recover.py",  # 245
+    "test_machines_share_a_cache.py",  # 147
+    "test_build_once_rebuild_what_changed.py",  # 146
+    "test_llm_export_and_decode.py",  # 141
+    "test_releases_are_reproducible.py",  # 96
+    "test_keys_cover_every_input.py",  # 88
+    "test_accuracy_rescue.py",  # 73
+    "test_numerics_against_eager.py",  # 70
+    "test_quantized_cells.py",  # 66
+    "test_encoders_with_padding_masks.py",  # 60
+    "test_hf_seq2seq.py",  # 60
+    "test_llm_schemes.py",  # 45
+    "test_dynamic_shapes.py",  # 44
+    "test_multi_method_programs.py",  # 43
+    "test_hf_tasks.py",  # 42
+    "test_weight_group_schemes.py",  # 41
+)
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """Longest modules first (LONGEST_FIRST), then the other end-to-end modules, then the unit tests."""
+
+    def rank(item) -> tuple:
+        path = Path(str(item.fspath))
+        if path.name in LONGEST_FIRST:
+            return (0, LONGEST_FIRST.index(path.name))
+        return (1, 0) if path.parent.name == "tests" else (2, 0)
+
+    items.sort(key=rank)  # stable: each module keeps its own order
+
+
 START_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] start\s+(\S+)$", re.M)
 
 SMALL_PIPELINE = """\

@@ -29,14 +29,15 @@ from conftest import (
 from etforge.cache.entries import read_entry
 
 
-# Mid-lowering and mid-verdict run by default; between tasks and mid-capture in `make test-all`.
+# Mid-lowering runs by default (a kill during the final writes has its own fast tests below);
+# mid-verdict, between tasks and mid-capture in `make test-all`.
 @pytest.mark.parametrize(
     "kill_at",
     [
         pytest.param("start            capture:cnn", marks=pytest.mark.slow),
         "start            export:cnn/xnnpack/fp32",
         pytest.param("ok               export:linreg/xnnpack/fp32", marks=pytest.mark.slow),
-        "start            validate:cnn/portable/fp32",
+        pytest.param("start            validate:cnn/portable/fp32", marks=pytest.mark.slow),
     ],
 )
 def test_a_killed_run_leaves_nothing_a_later_run_accepts_and_the_next_run_finishes(tmp_path, kill_at):
@@ -160,7 +161,10 @@ def summary_rows(project) -> dict:
     return {r["cell"]: r for r in json.loads((project.out / "summary.json").read_text())}
 
 
-@pytest.mark.parametrize("args", [("-r", "json"), ("--reporter=json", "validate")])
+# The second spelling of the reporter option in `make test-all`.
+@pytest.mark.parametrize(
+    "args", [("-r", "json"), pytest.param(("--reporter=json", "validate"), marks=pytest.mark.slow)]
+)
 def test_any_reporter_takes_the_lock_and_a_failed_cell_fails_the_run(tmp_path, args):
     project = tiny_project(tmp_path / "proj", "boom", linreg=False)
     first = start_doit(project, *args)
@@ -446,7 +450,8 @@ def test_a_kill_during_the_final_writes_leaves_a_state_the_next_run_accepts(buil
 @pytest.mark.parametrize(
     "task, blob, keep_mtime, workers",
     [
-        (f"export:{CELL}", "program.pte", False, ()),
+        # the same-mtime case below is the harder one: this one runs in `make test-all`
+        pytest.param(f"export:{CELL}", "program.pte", False, (), marks=pytest.mark.slow),
         # Validation and benchmark both read the bad entry at once: one of them rebuilds it.
         (f"export:{CELL}", "program.pte", True, ("-n", "2", "-P", "process")),
         ("capture:linreg", "reference.npz", True, ()),  # in the store only: capture runs again
@@ -506,9 +511,15 @@ def test_a_module_replaced_with_its_old_size_and_mtime_is_not_served_stale(built
     [
         ("exits", (), "SystemExit: the code called sys.exit(0)"),
         ("exits", ("-n", "2", "-P", "process"), "SystemExit: the code called sys.exit(0)"),
-        ("exits", ("-r", "json"), "SystemExit: the code called sys.exit(0)"),
+        # the JSON reporter and another exit code repeat the in-process path: `make test-all`
+        pytest.param("exits", ("-r", "json"), "SystemExit: the code called sys.exit(0)", marks=pytest.mark.slow),
         # doit's and etforge's arguments are not the model's: parse_args() exits with 2
-        ("argparse_at_import", ("--backends", "portable"), "SystemExit: the code called sys.exit(2)"),
+        pytest.param(
+            "argparse_at_import",
+            ("--backends", "portable"),
+            "SystemExit: the code called sys.exit(2)",
+            marks=pytest.mark.slow,
+        ),
         ("hard_exits", (), "exited with code 0 (the task's code called os._exit) while running it"),
     ],
     ids=["sys-exit", "sys-exit-2-workers", "sys-exit-json", "argparse", "os-exit"],
