@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import platform
-from importlib import metadata
 
+from etforge.config.tools import installed_version
 from etforge.core.digest import digest
 
 # Versions that change what a .pte costs to run.
@@ -43,13 +43,6 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def package_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def host_fingerprint() -> dict:
     """The facts that make timings comparable: same fingerprint, same kind of machine."""
     return {
@@ -58,7 +51,7 @@ def host_fingerprint() -> dict:
         "usable_cores": usable_cores(),
         "machine": platform.machine(),
         "system": platform.system(),
-        **{f"{p}_version": package_version(p) for p in RUNTIME_PACKAGES},
+        **{f"{p}_version": installed_version(p) for p in RUNTIME_PACKAGES},
     }
 
 

@@ -254,3 +254,15 @@ def test_a_project_recipes_partitioner_code_joins_the_export_key(recipe_project,
     # The programs of that backend, and what judges or times them; no capture, no other backend.
     assert changed == tasks_of(before, backend="mycpu")
     assert {n.split(":")[0] for n in changed} == {"export", "validate", "benchmark"}
+
+
+@pytest.mark.parametrize("name", ["torch", "executorch", "coremltools", "PyYAML", "ethos_u_vela", "no-such-dist"])
+def test_installed_version_is_what_importlib_metadata_says(name):
+    # keys read versions from the METADATA file's Version field (fast): the same string, or None
+    from etforge.config.tools import installed_version
+
+    try:
+        expected = metadata.version(name)
+    except metadata.PackageNotFoundError:
+        expected = None
+    assert installed_version(name) == expected
