@@ -24,7 +24,7 @@ from etforge.config.resolve import resolve  # noqa: E402
 from etforge.core.errors import PipelineError  # noqa: E402
 from etforge.pipeline.specs import spec_of  # noqa: E402
 
-BENCH = "benchmark: {warmup: 1, iterations: 3, max_seconds: 2}\n"
+BENCH = "benchmark: {warmup: 1, iterations: 3, max_seconds: 2, threads: 1}\n"  # one thread: see weights_pipeline in test_build_once_rebuild_what_changed.py
 # Tasks over the whole matrix: they re-run when what they show changes.
 PIPELINE_TASKS = {"manifest", "report"}
 

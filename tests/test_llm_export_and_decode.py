@@ -1,8 +1,9 @@
 """A decoder-only LLM through capture -> (quantize) -> export -> validate, on a tiny untied
 Llama (2 layers, hidden 64, vocab 512; tied random configs emit one constant token, so greedy
 agreement would prove nothing). One project is built once for the module: a random-weight
-model on XNNPACK (fp32 and 8da4w + 4-bit embeddings) and portable (fp32), and the same
-architecture from a local checkpoint directory (portable fp32 only: cheap) for the pinning test.
+model on XNNPACK (fp32 and 8da4w + 4-bit embeddings) and portable (fp32). The same architecture
+from a local checkpoint directory (portable fp32) has its own project, for the pinning test
+(``slow``: a checkpoint's digest and its plan-time check are tests/test_hf_sources_are_checked.py's).
 """
 
 from __future__ import annotations
@@ -31,19 +32,25 @@ models:
       llm: {{max_context_len: 32, prompt_len: 8, decode_steps: 8}}
     # 4-bit linears and embeddings on a tiny random model: ~13.5 dB worst-step logits SQNR
     thresholds: {{8da4w: {{sqnr_db: 10}}}}
-  ckpt_llm:
-    transformers:
-      task: text-generation
-      checkpoint: {{path: ckpt, sha256: "CKPT_SHA"}}
-      llm: {{max_context_len: 32, prompt_len: 6, decode_steps: 4}}
 backends:
   xnnpack: {{}}
   portable: {{}}
 quantization: [fp32, 8da4w]
 quantization_options:
   8da4w: {{group_size: 32, embedding: 4, embedding_group_size: 32}}
-matrix:
-  exclude: [{{model: ckpt_llm, backend: xnnpack}}, {{model: ckpt_llm, quantization: 8da4w}}]
+"""
+CKPT_PIPELINE = """\
+name: t
+version: 0.0.1
+models:
+  ckpt_llm:
+    transformers:
+      task: text-generation
+      checkpoint: {path: ckpt, sha256: "CKPT_SHA"}
+      llm: {max_context_len: 32, prompt_len: 6, decode_steps: 4}
+backends:
+  portable: {}
+quantization: [fp32]
 """
 RUNNER_METHODS = {
     "get_max_seq_len",
@@ -94,12 +101,20 @@ def _save_checkpoint(directory: Path) -> None:
 
 
 def _write(project, sha: str) -> None:
-    project.write_pipeline(PIPELINE.replace("CKPT_SHA", sha))
+    project.write_pipeline(CKPT_PIPELINE.replace("CKPT_SHA", sha))
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    project = make_project(tmp_path_factory.mktemp("llm") / "proj", "name: t\n")
+    project = make_project(tmp_path_factory.mktemp("llm") / "proj", PIPELINE)
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    return project
+
+
+@pytest.fixture(scope="module")
+def ckpt_built(tmp_path_factory):
+    project = make_project(tmp_path_factory.mktemp("ckpt") / "proj", "name: t\n")
     _save_checkpoint(project.root / "ckpt")
     _write(project, _checkpoint_sha(project.root / "ckpt"))
     run = project.doit()
@@ -173,7 +188,7 @@ def test_threshold_gates_the_llm_cell_and_only_revalidates(built, tmp_path):
 
     project = copy_project(built, tmp_path / "copy")
     text = project.pipeline.read_text().replace(
-        "matrix:", "thresholds:\n  fp32: {sqnr_db: 1000}\n  8da4w: {top1_agreement: 1.0}\nmatrix:"
+        "backends:", "thresholds:\n  fp32: {sqnr_db: 1000}\n  8da4w: {top1_agreement: 1.0}\nbackends:"
     )
     project.write_pipeline(text)
     cells = ("tiny_llm/portable/fp32", "tiny_llm/xnnpack/8da4w")
@@ -184,11 +199,12 @@ def test_threshold_gates_the_llm_cell_and_only_revalidates(built, tmp_path):
     assert "top-1 agreement" in run.stdout and "< 1.0" in run.stdout
 
 
-def test_changed_checkpoint_weight_rebuilds_only_that_model(built, tmp_path):
+@pytest.mark.slow
+def test_changed_checkpoint_weight_rebuilds_only_that_model(ckpt_built, tmp_path):
     from conftest import copy_project
     from safetensors.torch import load_file, save_file
 
-    project = copy_project(built, tmp_path / "copy2")
+    project = copy_project(ckpt_built, tmp_path / "copy2")
     weights = project.root / "ckpt" / "model.safetensors"
     tensors = load_file(weights)
     name = sorted(tensors)[0]
