@@ -62,10 +62,10 @@ class ToolSet:
 
 
 def installed_version(name: str) -> str | None:
-    """The installed version of distribution ``name`` (None: not installed), what
-    ``importlib.metadata.version`` returns, read from the METADATA file's Version field:
-    ``version()`` parses the whole file as an e-mail message (torch's runs to 30 KB), 5x the cost
-    of a no-op run's 16 lookups."""
+    """The installed version of distribution ``name`` (None: not installed): what
+    ``importlib.metadata.version`` returns, read from the METADATA file's Version field.
+    ``version()`` parses the whole file as an e-mail message; a no-op run makes 16 lookups,
+    which this way cost a fifth as much (about 2 ms instead of 10)."""
     try:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
