@@ -21,7 +21,8 @@ test: $(STAMP)
 	./.ci/install-chromium.sh
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
-# Also the `slow` tests: S3 repeats of the shared-cache scenarios, two more kill points, OpenVINO
+# Also the `slow` tests: S3 repeats of the shared-cache scenarios, three more kill points and
+# other repeats of fault paths the default run covers, the checkpoint LLM's rebuild, OpenVINO
 # byte reproducibility across processes; and 12 randomized fault cases instead of 2.
 test-all: $(STAMP)
 	./.ci/install-chromium.sh

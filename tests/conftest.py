@@ -26,12 +26,12 @@ LONGEST_FIRST = (
     "test_faults_recover.py",  # 245
     "test_machines_share_a_cache.py",  # 147
     "test_build_once_rebuild_what_changed.py",  # 146
-    "test_llm_export_and_decode.py",  # 141
     "test_releases_are_reproducible.py",  # 96
     "test_keys_cover_every_input.py",  # 88
     "test_accuracy_rescue.py",  # 73
     "test_numerics_against_eager.py",  # 70
     "test_quantized_cells.py",  # 66
+    "test_llm_export_and_decode.py",  # 60
     "test_encoders_with_padding_masks.py",  # 60
     "test_hf_seq2seq.py",  # 60
     "test_llm_schemes.py",  # 45
