@@ -3,7 +3,7 @@
 (encoder, text_decoder with a static KV cache), lowered to XNNPACK fp32 and validated like an LLM:
 the encoder once, then the decoder step by step against eager PyTorch in the ExecuTorch runtime.
 
-One project is built once for the module (2 cells and one benchmark, ``-n 2``: 45-75 s measured on
+One project is built once for the module (2 cells and one benchmark, in one process: 40-75 s on
 2 shared cores, most of it XNNPACK lowering). The plan-time tests resolve in-process (no torch).
 Portable and 8da4w cells are ``slow``.
 """
@@ -60,8 +60,9 @@ METHODS = {"encoder", "text_decoder"}
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("seq2seq") / "proj", PIPELINE)
-    # two independent models: two workers; one benchmark (a few seconds) for the generation figures
-    run = project.doit("-n", "2", "-P", "process", "validate", "benchmark:whisper/xnnpack/fp32")
+    # one process (a worker process would import torch and transformers again: the suite is CPU-bound);
+    # one benchmark (a few seconds) for the generation figures
+    run = project.doit("validate", "benchmark:whisper/xnnpack/fp32")
     assert run.returncode == 0, run.stdout + run.stderr
     return project
 
@@ -198,7 +199,7 @@ def test_portable_and_8da4w_validate_step_by_step(tmp_path):
         "quantization: [fp32]", "quantization: [fp32, 8da4w]"
     )
     project = make_project(tmp_path / "proj", text)
-    run = project.doit("-n", "2", "-P", "process", "validate")
+    run = project.doit("validate")
     assert run.returncode == 0, run.stdout + run.stderr
     for model in ("whisper", "t5"):
         assert min(_numerics(project, f"{model}/portable/fp32")["seq2seq"]["step_sqnr_db"]) > 100

@@ -146,7 +146,7 @@ def io_lines(index: dict) -> list:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("io_manifests") / "proj", PIPELINE)
-    run = project.doit("-n", "2", "-P", "process", "manifest")
+    run = project.doit("manifest")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     project.manifests = project.out / "manifests"
     project.index = json.loads((project.manifests / "index.json").read_text())

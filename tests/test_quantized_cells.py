@@ -58,7 +58,7 @@ def built(tmp_path_factory):
     (project.root / "data").mkdir()
     rng = np.random.default_rng(3)
     np.savez(project.root / "data" / "calib.npz", image=rng.standard_normal((8, 3, 16, 16)).astype(np.float32))
-    run = project.doit("-n", "2", "-P", "process")
+    run = project.doit()
     return project, run
 
 

@@ -241,7 +241,7 @@ def shipped_int8(tmp_path_factory):
         tmp_path_factory.mktemp("selective_int8") / "proj",
         SMALL_PIPELINE.replace("quantization: [fp32]", "quantization: [fp32, int8]"),
     )
-    run = project.doit("-n", "2", "-P", "process")
+    run = project.doit()
     assert run.returncode == 0, run.stdout + run.stderr
     manifests = project.out / "manifests"
     return project, manifests, cmake_vars(manifests / "models.cmake")

@@ -103,7 +103,7 @@ def built(tmp_path_factory):
     (project.root / "data").mkdir()
     ids = np.random.default_rng(5).integers(0, 100, (8, 1, 12), dtype=np.int64)
     np.savez(project.root / "data" / "ids.npz", ids=ids)
-    run = project.doit("-n", "2", "-P", "process")
+    run = project.doit()
     return project, run
 
 
