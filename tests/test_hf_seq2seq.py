@@ -3,8 +3,8 @@
 (encoder, text_decoder with a static KV cache), lowered to XNNPACK fp32 and validated like an LLM:
 the encoder once, then the decoder step by step against eager PyTorch in the ExecuTorch runtime.
 
-One project is built once for the module (2 cells and one benchmark, in one process: 40-75 s on
-2 shared cores, most of it XNNPACK lowering). The plan-time tests resolve in-process (no torch).
+One project is built once for the module (2 cells and one benchmark, in one process; most of the
+time is XNNPACK lowering). The plan-time tests resolve in-process (no torch).
 Portable and 8da4w cells are ``slow``.
 """
 
