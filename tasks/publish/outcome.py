@@ -75,6 +75,7 @@ from etforge.pipeline.stage_results import (
     Verdict,
 )
 from etforge.pipeline.stages import STAGE, task_name
+from etforge.publish.baseline import fastest_of
 from etforge.publish.budget_gate import over_budget
 from etforge.publish.quant_notes import finite, layers_note, rescue_note
 
@@ -153,11 +154,12 @@ class Evidence:
 
     @property
     def latency_fastest_ms(self) -> float | None:
-        """The fastest timed run (the p50 where a record has no minimum): what ranks variants."""
+        """The fastest timed run (the p50 where a record has no minimum): what ranks variants, read
+        as the report reads it (baseline.fastest_of)."""
         if not self.benchmark:
             return None
-        fastest = self.benchmark.latency_min_ms
-        return fastest if fastest is not None else self.benchmark.latency_p50_ms
+        b = self.benchmark
+        return fastest_of({"latency_min_ms": b.latency_min_ms, "latency_p50_ms": b.latency_p50_ms})
 
     @property
     def coverage(self) -> float | None:
