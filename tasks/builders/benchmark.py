@@ -250,9 +250,10 @@ def _mb(n: int | None) -> float | None:
 # ---------------------------------------------------------------- the builder
 
 
-def benchmark_stage(request: BuildRequest) -> BuildResult:
-    """The benchmark stage's builder for a module (an LLM's: etforge.builders.llm_stages), with the
-    plan's options (every default filled in)."""
+def benchmark_stage(request: BuildRequest, llm_timing=None) -> BuildResult:
+    """The benchmark stage's builder for a module, with the plan's options (every default filled in).
+    An LLM's and an encoder-decoder's stages (etforge.builders.llm_stages, seq2seq_stages) call it with
+    their ``llm_timing`` (build_benchmark)."""
     export, capture = request.upstream["export"], request.upstream["capture"]
     return build_benchmark(
         request.subject,
@@ -261,6 +262,7 @@ def benchmark_stage(request: BuildRequest) -> BuildResult:
         list(export.result(ExportResult).input_dtypes),
         request.plan.benchmark,
         request.workdir,
+        llm_timing=llm_timing,
     )
 
 

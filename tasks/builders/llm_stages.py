@@ -24,7 +24,7 @@ from pathlib import Path
 from etforge.builders.llm_numerics import SAME_SCHEME
 from etforge.builders.reference import REFERENCE
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
-from etforge.pipeline.stage_results import CaptureResult, ExportResult, QuantizeResult
+from etforge.pipeline.stage_results import CaptureResult, QuantizeResult
 
 PROGRAM = "model.pt2"
 PTE = "program.pte"
@@ -118,19 +118,10 @@ def validate_stage(request: BuildRequest) -> BuildResult:
 
 
 def benchmark_stage(request: BuildRequest) -> BuildResult:
-    from etforge.builders.benchmark import build_benchmark
+    from etforge.builders.benchmark import benchmark_stage as module_benchmark
     from etforge.builders.llm_bench import measure
     from etforge.builders.llm_export import register_custom_ops
 
-    cell, export, capture = request.subject, request.upstream["export"], request.upstream["capture"]
     register_custom_ops()  # else forward fails to load (0x14) in a process that has not imported them yet
-    llm = cell.model.source["transformers"]["llm"]
-    return build_benchmark(
-        cell,
-        export.files[PTE],
-        capture.files[REFERENCE],
-        list(export.result(ExportResult).input_dtypes),
-        request.plan.benchmark,
-        request.workdir,
-        llm_timing=lambda pte, inputs, opts: measure(pte, inputs[0], llm, opts),
-    )
+    llm = request.subject.model.source["transformers"]["llm"]
+    return module_benchmark(request, llm_timing=lambda pte, inputs, opts: measure(pte, inputs[0], llm, opts))

@@ -18,7 +18,7 @@ import time
 from etforge.builders.llm_numerics import SAME_SCHEME
 from etforge.builders.reference import REFERENCE
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
-from etforge.pipeline.stage_results import CaptureResult, ExportResult, QuantizeResult
+from etforge.pipeline.stage_results import CaptureResult, QuantizeResult
 
 PROGRAM = "model.pt2"
 PTE = "program.pte"
@@ -135,18 +135,9 @@ def validate_stage(request: BuildRequest) -> BuildResult:
 def benchmark_stage(request: BuildRequest) -> BuildResult:
     """A generation's figures (etforge.builders.seq2seq_bench: encoder as the prefill, decoder steps) first,
     then the module benchmark of each method on its capture sample."""
-    from etforge.builders.benchmark import build_benchmark
+    from etforge.builders.benchmark import benchmark_stage as module_benchmark
     from etforge.builders.seq2seq_bench import measure
 
-    cell, export, capture = request.subject, request.upstream["export"], request.upstream["capture"]
-    start = capture.result(CaptureResult).llm["start_token"]
-    cache = cell.model.source["transformers"]["seq2seq"]["max_cache_len"]
-    return build_benchmark(
-        cell,
-        export.files[PTE],
-        capture.files[REFERENCE],
-        list(export.result(ExportResult).input_dtypes),
-        request.plan.benchmark,
-        request.workdir,
-        llm_timing=lambda pte, inputs, opts: measure(pte, inputs[0], start, cache, opts),
-    )
+    start = request.upstream["capture"].result(CaptureResult).llm["start_token"]
+    cache = request.subject.model.source["transformers"]["seq2seq"]["max_cache_len"]
+    return module_benchmark(request, llm_timing=lambda pte, inputs, opts: measure(pte, inputs[0], start, cache, opts))
