@@ -14,18 +14,24 @@ that the cells' outcomes are decided once per run whichever stage reads them.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
+from etforge.cache.content_keys import MEMO_FILE as CONTENT_KEYS_FILE
+from etforge.cache.content_keys import ContentKeys
 from etforge.cache.records import write_state
 from etforge.cache.store import Store
+from etforge.core.digest import canonical_json, digest, sha256_file
 from etforge.core.dotted_path import load_callable
+from etforge.core.paths import TEMPLATE_DIR
 from etforge.core.text import first_line
 from etforge.engine.cached_run import is_up_to_date, run_cached
 from etforge.engine.inputs import judges_current_program, upstream_entries
 from etforge.pipeline.keys import content_key
+from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import BuildRequest, Skip, TaskStatus
-from etforge.pipeline.specs import spec_of
+from etforge.pipeline.specs import cell_specs, spec_of
 from etforge.pipeline.stages import STAGE, holds, kind_of, missing_here
 
 
@@ -59,9 +65,48 @@ def _matrix_spec(plan, stage, cells, host, outcomes=None):
     return content, spec_of(plan, stage, key=content_key(plan, stage, content))
 
 
+def _content_inputs(plan, stage, cells, host) -> str:
+    """What a matrix-wide stage's content is computed from besides the files it reads: the stage,
+    its code and templates, the plan, the keys of every task whose record decides a cell (a changed
+    model source changes them, not the plan), the selected cells and the host."""
+    per_host = plan.memo.setdefault("content_inputs", {})
+    shared = per_host.get(canonical_json(host))
+    if shared is None:  # the same for both stages: once per run
+        shared = per_host[canonical_json(host)] = digest(
+            {
+                "plan": hashlib.sha256(repr(plan).encode()).hexdigest(),  # every resolved field
+                "keys": {s.name: s.key for cell in plan.cells for s in cell_specs(plan, cell, host)},
+            }
+        )
+    return digest(
+        {
+            "shared": shared,
+            "stage": stage.name,
+            "content": stage.content,
+            "code": plan.code.of(stage.code),
+            "templates": {t: sha256_file(TEMPLATE_DIR / t) for t in stage.templates},
+            "cells": [c.name for c in cells],
+            "host": host,
+        }
+    )
+
+
 def matrix_up_to_date(plan, stage_name: str, cells, store: Store, host: dict | None = None, outcomes=None) -> bool:
+    """Whether the stage's outputs are current: its key is its content's digest, kept in a memo
+    (etforge.cache.content_keys) while nothing the content reads changed, so that a no-op run does
+    not build the content again."""
+    stage = STAGE[stage_name]
     try:
-        _, spec = _matrix_spec(plan, STAGE[stage_name], cells, host, outcomes)
+        memo = ContentKeys(layout_of(plan).etforge_dir / CONTENT_KEYS_FILE)
+        name = f"{layout_of(plan).out_dir.name}:{stage.name}"
+        inputs = _content_inputs(plan, stage, cells, host)
+        files, trusted = load_callable(stage.content_reads)(plan).signature() if stage.content_reads else ("", False)
+        key = memo.get(name, inputs, files) if stage.content_reads else None
+        if key is not None:
+            return is_up_to_date(spec_of(plan, stage, key=key), store)
+        _, spec = _matrix_spec(plan, stage, cells, host, outcomes)
+        if trusted:  # signatures taken before the content read its files, all old enough to vouch
+            memo.keep(name, inputs, files, spec.key)
         return is_up_to_date(spec, store)
     except Exception:  # the action reports it
         return False

@@ -60,6 +60,8 @@ class Stage:
     judges: str | None = None  # a verdict on this relation's program.pte: it counts only for those bytes
     after: tuple = ()  # matrix-wide: the stages whose tasks (of the selected cells) it waits for
     content: str | None = None  # matrix-wide: "module:function" (plan, cells, host) -> what it renders
+    # matrix-wide: "module:function" (plan) -> the FileSet the content may read (its key's memo watches it)
+    content_reads: str | None = None
     templates: tuple = ()  # matrix-wide: templates/ files whose bytes join the key
     cached: bool = True  # False: no store entry, never up to date (it decides itself what to refuse)
     options: tuple = ()  # (name, help) of boolean flags handed to the builder (doit task parameters)
@@ -194,6 +196,7 @@ STAGES = (
         task_doc="write {files} of the shippable cells to {manifest_dir}/",
         builder="etforge.publish.manifests.render:manifest_stage",
         content="etforge.publish.manifests.context:manifest_content",
+        content_reads="etforge.publish.content_reads:content_reads",
         code=("etforge.publish.manifests.context", "etforge.publish.manifests.render"),
         templates=(
             "models.g.dart.j2",
@@ -212,6 +215,7 @@ STAGES = (
         task_doc="write {report}: matrix, charts, numerics and latency",
         builder="etforge.publish.report.page:report_stage",
         content="etforge.publish.report.page:report_content",
+        content_reads="etforge.publish.content_reads:content_reads",
         code=("etforge.publish.report.page",),
         templates=("report.html.j2",),
         outputs=(("report.html", "out_dir"),),

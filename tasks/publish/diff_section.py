@@ -61,6 +61,16 @@ def compare(plan, cells, host, baseline: diff_baseline.Baseline, outcomes=None) 
     return diff.compare(scoped(plan, cells, baseline.cells), baseline.timings, current, plan.diff, baseline.toolchain)
 
 
+def remembered_source(plan) -> Path | None:
+    """The release the last ``etforge diff`` compared with (whose stat decides whether the section
+    shows), or None: what the memo of the report's key watches besides the artifacts."""
+    try:
+        source = Path(json.loads(_pointer(plan).read_text(encoding="utf-8"))["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source / "provenance.json" if source.is_dir() else source
+
+
 def changes_since(plan, cells, host, outcomes=None) -> dict | None:
     """{"label", "summary", "rows"} against the remembered baseline; None when there is none, or
     when the release it came from was replaced or removed since (no comparison with nothing)."""

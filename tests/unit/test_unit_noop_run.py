@@ -9,6 +9,7 @@ bad file is still one file:line: key error, every time.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -19,12 +20,14 @@ from collections import Counter
 import pytest
 
 import unit.test_unit_engine_run as engine_run
+from etforge.cache.content_keys import FileSet
 from etforge.cache.records import RunRecords
 from etforge.config import schema
 from etforge.config.machine import host_fingerprint
 from etforge.config.resolve import resolve
 from etforge.core.errors import PipelineError
 from etforge.pipeline.specs import spec_of
+from etforge.pipeline.stages import STAGE
 from etforge.publish import outcome, outcome_memo
 from etforge.publish.outcome_memo import RunOutcomes
 from unit.support import PIPELINE
@@ -82,6 +85,67 @@ def test_a_kept_outcome_is_decided_again_when_a_record_it_read_changes(etforge):
     os.replace(tmp, state)  # as records are written: a new inode, a fresh mtime
     assert run.of(cell).status == "failed"
     assert run.decided == 2
+
+
+def count_content_builds(monkeypatch) -> Counter:
+    """Stage name -> how many times its content (the manifests', the report's) was built."""
+    built: Counter = Counter()
+    for name in ("manifest", "report"):
+        module, function = STAGE[name].content.split(":")
+        real = getattr(importlib.import_module(module), function)
+
+        def counting(*args, _real=real, _name=name, **kwargs):
+            built[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(importlib.import_module(module), function, counting)
+    return built
+
+
+def test_a_no_op_run_builds_no_manifest_or_report_content(etforge, monkeypatch):
+    assert etforge().code == 0
+    time.sleep(RACY_S)
+    assert etforge().started == set()  # keeps both content keys: every file they read is old enough
+    built = count_content_builds(monkeypatch)
+    third = etforge()
+    assert third.code == 0, third.out + third.err
+    assert third.started == set() and built == Counter(), (third.started, built)
+
+
+def test_a_changed_benchmark_record_renders_the_report_again(etforge, monkeypatch):
+    """A record the report reads changes while its task stays up to date: the kept key is not used."""
+    assert etforge().code == 0
+    time.sleep(RACY_S)
+    assert etforge().started == set()
+    state = etforge.project.out / ".state" / "benchmark__a__xnnpack__fp32.json"
+    record = json.loads(state.read_text())
+    record["info"]["latency_p50_ms"] = record["info"]["latency_p50_ms"] * 3
+    tmp = state.with_name(state.name + ".new")
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, state)
+    time.sleep(RACY_S)
+    built = count_content_builds(monkeypatch)
+    run = etforge()
+    assert run.code == 0, run.out + run.err
+    assert "report" in run.started and built["report"] >= 1, (run.started, built)
+    assert "benchmark:a/xnnpack/fp32" not in run.started
+
+
+def test_a_file_set_signature_sees_a_new_file_and_distrusts_a_fresh_one(tmp_path):
+    (tmp_path / "out" / "logs").mkdir(parents=True)
+    (tmp_path / "out" / "a.json").write_text("{}")
+    files = FileSet(trees=(tmp_path / "out",), skip=(tmp_path / "out" / "logs",), files=(tmp_path / "b",))
+    time.sleep(RACY_S)
+    first, trusted = files.signature()
+    assert trusted and files.signature() == (first, True)
+    (tmp_path / "out" / "logs" / "x.log").write_text("written, never read")
+    assert files.signature()[0] == first
+    (tmp_path / "b").write_text("the baseline")
+    second, trusted = files.signature()
+    assert second != first and not trusted  # just written: its signature cannot vouch for its bytes
+    (tmp_path / "out" / "sub").mkdir()
+    (tmp_path / "out" / "sub" / "c.pte").write_bytes(b"x")
+    assert files.signature()[0] != second
 
 
 def test_a_no_op_plan_validates_nothing_and_a_bad_file_is_still_one_line(unit_project, monkeypatch):
