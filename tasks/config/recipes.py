@@ -105,7 +105,7 @@ def _load(kind: str, name: str, path: Path, memo: Any = None) -> Recipe:
 @cache
 def _load_file(kind: str, name: str, path: Path, mtime_ns: int, size: int, memo: Any = None) -> Recipe:
     """(Once per process per version of the file: the manifests read every backend's on each run.)"""
-    doc = load_yaml(path, display_name=_shown(path))
+    doc = memo.load_yaml(path, _shown(path)) if memo is not None else load_yaml(path, display_name=_shown(path))
     schema.validate(doc, "recipe.schema.json", memo)
     if doc.data["kind"] != kind or doc.data["name"] != name:
         raise doc.error(("name",), f"recipe file {path.name} must declare kind {kind!r} and name {name!r}")

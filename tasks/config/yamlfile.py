@@ -243,6 +243,11 @@ def load_yaml(path: Path, display_name: str | None = None) -> LoadedYaml:
         raise PipelineError("file not found", file=name) from None
     except OSError as exc:
         raise PipelineError(f"cannot read: {exc.strerror or exc}", file=name) from None
+    return parse_yaml(raw, name)
+
+
+def parse_yaml(raw: bytes, name: str) -> LoadedYaml:
+    """The document in ``raw`` (the bytes of the file called ``name``), as :func:`load_yaml` loads it."""
     if len(raw) > MAX_BYTES:
         raise PipelineError(f"file is {len(raw)} bytes; at most {MAX_BYTES} are accepted", file=name)
     try:

@@ -22,10 +22,11 @@ import pytest
 import unit.test_unit_engine_run as engine_run
 from etforge.cache.content_keys import FileSet
 from etforge.cache.records import RunRecords
-from etforge.config import schema
+from etforge.config import recipes, schema, validation_memo
 from etforge.config.machine import host_fingerprint
 from etforge.config.resolve import resolve
 from etforge.core.errors import PipelineError
+from etforge.core.paths import RECIPE_DIR
 from etforge.pipeline.specs import spec_of
 from etforge.pipeline.stages import STAGE
 from etforge.publish import outcome, outcome_memo
@@ -146,6 +147,30 @@ def test_a_file_set_signature_sees_a_new_file_and_distrusts_a_fresh_one(tmp_path
     (tmp_path / "out" / "sub").mkdir()
     (tmp_path / "out" / "sub" / "c.pte").write_bytes(b"x")
     assert files.signature()[0] != second
+
+
+def test_a_no_op_plan_parses_no_recipe_and_an_edited_one_is_parsed_again(unit_project, monkeypatch):
+    resolve(unit_project.pipeline)  # keeps every recipe it parsed, by the sha256 of its bytes
+    parsed: list = []
+    real = validation_memo.parse_yaml
+    monkeypatch.setattr(validation_memo, "parse_yaml", lambda raw, name: parsed.append(name) or real(raw, name))
+    recipes._load_file.cache_clear()  # a new run: nothing kept in this process
+    resolve(unit_project.pipeline)
+    assert parsed == []
+    own = unit_project.root / "recipes" / "backends" / "portable.yaml"
+    own.parent.mkdir(parents=True)
+    text = (RECIPE_DIR / "backends" / "portable.yaml").read_text()
+    own.write_text(text.replace("description: No delegate;", "description: Edited here; no delegate;"))
+    recipes._load_file.cache_clear()
+    plan = resolve(unit_project.pipeline)
+    assert parsed == ["recipes/backends/portable.yaml"]
+    assert plan.recipe_path.load("backend", "portable").description.startswith("Edited here")
+    recipes._load_file.cache_clear()
+    plan = resolve(unit_project.pipeline)
+    assert parsed == ["recipes/backends/portable.yaml"]  # the edit is kept too
+    kept = plan.recipe_path.load("backend", "portable")
+    assert kept.description.startswith("Edited here")
+    assert kept.data == real(own.read_bytes(), "portable.yaml").data
 
 
 def test_a_no_op_plan_validates_nothing_and_a_bad_file_is_still_one_line(unit_project, monkeypatch):
