@@ -84,6 +84,23 @@ def test_inline_config_typo_is_a_file_line_key_error(tmp_path):
     )
 
 
+def test_a_config_that_passed_is_not_read_again_and_a_typo_is_still_an_error(tmp_path, monkeypatch):
+    from etforge.config import hf_source
+
+    _resolve(tmp_path, LLM)  # remembers that this config passed (artifacts/.etforge/digests.json)
+
+    def refuse(*args):
+        raise AssertionError("transformers' sources read again")
+
+    monkeypatch.setattr(hf_source, "accepted_keys", refuse)
+    monkeypatch.setattr(hf_source, "task_model_types", refuse)
+    assert [c.name for c in _resolve(tmp_path, LLM).cells] == ["tiny_llm/xnnpack/fp32", "tiny_llm/portable/fp32"]
+    monkeypatch.undo()
+    for _ in range(2):  # a failure is never remembered
+        message = _error(tmp_path, LLM.replace("        hidden_size: 64", "        hiden_size: 64"))
+        assert message.endswith("unknown llama config key 'hiden_size'; did you mean 'hidden_size'?")
+
+
 def test_config_file_typo_names_the_file_and_key(tmp_path):
     config = {"model_type": "bert", "vocab_size": 512, "hiden_size": 64}
     (tmp_path / "bert.json").write_text(json.dumps(config))

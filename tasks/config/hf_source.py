@@ -185,6 +185,13 @@ def _read_json(r, full: Path, path: tuple) -> dict:
 
 
 def _check_config(r, config: dict, path: tuple, prefix: str = "") -> None:
+    """Raise a file:line error for a config transformers would not take as written. A pass is
+    remembered by the config (r.memo, whose salt holds transformers' version and this code): reading
+    transformers' sources with ``ast`` cost a no-op run about 8 ms per model."""
+    r.memo.once(("transformers config", config), lambda: _config_problem(r, config, path, prefix))
+
+
+def _config_problem(r, config: dict, path: tuple, prefix: str) -> None:
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise r.doc.error(path, f"{prefix}missing 'model_type' (e.g. llama, qwen3, bert)")
@@ -209,6 +216,10 @@ def _check_config(r, config: dict, path: tuple, prefix: str = "") -> None:
 
 
 def _check_task(r, task: str, model_type: str, path: tuple) -> None:
+    r.memo.once(("transformers task", task, model_type), lambda: _task_problem(r, task, model_type, path))
+
+
+def _task_problem(r, task: str, model_type: str, path: tuple) -> None:
     """A model_type the task's Auto class has no class for (a config or checkpoint of another task)."""
     auto, mapping = TASKS[task]
     able = task_model_types(mapping)

@@ -35,8 +35,14 @@ from etforge.core.paths import SCHEMA_DIR
 
 KIND = "validated"  # DigestCache.derived kind of a pass; the salt is part of each entry's key
 PARSED = "parsed-yaml"  # DigestCache.derived kind of a parsed file
-CHECKING_CODE = ("etforge.config.schema", "etforge.config.recipes", "etforge.config.yamlfile")
-LIBRARIES = ("jsonschema", "referencing", "jsonschema-specifications", "PyYAML")
+CHECKING_CODE = (
+    "etforge.config.schema",
+    "etforge.config.recipes",
+    "etforge.config.yamlfile",
+    "etforge.config.hf_source",
+)
+# hf_source checks a config's keys against transformers' installed sources (config/hf_config_keys.py)
+LIBRARIES = ("jsonschema", "referencing", "jsonschema-specifications", "PyYAML", "transformers")
 
 
 class ValidationMemo:
