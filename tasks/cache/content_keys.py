@@ -19,6 +19,7 @@ clean" rule, as in records.py), so such a key is not kept.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from etforge.config.digest_cache import RACY_NS
 from etforge.core.atomic import atomic_write_text
-from etforge.core.digest import canonical_json, digest
+from etforge.core.digest import canonical_json
 
 MEMO_FILE = "content-keys.json"  # in artifacts/.etforge/
 
@@ -55,7 +56,10 @@ class FileSet:
             rows.append([os.fspath(file), [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]])
         now = time.time_ns()
         trusted = all(sig is None or now - max(sig[1], sig[2]) >= RACY_NS for _, sig in rows)
-        return digest(rows), trusted
+        h = hashlib.sha256()
+        for path, sig in rows:  # unambiguous: a path holds no NUL, a signature no NUL or newline
+            h.update(f"{path}\0{sig}\n".encode())
+        return h.hexdigest(), trusted
 
 
 def _walk(directory: str, skip: set, rows: list) -> None:

@@ -213,6 +213,7 @@ class CodeDigests:
         self.digests = digests  # etforge.config.digest_cache.DigestCache or None
         self._graph = ImportGraph(self.root, digests, package)
         self._memo: dict = {}
+        self._files: dict = {}  # file -> (relative name, sha256): once per process, like the closures
 
     def has(self, module: str) -> bool:
         """Whether ``module`` is one of the files under the root."""
@@ -220,13 +221,16 @@ class CodeDigests:
 
     def files(self, modules: Iterable[str]) -> list:
         """The files (relative, sorted) that importing ``modules`` runs; a module not found is an error."""
+        return sorted(f.relative_to(self.root).as_posix() for f in self._graph.reach(self._entries(modules)))
+
+    def _entries(self, modules: Iterable[str]) -> list:
         entries: list = []
         for module in modules:
             found = self._graph.files_of(module)
             if not found:
                 raise ValueError(f"module {module!r} is not under {self.root}")
             entries += found
-        return sorted(f.relative_to(self.root).as_posix() for f in self._graph.reach(entries))
+        return entries
 
     def of(self, modules: Iterable[str]) -> str:
         """sha256 over the relative names and contents of the closure of ``modules``."""
@@ -240,8 +244,13 @@ class CodeDigests:
         name so that a task's record can say which file changed (``etforge explain``)."""
         key = ("files",) + tuple(sorted(modules))
         if key not in self._memo:
-            self._memo[key] = {rel: self._file_digest(self.root / rel) for rel in self.files(key[1:])}
+            self._memo[key] = dict(sorted(self._file(f) for f in self._graph.reach(self._entries(key[1:]))))
         return self._memo[key]
 
-    def _file_digest(self, path: Path) -> str:
-        return self.digests.file_digest(path) if self.digests is not None else sha256_file(path)
+    def _file(self, path: Path) -> tuple[str, str]:
+        """(name relative to the root, sha256) of a file of a closure; the stages' closures share
+        most of their files, so each is named and hashed once per process."""
+        if path not in self._files:
+            digest_of = self.digests.file_digest if self.digests is not None else sha256_file
+            self._files[path] = (path.relative_to(self.root).as_posix(), digest_of(path))
+        return self._files[path]

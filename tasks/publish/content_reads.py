@@ -5,7 +5,8 @@ files stay the same. What the content reads (measured with an audit hook on the 
 pipeline): the cells' records and published files (programs, numerics) under the pipeline's
 artifact directory, etforge's schemas (the runtime compatibility table) and recipes, the
 benchmark baseline file, and the release the last ``etforge diff`` named. Skipped: what is
-written but never read by the content (logs, the run summary, the two stages' own outputs).
+written but never read by the content (logs, the run summary, the two stages' own outputs, the
+keys' named inputs).
 A file this misses would serve a stale key, so the trees are whole directories, not file lists.
 """
 
@@ -27,6 +28,7 @@ def content_reads(plan) -> FileSet:
         trees=(layout.out_dir, SCHEMA_DIR, *plan.recipe_path.dirs),
         skip=(
             layout.out_dir / "logs",
+            layout.state_dir / "keys",  # each key's named inputs, for `etforge explain` (cache/records.py)
             layout.summary_path,
             layout.manifest_dir,
             layout.report_path,
