@@ -15,13 +15,13 @@ from __future__ import annotations
 from etforge.cache.content_keys import FileSet
 from etforge.core.paths import SCHEMA_DIR
 from etforge.pipeline.layout import layout_of
-from etforge.publish import diff_section
+from etforge.publish import diff_pointer
 
 
 def content_reads(plan) -> FileSet:
     layout = layout_of(plan)
     files = [plan.root / plan.benchmark_baseline] if plan.benchmark_baseline else []
-    source = diff_section.remembered_source(plan)
+    source = diff_pointer.remembered_source(plan)
     if source is not None:
         files.append(source)
     return FileSet(

@@ -16,12 +16,7 @@ from pathlib import Path
 
 from etforge.core.atomic import atomic_write_text
 from etforge.core.digest import canonical_json
-from etforge.pipeline.layout import layout_of
-from etforge.publish import cell_metrics, diff, diff_baseline
-
-
-def _pointer(plan):
-    return layout_of(plan).out_dir / ".diff-baseline.json"
+from etforge.publish import cell_metrics, diff, diff_baseline, diff_pointer
 
 
 def _stat(path) -> list | None:
@@ -44,7 +39,7 @@ def remember(plan, baseline: diff_baseline.Baseline) -> None:
         "timings": baseline.timings,
         "toolchain": baseline.toolchain,
     }
-    atomic_write_text(_pointer(plan), canonical_json(kept) + "\n")
+    atomic_write_text(diff_pointer.path(plan), canonical_json(kept) + "\n")
 
 
 def scoped(plan, cells, baseline_cells: dict) -> dict:
@@ -61,21 +56,11 @@ def compare(plan, cells, host, baseline: diff_baseline.Baseline, outcomes=None) 
     return diff.compare(scoped(plan, cells, baseline.cells), baseline.timings, current, plan.diff, baseline.toolchain)
 
 
-def remembered_source(plan) -> Path | None:
-    """The release the last ``etforge diff`` compared with (whose stat decides whether the section
-    shows), or None: what the memo of the report's key watches besides the artifacts."""
-    try:
-        source = Path(json.loads(_pointer(plan).read_text(encoding="utf-8"))["source"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return source / "provenance.json" if source.is_dir() else source
-
-
 def changes_since(plan, cells, host, outcomes=None) -> dict | None:
     """{"label", "summary", "rows"} against the remembered baseline; None when there is none, or
     when the release it came from was replaced or removed since (no comparison with nothing)."""
     try:
-        kept = json.loads(_pointer(plan).read_text(encoding="utf-8"))
+        kept = json.loads(diff_pointer.path(plan).read_text(encoding="utf-8"))
         source = Path(kept["source"])
         if kept["stat"] != _stat(source / "provenance.json" if source.is_dir() else source):
             return None
