@@ -40,7 +40,7 @@ from etforge.config.selection import cache_settings
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
 from etforge.config.torchvision_names import torchvision_source
 from etforge.config.validation_memo import ValidationMemo, validation_memo
-from etforge.config.yamlfile import LoadedYaml, load_yaml
+from etforge.config.yamlfile import LoadedYaml
 from etforge.core.digest import digest
 
 MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
@@ -371,13 +371,13 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     """
     pipeline_file = Path(pipeline_file).absolute()
     root = pipeline_file.parent
-    doc = load_yaml(pipeline_file, display_name=_display(pipeline_file))
     own_digests = digests is None
     if own_digests:
         digests = digest_cache_for(pipeline_file)
     versions = ToolVersions()  # one metadata lookup per distribution for this resolution
     code = CodeDigests(digests)  # etforge's code, for the validation memo and the keys
     memo = validation_memo(digests, versions.distribution, code)
+    doc = memo.load_yaml(pipeline_file, _display(pipeline_file))  # parsed once per content
     schema.validate(doc, "pipeline.schema.json", memo)
     r = _Resolver(doc, root, digests, versions, memo)
     m = MatrixResolver(doc, versions)

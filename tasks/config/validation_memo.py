@@ -12,9 +12,10 @@ validates nothing and never imports jsonschema (0.1-0.4 s here). Only a pass is 
 file is checked again every time and gives the same one-line error. Entries live in the project's
 DigestCache, which is saved only once the whole plan checked out (a bad input writes nothing).
 
-Parsing a recipe is such a pure function too (of its bytes, etforge.config.yamlfile and PyYAML):
-``memo.load_yaml(path, name)`` keeps a parsed recipe by the sha256 of its bytes under the same
-salt, so a no-op run parses none of the recipes' YAML (about 15 ms of it here). Only a file that
+Parsing a YAML file is such a pure function too (of its bytes, etforge.config.yamlfile and PyYAML):
+``memo.load_yaml(path, name)`` keeps a parsed pipeline.yaml or recipe by the sha256 of its bytes
+under the same salt, so a no-op run parses no YAML and does not import PyYAML (together about
+20 ms here). Only a file that
 loaded is kept, and only when its data survive a JSON round trip unchanged (a timestamp does not).
 """
 
@@ -29,7 +30,7 @@ from typing import Any
 
 from etforge.config.code_deps import CodeDigests
 from etforge.config.digest_cache import DigestCache
-from etforge.config.yamlfile import LoadedYaml, parse_yaml
+from etforge.config.yamlfile import LoadedYaml, load_yaml, parse_yaml
 from etforge.core.digest import digest
 from etforge.core.paths import SCHEMA_DIR
 
@@ -66,12 +67,15 @@ class ValidationMemo:
 
     def load_yaml(self, path: Path, name: str) -> LoadedYaml:
         """yamlfile.load_yaml(path, name), from the memo when these bytes loaded before."""
-        key = hashlib.sha256(f"{self.salt}\n{self.digests.file_digest(path)}".encode()).hexdigest()
-        if self.digests.knows(PARSED, key):
+        try:
+            key = hashlib.sha256(f"{self.salt}\n{self.digests.file_digest(Path(path))}".encode()).hexdigest()
+            raw = None if self.digests.knows(PARSED, key) else Path(path).read_bytes()
+        except OSError:  # missing, unreadable: load_yaml says which, as one line
+            return load_yaml(Path(path), name)
+        if raw is None:
             kept = json.loads(self.digests.derived_entries[PARSED][key])  # fresh objects: callers may change them
             return LoadedYaml(data=kept["data"], file=name, lines={tuple(p): line for p, line in kept["lines"]})
-        raw = Path(path).read_bytes()  # hashed and parsed from the same bytes
-        doc = parse_yaml(raw, name)
+        doc = parse_yaml(raw, name)  # hashed (below) and parsed from the same bytes
         try:
             text = json.dumps({"data": doc.data, "lines": [[list(p), line] for p, line in doc.lines.items()]})
             keep = json.loads(text)["data"] == doc.data

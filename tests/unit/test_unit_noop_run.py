@@ -192,14 +192,17 @@ def test_a_no_op_plan_validates_nothing_and_a_bad_file_is_still_one_line(unit_pr
         assert str(error.value) == f"{unit_project.pipeline}:14: modles: unknown key 'modles'; did you mean 'models'?"
 
 
-def test_a_no_op_plan_does_not_import_jsonschema(unit_project):
+def test_a_no_op_plan_imports_neither_jsonschema_nor_pyyaml(unit_project):
     resolve(unit_project.pipeline)
     code = (
         "import sys; from etforge.config.resolve import resolve; "
-        f"resolve({str(unit_project.pipeline)!r}); print('jsonschema' in sys.modules)"
+        f"resolve({str(unit_project.pipeline)!r}); print(sorted({{'jsonschema', 'yaml'}} & set(sys.modules)))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "False", done.stderr
+    assert done.stdout.strip() == "[]", done.stderr
+    unit_project.write_pipeline(PIPELINE.replace("quantization: [fp32, fp16]", "quantization: [fp16, fp32]"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "['jsonschema', 'yaml']", done.stderr  # an edited file: parsed, validated
 
 
 def test_a_run_parses_a_record_once_while_its_file_is_unchanged(tmp_path):
