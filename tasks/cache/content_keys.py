@@ -110,11 +110,3 @@ class ContentKeys:
             atomic_write_text(self.path, canonical_json(self.entries) + "\n")
         except OSError:
             pass  # only a memo: losing it costs one content build, never correctness
-
-    def forget(self, name: str) -> None:
-        """Drop ``name``'s key (its files were too fresh to vouch for what was read)."""
-        if self.entries.pop(name, None) is not None:
-            try:
-                atomic_write_text(self.path, canonical_json(self.entries) + "\n")
-            except OSError:
-                pass

@@ -97,8 +97,9 @@ def matrix_up_to_date(plan, stage_name: str, cells, store: Store, host: dict | N
     not build the content again."""
     stage = STAGE[stage_name]
     try:
-        memo = ContentKeys(layout_of(plan).etforge_dir / CONTENT_KEYS_FILE)
-        name = f"{layout_of(plan).out_dir.name}:{stage.name}"
+        layout = layout_of(plan)
+        memo = ContentKeys(layout.etforge_dir / CONTENT_KEYS_FILE)
+        name = f"{layout.out_dir.name}:{stage.name}"
         inputs = _content_inputs(plan, stage, cells, host)
         files, trusted = load_callable(stage.content_reads)(plan).signature() if stage.content_reads else ("", False)
         key = memo.get(name, inputs, files) if stage.content_reads else None
