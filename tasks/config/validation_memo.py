@@ -15,8 +15,9 @@ DigestCache, which is saved only once the whole plan checked out (a bad input wr
 Parsing a YAML file is such a pure function too (of its bytes, etforge.config.yamlfile and PyYAML):
 ``memo.load_yaml(path, name)`` keeps a parsed pipeline.yaml or recipe by the sha256 of its bytes
 under the same salt, so a no-op run parses no YAML and does not import PyYAML (together about
-20 ms here). Only a file that
-loaded is kept, and only when its data survive a JSON round trip unchanged (a timestamp does not).
+20 ms here). Only a file that loaded is kept, and only when its data survive a JSON round trip
+unchanged (a timestamp does not). A Hugging Face config's key check (config/hf_source.py) is
+remembered like a validation, so transformers' version is in the salt.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ CHECKING_CODE = (
     "etforge.config.yamlfile",
     "etforge.config.hf_source",
 )
-# hf_source checks a config's keys against transformers' installed sources (config/hf_config_keys.py)
 LIBRARIES = ("jsonschema", "referencing", "jsonschema-specifications", "PyYAML", "transformers")
 
 
