@@ -14,7 +14,7 @@ This memo (``artifacts/.etforge/content-keys.json``) keeps each stage's last key
 A key is used again only while both digests are the same. The signatures are taken before the
 content is read, so a file written while it was read makes them differ next time; and a file
 written less than RACY_NS before they were taken does not vouch for its bytes (git's "racily
-clean" rule, as in records.py), so such a key is not kept.
+clean" rule: records.py ``trusted``), so such a key is not kept.
 """
 
 from __future__ import annotations
@@ -22,11 +22,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from etforge.config.digest_cache import RACY_NS
+from etforge.cache.records import signature, trusted
 from etforge.core.atomic import atomic_write_text
 from etforge.core.digest import canonical_json
 
@@ -47,39 +46,30 @@ class FileSet:
         skip = {os.fspath(p) for p in self.skip}
         for tree in self.trees:
             _walk(os.fspath(tree), skip, rows)
-        for file in self.files:
-            try:
-                st = os.stat(file)
-            except OSError:
-                rows.append([os.fspath(file), None])
-                continue
-            rows.append([os.fspath(file), [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]])
-        now = time.time_ns()
-        trusted = all(sig is None or now - max(sig[1], sig[2]) >= RACY_NS for _, sig in rows)
+        rows += [(os.fspath(file), signature(file)) for file in self.files]
         h = hashlib.sha256()
         for path, sig in rows:  # unambiguous: a path holds no NUL, a signature no NUL or newline
             h.update(f"{path}\0{sig}\n".encode())
-        return h.hexdigest(), trusted
+        return h.hexdigest(), all(trusted(sig) for _, sig in rows)
 
 
 def _walk(directory: str, skip: set, rows: list) -> None:
     try:
         entries = sorted(os.scandir(directory), key=lambda e: e.name)
     except OSError:  # missing (nothing built yet) or not a directory
-        rows.append([directory, None])
+        rows.append((directory, None))
         return
     for entry in entries:
         if entry.path in skip or entry.name == "__pycache__":
             continue
         try:
-            if entry.is_dir():
-                _walk(entry.path, skip, rows)
-                continue
-            st = entry.stat()
+            is_dir = entry.is_dir()
         except OSError:  # removed while listed
-            rows.append([entry.path, None])
-            continue
-        rows.append([entry.path, [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]])
+            is_dir = False
+        if is_dir:
+            _walk(entry.path, skip, rows)
+        else:
+            rows.append((entry.path, signature(entry.path)))
 
 
 class ContentKeys:
