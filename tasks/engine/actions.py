@@ -22,13 +22,12 @@ from etforge.cache.content_keys import MEMO_FILE as CONTENT_KEYS_FILE
 from etforge.cache.content_keys import ContentKeys
 from etforge.cache.records import write_state
 from etforge.cache.store import Store
-from etforge.core.digest import canonical_json, digest, sha256_file
+from etforge.core.digest import canonical_json, digest
 from etforge.core.dotted_path import load_callable
-from etforge.core.paths import TEMPLATE_DIR
 from etforge.core.text import first_line
 from etforge.engine.cached_run import is_up_to_date, run_cached
 from etforge.engine.inputs import judges_current_program, upstream_entries
-from etforge.pipeline.keys import content_key
+from etforge.pipeline.keys import content_key, template_digests
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import BuildRequest, Skip, TaskStatus
 from etforge.pipeline.specs import cell_specs, spec_of
@@ -70,9 +69,10 @@ def _content_inputs(plan, stage, cells, host) -> str:
     its code and templates, the plan, the keys of every task whose record decides a cell (a changed
     model source changes them, not the plan), the selected cells and the host."""
     per_host = plan.memo.setdefault("content_inputs", {})
-    shared = per_host.get(canonical_json(host))
+    host_json = canonical_json(host)
+    shared = per_host.get(host_json)
     if shared is None:  # the same for both stages: once per run
-        shared = per_host[canonical_json(host)] = digest(
+        shared = per_host[host_json] = digest(
             {
                 "plan": hashlib.sha256(repr(plan).encode()).hexdigest(),  # every resolved field
                 "keys": {s.name: s.key for cell in plan.cells for s in cell_specs(plan, cell, host)},
@@ -84,7 +84,7 @@ def _content_inputs(plan, stage, cells, host) -> str:
             "stage": stage.name,
             "content": stage.content,
             "code": plan.code.of(stage.code),
-            "templates": {t: sha256_file(TEMPLATE_DIR / t) for t in stage.templates},
+            "templates": template_digests(stage),
             "cells": [c.name for c in cells],
             "host": host,
         }
@@ -97,12 +97,14 @@ def matrix_up_to_date(plan, stage_name: str, cells, store: Store, host: dict | N
     not build the content again."""
     stage = STAGE[stage_name]
     try:
+        if not stage.content_reads:  # no file set to watch: no memo
+            return is_up_to_date(_matrix_spec(plan, stage, cells, host, outcomes)[1], store)
         layout = layout_of(plan)
         memo = ContentKeys(layout.etforge_dir / CONTENT_KEYS_FILE)
         name = f"{layout.out_dir.name}:{stage.name}"
         inputs = _content_inputs(plan, stage, cells, host)
-        files, trusted = load_callable(stage.content_reads)(plan).signature() if stage.content_reads else ("", False)
-        key = memo.get(name, inputs, files) if stage.content_reads else None
+        files, trusted = load_callable(stage.content_reads)(plan).signature()
+        key = memo.get(name, inputs, files)
         if key is not None:
             return is_up_to_date(spec_of(plan, stage, key=key), store)
         _, spec = _matrix_spec(plan, stage, cells, host, outcomes)

@@ -170,13 +170,18 @@ def key_from(inputs: dict) -> str:
     )
 
 
+def template_digests(stage: Stage) -> dict:
+    """{template: sha256} of a matrix-wide stage's templates (templates/)."""
+    return {t: sha256_file(TEMPLATE_DIR / t) for t in stage.templates}
+
+
 def content_key(plan, stage: Stage, content) -> str:
     """The key of a matrix-wide stage: a digest of what it renders, its templates and its code."""
     return digest(
         {
             "stage": stage.name,
             "content": content,
-            "templates": {t: sha256_file(TEMPLATE_DIR / t) for t in stage.templates},
+            "templates": template_digests(stage),
             "code": plan.code.of(stage.code),
         }
     )
