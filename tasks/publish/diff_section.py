@@ -33,7 +33,7 @@ def remember(plan, baseline: diff_baseline.Baseline) -> None:
     release there is replaced or gone)."""
     kept = {
         "source": str(baseline.source.resolve()),
-        "stat": _stat(baseline.source / "provenance.json" if baseline.source.is_dir() else baseline.source),
+        "stat": _stat(diff_pointer.stat_target(baseline.source)),
         "label": baseline.label,
         "cells": baseline.cells,
         "timings": baseline.timings,
@@ -62,7 +62,7 @@ def changes_since(plan, cells, host, outcomes=None) -> dict | None:
     try:
         kept = json.loads(diff_pointer.path(plan).read_text(encoding="utf-8"))
         source = Path(kept["source"])
-        if kept["stat"] != _stat(source / "provenance.json" if source.is_dir() else source):
+        if kept["stat"] != _stat(diff_pointer.stat_target(source)):
             return None
         baseline = diff_baseline.Baseline(
             label=str(kept["label"]),
