@@ -65,10 +65,13 @@ class ValidationMemo:
             self.digests.remember(KIND, key)
         return result
 
+    def _parsed_key(self, content_sha256: str) -> str:
+        return hashlib.sha256(f"{self.salt}\n{content_sha256}".encode()).hexdigest()
+
     def load_yaml(self, path: Path, name: str) -> LoadedYaml:
         """yamlfile.load_yaml(path, name), from the memo when these bytes loaded before."""
         try:
-            key = hashlib.sha256(f"{self.salt}\n{self.digests.file_digest(Path(path))}".encode()).hexdigest()
+            key = self._parsed_key(self.digests.file_digest(Path(path)))
             raw = None if self.digests.knows(PARSED, key) else Path(path).read_bytes()
         except OSError:  # missing, unreadable: load_yaml says which, as one line
             return load_yaml(Path(path), name)
@@ -82,7 +85,7 @@ class ValidationMemo:
         except (TypeError, ValueError):  # e.g. a timestamp
             keep = False
         if keep:
-            key = hashlib.sha256(f"{self.salt}\n{hashlib.sha256(raw).hexdigest()}".encode()).hexdigest()
+            key = self._parsed_key(hashlib.sha256(raw).hexdigest())
             self.digests.remember(PARSED, key, text)
         return doc
 
