@@ -13,7 +13,7 @@ counted; its workers start cold, as the process runner's do.
 
 Scheduling overhead of a task = (the worker started it - the driver submitted it) + (the driver had
 its result - the worker finished it): what the cluster adds around the task's own time
-(``ETFORGE_CLUSTER_STATS``, tasks/engine/cluster.py). The bound checked: below 5 % for every task
+(``ETFORGE_CLUSTER_STATS``, etforge.engine.cluster). The bound checked: below 5 % for every task
 that takes more than 5 s. Exit 1 when a task breaks it.
 """
 

@@ -1,6 +1,6 @@
 """Layers shared by the in-repo models.
 
-etforge follows a factory's imports into the project (tasks/code_deps.py):
+etforge follows a factory's imports into the project (etforge.config.code_deps):
 editing this file rebuilds every model that imports it, and only those.
 """
 

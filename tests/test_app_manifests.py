@@ -226,7 +226,7 @@ def fake_export(plan, cell, status="ok", reason="", **info):
 
 def write_program_meta(plan, cell, input_dtypes) -> None:
     """A stand-in .pte holding only the metadata string a real one carries (what `doit manifest`
-    reads back and checks, tasks/publish/manifests/program_check.py)."""
+    reads back and checks, etforge.publish.manifests.program_check)."""
     from etforge.config.io_spec import describe_io
     from etforge.program.metadata import encode
 

@@ -1,4 +1,4 @@
-"""tasks/benchmark.py: structure and sanity of the measurement, never its speed.
+"""etforge.builders.benchmark: structure and sanity of the measurement, never its speed.
 
 Timing on these small shared machines is noisy, so nothing here asserts how fast
 anything is; benchmarks/bench_agreement.py is run once to show it works.

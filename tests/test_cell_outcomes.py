@@ -1,4 +1,4 @@
-"""A cell's outcome (tasks/outcome.py), as every reader shows it, through real runs.
+"""A cell's outcome (etforge.publish.outcome), as every reader shows it, through real runs.
 
 One small project is built once per module with `doit -n 2 -P process`:
 

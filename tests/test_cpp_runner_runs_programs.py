@@ -1,7 +1,7 @@
 """cpp/runner: the C++ multi-backend runner, built with CMake against the pip wheel's runtime.
 
 One small project (linreg and the small CNN on xnnpack and portable, fp32) is
-exported and validated once per module; its etforge_models.h (tasks/publish/manifests/cpp_header.py) is rendered
+exported and validated once per module; its etforge_models.h (etforge.publish.manifests.cpp_header) is rendered
 with two hand-made additions: a `vulkan` variant (delegate VulkanBackend, which
 this runtime lacks) pointing at the linreg XNNPACK program, and a model whose
 only variant records a wrong sha256. The runner is configured and built once

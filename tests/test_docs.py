@@ -200,9 +200,12 @@ def missing_paths(text: str, root: Path = REPO) -> list[tuple[int, str]]:
 
 
 def test_the_path_scanner_can_fail():
-    text = "see tasks/app/cli.py and tasks/app/no_such_module.py (also `docs/missing.md`)\nrecipes/backends/<name>.yaml"
-    assert missing_paths(text) == [(1, "tasks/app/no_such_module.py"), (1, "docs/missing.md")]
-    assert missing_paths("s3://bucket/tasks/x.py, etforge/templates/y.j2, tasks/app/init.py") == []
+    text = (
+        "see tasks/etforge/app/cli.py and tasks/etforge/app/no_such_module.py (also `docs/missing.md`)\n"
+        "recipes/backends/<name>.yaml"
+    )
+    assert missing_paths(text) == [(1, "tasks/etforge/app/no_such_module.py"), (1, "docs/missing.md")]
+    assert missing_paths("s3://bucket/tasks/x.py, etforge/templates/y.j2, tasks/etforge/app/init.py") == []
 
 
 def scanned_files() -> list[Path]:
@@ -228,3 +231,58 @@ def test_every_repository_path_named_in_code_and_docs_exists():
     assert not stale, "names of files that do not exist:\n" + "\n".join(stale)
     if KNOWN_STALE - seen:  # fixed since: a warning, so that a merge of the fix fails nothing
         warnings.warn(f"remove from KNOWN_STALE, fixed: {sorted(KNOWN_STALE - seen)}", stacklevel=1)
+
+
+# ---------------------------------------------------------------- names of etforge's modules
+
+# A module of the package named in a comment, docstring, page, recipe or template: etforge.a.b, maybe
+# followed by :function or .Name. Code names modules this one way (by import name), never by path.
+MODULE_NAME = re.compile(r"(?<![\w./-])etforge((?:\.[a-z_][a-z0-9_]*)+)")
+MODULE_PATH_IN_CODE = re.compile(r"(?<![\w./-])tasks/etforge/[\w/]+\.py\b")
+
+
+def missing_modules(text: str, package: Path = REPO / "tasks" / "etforge") -> list[tuple[int, str]]:
+    """(line number, name) of every etforge.x.y that names no module or package of ``package`` (a
+    module may be followed by one attribute: etforge.publish.outcome.cell_outcome; a sub-package by
+    none, since etforge.app.no_such_module is more likely a stale module than an attribute)."""
+    missing = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for match in MODULE_NAME.finditer(line):
+            parts = match.group(1).strip(".").split(".")
+            found = False
+            for n in range(len(parts), 0, -1):
+                base = package.joinpath(*parts[:n])
+                if base.with_suffix(".py").is_file():
+                    found = n >= len(parts) - 1  # at most one attribute after the module
+                    break
+                if (base / "__init__.py").is_file():
+                    found = n == len(parts)
+                    break
+            if not found and match.group(1) != ".__version__":
+                missing.append((number, "etforge" + match.group(1)))
+    return missing
+
+
+def test_the_module_scanner_can_fail():
+    text = "see etforge.app.cli and etforge.app.cli.main, etforge.app.no_such_module and etforge.nothing.here"
+    assert missing_modules(text) == [(1, "etforge.app.no_such_module"), (1, "etforge.nothing.here")]
+
+
+def test_every_module_named_in_code_and_docs_exists():
+    stale = []
+    for path in scanned_files():
+        rel = path.relative_to(REPO).as_posix()
+        for number, name in missing_modules(path.read_text(encoding="utf-8", errors="replace")):
+            stale.append(f"{rel}:{number}: {name}")
+    assert not stale, "names of modules that do not exist:\n" + "\n".join(stale)
+
+
+def test_code_names_modules_by_their_import_name():
+    """A comment in the package names a module as etforge.x.y, never as a path."""
+    offenders = [
+        f"{path.relative_to(REPO)}:{number}"
+        for path in sorted((REPO / "tasks").rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if MODULE_PATH_IN_CODE.search(line)
+    ]
+    assert not offenders, "\n".join(offenders)

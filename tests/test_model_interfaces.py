@@ -1,4 +1,4 @@
-"""Stream IO, point 1: integer and bounded inputs sampled by one generator (tasks/builders/samples.py).
+"""Stream IO, point 1: integer and bounded inputs sampled by one generator (etforge.builders.samples).
 
 The built project: a model with an nn.Embedding on int64 ids plus an image, lowered to XNNPACK in
 fp32 and in PT2E static int8. Static int8 calibration used to draw normal samples cast to int64

@@ -49,7 +49,7 @@ def test_each_method_is_lowered_into_one_program_and_validated(built):
         assert report["passed"] and report["methods"] == ["encode", "decode"]
         assert [(o["method"], o["shape"]) for o in report["outputs"]] == [("encode", [1, 16]), ("decode", [1, 4, 20])]
     pte = built.out / "seq2seq" / "seq2seq_xnnpack_fp32.pte"
-    # the two methods, and etforge's metadata constant methods (tasks/program/metadata.py)
+    # the two methods, and etforge's metadata constant methods (etforge.program.metadata)
     methods = {"encode", "decode", "etforge_meta_json", "etforge_meta_version"}
     assert set(Runtime.get().load_program(pte.read_bytes()).method_names) == methods
     quantized = built.out / "seq2seq" / "seq2seq_xnnpack_8da8w.pte"

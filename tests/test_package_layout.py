@@ -1,5 +1,5 @@
-"""The package layout of tasks/ (the etforge package; docs/design.md): imports flow one way, no circles,
-small modules, one name per module.
+"""The layout of the etforge package (tasks/etforge; docs/design.md): imports flow one way, no circles,
+small modules.
 
 Every import counts, including those inside functions: a lazy import is still a
 dependency, and the engine must reach builders and publishers only through the
@@ -10,7 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "tasks"
+PACKAGE = ROOT / "tasks" / "etforge"
 MAY_IMPORT = {
     "core": set(),
     "config": {"core"},
@@ -27,7 +27,7 @@ MAX_LINES = 450
 
 
 def _module_name(path: Path) -> str:
-    """tasks/cache/store.py -> etforge.cache.store (the package's import name is etforge)."""
+    """etforge.cache.store -> etforge.cache.store (the package's import name is etforge)."""
     parts = ("etforge",) + path.relative_to(PACKAGE).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -111,9 +111,24 @@ def test_the_check_sees_a_lazy_upward_import(tmp_path):
     assert "etforge.publish.outcome" in _imports(module)
 
 
-def test_every_module_name_is_unique():
-    names: dict = {}
-    for path in PACKAGE.rglob("*.py"):
-        if path.name != "__init__.py":
-            names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
-    assert not {n: p for n, p in names.items() if len(p) > 1}
+def test_the_type_checker_sees_a_type_error_across_modules(tmp_path):
+    """`make lint`'s mypy, in a scratch copy of the package with a planted error: one module's str
+    returned as another module's int fails the check (every etforge.x import resolves to its file)."""
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(ROOT / "tasks", tmp_path / "tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    core = tmp_path / "tasks" / "etforge" / "core"
+    (core / "_planted_a.py").write_text('def f() -> str:\n    return "x"\n')
+    (core / "_planted_b.py").write_text("from etforge.core._planted_a import f\n\n\ndef g() -> int:\n    return f()\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path / ".mypy_cache")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert '_planted_b.py:5: error: Incompatible return value type (got "str", expected "int")' in run.stdout

@@ -4,7 +4,7 @@ One pair of clean builds of a small pipeline with Core ML cells (fp32, 4-bit
 weights, and the ios chain Core ML -> XNNPACK), a static int8 cell and an LLM cell
 (the tiny Llama on portable, validated at ~130 dB: its figures once differed between builds,
 130.01 vs 130.80 dB, because a worker's load order of ExecuTorch's native libraries changed
-which kernel code ran; tasks/builders/determinism.py) is shared by the module: one
+which kernel code ran; etforge.builders.determinism) is shared by the module: one
 built by a sequential ``doit release``, the other by ``doit -n 2 -P process
 release``, so each program comes from a different process with a different
 history of earlier lowerings. The two checkouts build at the same time (as two

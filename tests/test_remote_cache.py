@@ -1,4 +1,4 @@
-"""The shared remote cache (tasks/remote.py) against a real S3-protocol server and a shared directory.
+"""The shared remote cache (etforge.cache.remote) against a real S3-protocol server and a shared directory.
 
 The S3 side is moto's server (``moto[server]``) listening on 127.0.0.1 at a free port,
 started once for the session (tests/conftest.py); s3fs talks to it over HTTP exactly as it would to AWS.

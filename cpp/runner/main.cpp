@@ -662,7 +662,7 @@ std::vector<std::vector<uint8_t>> output_bytes(Method& method) {
 }
 
 // The sha256 of the .ptd a program needs, from the etforge metadata it carries
-// (tasks/program/metadata.py: a JSON string constant method, readable without the
+// (tasks/etforge/program/metadata.py: a JSON string constant method, readable without the
 // .ptd); "" when its weights are inline or it carries no metadata.
 std::string required_data_sha256(const std::vector<uint8_t>& pte) {
   static const std::string marker = "{\"etforge_meta_version\": ";

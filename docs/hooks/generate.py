@@ -6,11 +6,11 @@
                             what a backend needs, whether it runs here, its delegates, and
                             which schemes it takes (or why a scheme refuses it)
 
-and, in design.md, the stage table of tasks/pipeline/stages.py (``on_page_markdown``).
+and, in design.md, the stage table of etforge.pipeline.stages (``on_page_markdown``).
 
 mkdocs.yml names this file under ``hooks:``; ``on_files`` adds both pages with
 ``File.generated``, so ``docs/`` holds no copy of them. Defaults that live in code
-(tasks/config/defaults.py) are read from it; everything else comes from the schema and the recipes.
+(etforge.config.defaults) are read from it; everything else comes from the schema and the recipes.
 Recipes are loaded through etforge.config.recipes, which validates each one against
 schemas/recipe.schema.json: a broken recipe fails the docs build too.
 """
@@ -18,7 +18,6 @@ schemas/recipe.schema.json: a broken recipe fails the docs build too.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import re
 import sys
@@ -45,7 +44,7 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    """design.md: the stage table, from tasks/pipeline/stages.py."""
+    """design.md: the stage table, from etforge.pipeline.stages."""
     if page.file.src_uri == "design.md":
         if STAGE_TABLE_MARK not in markdown:
             raise ValueError(f"docs/design.md lost its {STAGE_TABLE_MARK} line")
@@ -64,17 +63,10 @@ def on_serve(server, config, builder):
 
 
 def etforge_module(name: str):
-    """``etforge.<name>`` of this checkout (its code is tasks/), whatever else is installed."""
-    package = sys.modules.get("etforge")
-    if package is None or Path(package.__file__).resolve().parent != ROOT / "tasks":
-        for loaded in [m for m in sys.modules if m == "etforge" or m.startswith("etforge.")]:
-            del sys.modules[loaded]
-        spec = importlib.util.spec_from_file_location(
-            "etforge", ROOT / "tasks" / "__init__.py", submodule_search_locations=[str(ROOT / "tasks")]
-        )
-        package = importlib.util.module_from_spec(spec)
-        sys.modules["etforge"] = package
-        spec.loader.exec_module(package)
+    """``etforge.<name>`` of this checkout: tasks/ is the package's source root."""
+    source = str(ROOT / "tasks")
+    if source not in sys.path:
+        sys.path.insert(0, source)
     return importlib.import_module(f"etforge.{name}")
 
 

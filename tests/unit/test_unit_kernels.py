@@ -1,6 +1,6 @@
 """Which wheel libraries a program's operators need, and their union in ExecuTorch's selective-build format.
 
-tasks/program/kernels.py decides by namespace; these tests hold it to what the installed wheel
+etforge.program.kernels decides by namespace; these tests hold it to what the installed wheel
 ships (its kernel yamls, the prim ops its runtime library registers) and its union to what
 upstream's gen_all_oplist makes of the same per-program files (run in a subprocess: the unit tier
 imports no executorch).

@@ -1,9 +1,9 @@
 """What an unchanged pipeline costs: a no-op run decides each cell's outcome once and validates nothing.
 
 The manifests' and the report's up-to-date checks, the exit status and the summary table all read
-the cells' outcomes; the run's memo (tasks/publish/outcome_memo.py) decides each cell once, and
+the cells' outcomes; the run's memo (etforge.publish.outcome_memo) decides each cell once, and
 again only when a record it read changed. Schema validation is remembered by content
-(tasks/config/validation_memo.py): a no-op run neither validates nor imports jsonschema, and a
+(etforge.config.validation_memo): a no-op run neither validates nor imports jsonschema, and a
 bad file is still one file:line: key error, every time.
 """
 

@@ -1,0 +1,199 @@
+"""What etforge's doit loader needs: resolve the pipeline, select cells, make the tasks, configure doit.
+
+The loader (etforge.app.loader) turns the command line into a :class:`Request`; everything
+here is the same for the ``etforge`` command and for ``doit`` in a repository whose
+pyproject.toml names etforge's loader.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from etforge.cache.remote import RemoteError
+from etforge.cache.store import Store, open_store
+from etforge.config.digest_cache import digest_cache_for
+from etforge.config.machine import host_fingerprint
+from etforge.config.model import Plan
+from etforge.config.resolve import resolve
+from etforge.config.selection import named, select, shard
+from etforge.core.console import say
+from etforge.core.errors import PipelineError
+from etforge.engine import doit_db
+from etforge.engine.taskdicts import stage_tasks
+from etforge.pipeline.layout import ArtifactLayout, layout_of
+from etforge.pipeline.specs import run_specs
+from etforge.pipeline.stages import STAGES, Stage
+
+REPORTER = "etforge"  # the name etforge's reporter is registered under (etforge.app.cli DOIT_PLUGINS)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a command line asks for: the pipeline file and a sub-matrix (comma-separated names)."""
+
+    pipeline: Path
+    model: str | None = None
+    backend: str | None = None
+    quantization: str | None = None
+    shard: str | None = None  # k/n
+    cells: str | None = None  # exact cell names (a CI job's list from `etforge ci-matrix`)
+    retry_failed: bool = False  # run declared expected failures again, whatever their records say
+
+
+@dataclass(frozen=True)
+class Selection:
+    plan: Plan
+    cells: tuple  # the cells the command line selected
+    store: Store
+    host: dict  # etforge.config.machine.host_fingerprint(): benchmark results are only valid on it
+    specs: dict  # task name -> TaskSpec of every task of the selection (etforge.pipeline.specs run_specs)
+    cells_by_task: dict  # task name -> the Cell it belongs to (cell tasks only)
+    retry_failed: bool = False  # Request.retry_failed
+
+    @property
+    def layout(self) -> ArtifactLayout:
+        return layout_of(self.plan)
+
+
+def load_selection(request: Request) -> Selection:
+    """Resolve the pipeline and the command-line sub-matrix, or exit with a one-line error.
+
+    Exit code 3 is doit's own code for "error before task execution starts".
+    """
+    host = host_fingerprint()
+    try:
+        digests = digest_cache_for(request.pipeline)
+        plan = resolve(request.pipeline, digests)
+        cells = select(plan, model=request.model, backend=request.backend, quantization=request.quantization)
+        if request.shard:
+            cells = shard(plan, cells, request.shard)
+        if request.cells:
+            cells = named(plan, cells, request.cells)
+        ensure_writable(plan)
+        specs, cells_by_task = run_specs(plan, cells, host)  # every key, so the digest memo holds their code
+        for stage in STAGES:  # matrix-wide keys are computed later, after the memo is saved
+            plan.code.of(stage.code)
+        digests.save()  # only once everything checked out: a bad input writes nothing
+    except PipelineError as exc:
+        sys.stderr.write(f"etforge: error: {exc}\n")
+        raise SystemExit(3) from None
+    if not cells:
+        sys.stderr.write("etforge: error: the command-line selection matches no cell of the matrix\n")
+        raise SystemExit(3)
+    try:
+        store = open_store(plan)
+    except RemoteError as exc:  # e.g. gs:// without gcsfs installed
+        sys.stderr.write(f"etforge: error: {exc}\n")
+        raise SystemExit(3) from None
+    return Selection(
+        plan=plan,
+        cells=cells,
+        store=store,
+        host=host,
+        specs=specs,
+        cells_by_task=cells_by_task,
+        retry_failed=request.retry_failed,
+    )
+
+
+def ensure_writable(plan: Plan) -> None:
+    """Fail now, naming the path, rather than halfway through a build."""
+    check_links(plan)
+    directory = layout_of(plan).artifacts_dir
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
+            pass
+    except OSError as exc:
+        raise PipelineError(f"cannot write to {exc.filename or directory}: {exc.strerror or exc}") from None
+
+
+def check_links(plan: Plan) -> None:
+    """Refuse to write through a symlink that dangles, or a directory symlink that leaves the project
+    (unless the pipeline opts in).
+
+    Checked: ``artifacts`` and ``artifacts/<pipeline>`` themselves and every entry directly in
+    them, in ``artifacts/cache`` and in ``artifacts/.etforge`` (the directories etforge creates
+    files in: a dangling link there made every task fail with ``FileExistsError``). A file
+    symlink that resolves needs no check: atomic writes replace a link rather than write through it.
+    """
+    root = plan.root.resolve()
+    layout = layout_of(plan)
+    candidates = [layout.artifacts_dir, layout.out_dir]
+    for directory in (layout.artifacts_dir, layout.out_dir, layout.cache_dir, layout.etforge_dir):
+        try:
+            candidates += [Path(e.path) for e in os.scandir(directory) if e.is_symlink()]
+        except OSError:
+            pass  # not there yet (or not a directory: ensure_writable says so)
+    for link in dict.fromkeys(candidates):
+        if not link.is_symlink():
+            continue
+        target = os.readlink(link)
+        if not link.exists():
+            raise PipelineError(
+                f"{link} is a symlink to {target}, which does not exist: create that directory or remove the link"
+            )
+        if not link.is_dir():
+            continue
+        try:
+            link.resolve().relative_to(root)
+        except ValueError:
+            if not plan.artifacts_allow_outside:
+                raise PipelineError(
+                    f"{link} is a symlink to {target}, outside the project directory {root}: "
+                    "etforge does not write through it (set `artifacts: {allow_outside: true}` "
+                    f"in {plan.display} to follow it)"
+                ) from None
+
+
+def task_creators(selection: Selection, option_defaults: dict, outcomes=None, records=None) -> dict:
+    """``{"task_<stage>": creator}`` for every stage, in pipeline order (doit's task-creator namespace).
+
+    ``option_defaults``: stage option name -> its default (``release --allow-failures``), for
+    the deprecated ``allow_failures=1`` form; ``outcomes``: the run's memo of cell outcomes
+    (publish's RunOutcomes, made by the loader), handed to the matrix-wide stages; ``records``: the
+    run's parsed records (etforge.cache.records RunRecords) the up-to-date checks share with it."""
+
+    def creator(stage: Stage):
+        def create():
+            yield from stage_tasks(
+                selection.plan,
+                stage,
+                selection.cells,
+                selection.store,
+                selection.host,
+                option_defaults,
+                retry_failed=selection.retry_failed,
+                outcomes=outcomes,
+                records=records,
+            )
+
+        create.__doc__ = stage.doc
+        create.__name__ = f"task_{stage.name}"
+        return create
+
+    return {f"task_{stage.name}": creator(stage) for stage in STAGES}
+
+
+def doit_config(selection: Selection) -> dict:
+    """DOIT_CONFIG of a run: etforge's database backend and reporter (registered as doit plugins)."""
+    database = doit_db.database_path(selection.layout.artifacts_dir)
+    try:
+        warning = doit_db.prepare(database)  # before doit opens it
+    except doit_db.DatabaseUnwritable as exc:
+        sys.stderr.write(f"etforge: error: {exc}\n")
+        raise SystemExit(3) from None
+    if warning:
+        say(warning)
+    return {
+        "default_tasks": [s.name for s in STAGES if s.default],
+        "continue": True,  # one failing cell never stops the others
+        "dep_file": str(database),
+        "backend": doit_db.BACKEND,
+        "reporter": REPORTER,
+        "verbosity": 2,
+    }
