@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/bench_agreement.py model.pte       # random inputs from the program
     .venv/bin/python benchmarks/bench_agreement.py model.pte --reference reference.npz
 
-In one process, with one thread count, it alternates ``etforge.builders.benchmark.build_benchmark``
+In one process, with one thread count, it alternates ``etforge.builders.bench.benchmark.build_benchmark``
 (the builder the ``benchmark:<cell>`` tasks run) with a plain loop
 (``time.perf_counter()`` around ``method.execute``, nothing else), over the same
 inputs, for ``--rounds`` rounds, swapping which goes first each round. It prints
@@ -55,7 +55,7 @@ def inputs_from_program(pte: Path, method_name: str, seed: int = 0) -> list:
     import numpy as np
     from executorch.runtime import Runtime
 
-    from etforge.builders.pte_interpreter import SCALAR_TYPES  # ExecuTorch ScalarType code -> dtype name
+    from etforge.builders.runtime.pte_interpreter import SCALAR_TYPES  # ExecuTorch ScalarType code -> dtype name
 
     program = Runtime.get().load_program(str(pte))
     meta = program.load_method(method_name).metadata
@@ -111,8 +111,8 @@ def main(argv=None) -> int:
     import numpy as np
     from executorch.extension.pybindings import portable_lib
 
-    from etforge.builders.benchmark import build_benchmark, current_thread_count
-    from etforge.builders.reference import load_reference
+    from etforge.builders.bench.benchmark import build_benchmark, current_thread_count
+    from etforge.builders.capture.reference import load_reference
 
     with tempfile.TemporaryDirectory(prefix="bench-agreement-") as tmp:
         tmp = Path(tmp)
@@ -182,7 +182,9 @@ def main(argv=None) -> int:
     bench_p50, plain_p50 = statistics.median(bench_ms), statistics.median(plain_ms)
     ratio = bench_p50 / plain_p50
     agree = abs(ratio - 1.0) <= args.tolerance
-    print(f"benchmark p50: {bench_p50:.4f} ms (etforge.builders.benchmark.build_benchmark, {len(bench_ms)} samples)")
+    print(
+        f"benchmark p50: {bench_p50:.4f} ms (etforge.builders.bench.benchmark.build_benchmark, {len(bench_ms)} samples)"
+    )
     print(f"plain p50: {plain_p50:.4f} ms (perf_counter loop, {len(plain_ms)} samples)")
     print(
         f"median of the {len(round_ratios)} per-round ratios: {statistics.median(round_ratios):.3f} "

@@ -75,10 +75,10 @@ def naive_cell(plan, cell, out_dir: Path) -> None:
     import torch
     from executorch.exir import to_edge_transform_and_lower
 
-    from etforge.builders.capture import reference_samples
-    from etforge.builders.lower import lowering_contexts, partitioners_for
-    from etforge.builders.model_loading import build_model
-    from etforge.builders.samples import calibration_batches
+    from etforge.builders.capture.capture import reference_samples
+    from etforge.builders.capture.samples import calibration_batches
+    from etforge.builders.loading.model_loading import build_model
+    from etforge.builders.lowering.lower import lowering_contexts, partitioners_for
     from etforge.core.dotted_path import load_callable
 
     model = build_model(cell.model, plan.root)
@@ -185,7 +185,7 @@ def time_breakdown(layout, wall: float, workers: int) -> list:
 
 def load_problems(programs: dict) -> list:
     """Programs (label -> .pte path) that do not load in the ExecuTorch runtime, with why."""
-    from etforge.builders.program_io import check_loads
+    from etforge.builders.runtime.program_io import check_loads
 
     problems = []
     for label, path in programs.items():

@@ -131,7 +131,7 @@ def save_checkpoint(directory: Path) -> str:
     import torch
 
     sys.path.insert(0, str(REPO))
-    from etforge.builders.hf_models import import_transformers
+    from etforge.builders.loading.hf_models import import_transformers
     from etforge.config.hf_source import checkpoint_digest
 
     tf = import_transformers()
@@ -288,8 +288,8 @@ def upstream_run(model_dir: Path, out: Path, scheme: str, mode: str, site: Path 
 
 def check_loads_child(paths: list) -> int:
     """Child process: load every program (the llama:: custom ops registered); one line per failure."""
-    from etforge.builders.llm_export import register_custom_ops
-    from etforge.builders.program_io import check_loads
+    from etforge.builders.llm.export import register_custom_ops
+    from etforge.builders.runtime.program_io import check_loads
 
     register_custom_ops()
     failed = 0

@@ -68,7 +68,7 @@ def timm_state_dict(state: dict, stage_sizes: list) -> dict:
 def _import_torchvision_safely() -> None:
     """timm imports torchvision, whose PyPI build needs etforge's CPU shim beside a CPU torch."""
     try:
-        from etforge.builders.torchvision_compat import import_torchvision
+        from etforge.builders.loading.torchvision_compat import import_torchvision
     except ImportError:  # used outside etforge: plain torchvision must do
         return
     import_torchvision()

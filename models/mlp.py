@@ -1,5 +1,5 @@
 """A small two-layer perceptron: enough weight bytes (about 10 KB) for `external_weights: true`
-to move them into a .ptd (etforge.builders.lower), small enough to build in seconds."""
+to move them into a .ptd (etforge.builders.lowering.lower), small enough to build in seconds."""
 
 from torch import nn
 

@@ -101,14 +101,14 @@ def test_keep_float_auto_keeps_the_fragile_layer_and_the_cell_passes(runs):
 
 def test_explicit_keep_float_regexes_keep_the_layers_they_name():
     torch = pytest.importorskip("torch")
-    from etforge.builders.quantize import keep_float, torchao_steps
+    from etforge.builders.quantization.quantize import keep_float, torchao_steps
 
     namespace: dict = {}
     exec(FRAGILE, namespace)
     model = namespace["build"]()
     transform = SimpleNamespace(
         method="torchao",
-        ref="etforge.builders.quantizers:torchao_8da4w",
+        ref="etforge.builders.quantization.quantizers:torchao_8da4w",
         options={"group_size": 32, "keep_float": ["l[13]"]},
         fallback=None,
         group_multiple=32,
@@ -131,10 +131,10 @@ def test_keep_float_auto_on_static_int8_finds_the_fragile_layer():
     torch = pytest.importorskip("torch")
     import numpy as np
 
-    from etforge.builders.quantize import pt2e_keep_float, pt2e_quantize
-    from etforge.builders.quantizers import xnnpack_int8_static
-    from etforge.builders.reference import Reference
-    from etforge.builders.rescue import eager_sqnr, without_layers
+    from etforge.builders.capture.reference import Reference
+    from etforge.builders.quantization.quantize import pt2e_keep_float, pt2e_quantize
+    from etforge.builders.quantization.quantizers import xnnpack_int8_static
+    from etforge.builders.quantization.rescue import eager_sqnr, without_layers
 
     namespace: dict = {}
     exec(FRAGILE, namespace)
@@ -165,9 +165,9 @@ def test_keep_float_auto_on_static_int8_finds_the_fragile_layer():
 
 def test_keep_float_names_layers_as_the_model_does_when_outputs_are_selected():
     torch = pytest.importorskip("torch")
-    from etforge.builders.output_select import select_outputs
-    from etforge.builders.quantize import graph_prefix
-    from etforge.builders.rescue import graph_layers
+    from etforge.builders.capture.output_select import select_outputs
+    from etforge.builders.quantization.quantize import graph_prefix
+    from etforge.builders.quantization.rescue import graph_layers
 
     namespace: dict = {}
     exec(FRAGILE, namespace)

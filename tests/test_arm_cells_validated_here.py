@@ -91,9 +91,9 @@ def test_tosa_int_program_runs_as_upstream_runs_it(built):
     from executorch.backends.arm.test.runner_utils import TosaReferenceModelDispatch
     from executorch.exir import to_edge_transform_and_lower
 
-    from etforge.builders.capture import load_programs
-    from etforge.builders.partitioners import arm_tosa
-    from etforge.builders.tosa_reference import tosa_program
+    from etforge.builders.arm.tosa_reference import tosa_program
+    from etforge.builders.capture.capture import load_programs
+    from etforge.builders.lowering.partitioners import arm_tosa
 
     key = state(built, "quantize:cnn/int8/arm_tosa_int8")["key"]
     program = load_programs(built.root / "artifacts" / "cache" / key[:2] / key / "model.pt2")["forward"]
@@ -111,7 +111,7 @@ def test_a_tosa_cell_that_misses_its_threshold_fails_saying_what_ran_it(built, t
     FP cell: its reference model may match eager bit for bit, which meets any SQNR."""
     import dataclasses
 
-    from etforge.builders.validate import build_validate, stand_in_runner
+    from etforge.builders.numerics.validate import build_validate, stand_in_runner
     from etforge.config.resolve import resolve
     from etforge.pipeline.results import TaskStatus
 
@@ -182,7 +182,7 @@ def test_vgf_cell_stays_on_device_naming_what_is_missing(built):
     assert "missing: an ExecuTorch runtime with VgfBackend (the executorch " in row["note"], row
     assert "EXECUTORCH_BUILD_VGF=ON" in row["note"]
     # the other two parts as this host has them, measured again here
-    from etforge.builders.vgf_probe import EMULATION_LAYER, MAINTENANCE5, vulkan_devices
+    from etforge.builders.arm.vgf_probe import EMULATION_LAYER, MAINTENANCE5, vulkan_devices
 
     vulkan = vulkan_devices()
     has_driver = "devices" in vulkan and any(MAINTENANCE5 in d["extensions"] for d in vulkan["devices"])

@@ -110,7 +110,7 @@ def test_importing_the_factories_imports_no_backend():
     import subprocess
 
     code = (
-        "import sys, etforge.builders.partitioners, etforge.builders.quantizers; "
+        "import sys, etforge.builders.lowering.partitioners, etforge.builders.quantization.quantizers; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch', 'coremltools')))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
@@ -143,7 +143,7 @@ def test_host_checker_agrees_with_recipe_needs():
 
 def test_qnn_factory_refuses_without_sdk_and_never_imports_qualcomm(monkeypatch):
     monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
-    from etforge.builders import partitioners as P
+    from etforge.builders.lowering import partitioners as P
 
     with pytest.raises(RuntimeError, match="QNN_SDK_ROOT"):
         P.qnn(defaults(recipe("qnn")))
@@ -229,8 +229,8 @@ def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
     import executorch.kernels.quantized  # noqa: F401  (q/dq ops left outside the delegate)
     import torch
 
-    from etforge.builders.quantize import pt2e_quantize
-    from etforge.builders.quantizers import ethos_u_int8
+    from etforge.builders.quantization.quantize import pt2e_quantize
+    from etforge.builders.quantization.quantizers import ethos_u_int8
 
     model, x, _, program = cnn
     options = defaults(recipe(name))
@@ -245,7 +245,7 @@ def test_ethos_u_int8_lowers_and_float_delegates_nothing(name, cnn):
 def test_fallback_chain_coreml_then_xnnpack(cnn):
     from executorch.exir import to_edge_transform_and_lower
 
-    from etforge.builders.gates import delegation_coverage
+    from etforge.builders.gates.gates import delegation_coverage
 
     _, _, _, program = cnn
     edge = to_edge_transform_and_lower(program, partitioner=partitioners("coreml") + partitioners("xnnpack"))
@@ -336,7 +336,7 @@ def test_the_coverage_gate_passes_a_fully_delegated_program(coverage_run):
 
 
 def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(coverage_run):
-    from etforge.builders.gates import delegation_gate
+    from etforge.builders.gates.gates import delegation_gate
     from etforge.config.resolve import resolve
     from etforge.pipeline.specs import spec_of
     from etforge.pipeline.stage_results import ExportResult

@@ -1,4 +1,4 @@
-"""etforge.builders.benchmark: structure and sanity of the measurement, never its speed.
+"""etforge.builders.bench.benchmark: structure and sanity of the measurement, never its speed.
 
 Timing on these small shared machines is noisy, so nothing here asserts how fast
 anything is; benchmarks/bench_agreement.py is run once to show it works.
@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from etforge.builders.benchmark import (
+from etforge.builders.bench.benchmark import (
     BENCH,
     build_benchmark,
     current_thread_count,
     prepare_inputs,
     resolve_options,
 )
-from etforge.builders.timing_stats import summarize
+from etforge.builders.runtime.timing_stats import summarize
 from etforge.publish.baseline import BASELINE_FORMAT, compare_with_baseline, load_baseline, write_baseline
 
 REPO = Path(__file__).resolve().parent.parent

@@ -99,7 +99,7 @@ def test_coreml_encoder_ends_on_device(built):
 def test_attention_mask_samples_are_prefixes_of_ones():
     import torch
 
-    from etforge.builders.samples import random_inputs
+    from etforge.builders.capture.samples import random_inputs
     from etforge.config.model import InputSpec
 
     inputs = (

@@ -66,7 +66,7 @@ def _sha(path) -> str:
 def _eager(project, x):
     import torch
 
-    from etforge.builders.model_loading import SEED
+    from etforge.builders.loading.model_loading import SEED
     from models.mlp import build  # the repository's copy: the project's is the same file
 
     torch.manual_seed(SEED)
@@ -75,7 +75,7 @@ def _eager(project, x):
 
 @pytest.mark.parametrize("backend", ["xnnpack", "portable"])
 def test_pte_and_ptd_load_and_match_eager(built, backend):
-    from etforge.builders.program_io import load_method
+    from etforge.builders.runtime.program_io import load_method
     from etforge.program.metadata import read_meta
 
     pte = built.out / "mlp_a" / f"mlp_a_{backend}_fp32.pte"
@@ -96,7 +96,7 @@ def test_pte_and_ptd_load_and_match_eager(built, backend):
 
 @pytest.mark.parametrize("backend", ["xnnpack", "portable"])
 def test_program_without_its_ptd_is_a_clear_error(built, backend, tmp_path):
-    from etforge.builders.program_io import load_method
+    from etforge.builders.runtime.program_io import load_method
     from etforge.program.metadata import ProgramMetaError
 
     pte = shutil.copy(built.out / "mlp_a" / f"mlp_a_{backend}_fp32.pte", tmp_path / "lonely.pte")
@@ -115,7 +115,7 @@ def test_identical_weights_share_one_ptd(built):
 
 
 def test_metadata_read_back_from_the_program_matches_the_manifest(built):
-    from etforge.builders.program_io import load_program
+    from etforge.builders.runtime.program_io import load_program
     from etforge.program.metadata import META_METHOD, META_VERSION, VERSION_METHOD
 
     index = json.loads((built.out / "manifests" / "index.json").read_text())
@@ -330,7 +330,7 @@ def _run(runner, models_dir, *args):
 
 
 def test_cpp_runner_loads_the_program_with_its_ptd_and_matches_python(built, runner):
-    from etforge.builders.program_io import load_method
+    from etforge.builders.runtime.program_io import load_method
 
     done = _run(runner, built.out, "mlp_a")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -391,7 +391,7 @@ def test_cpp_runner_runs_the_first_method_of_a_program_without_forward(built, ru
 def test_the_size_gate_sees_through_the_names_a_program_carries(built):
     from types import SimpleNamespace
 
-    from etforge.builders.gates import size_gate
+    from etforge.builders.gates.gates import size_gate
     from etforge.pipeline.stage_results import ExportResult
     from etforge.program.metadata import without_meta
 

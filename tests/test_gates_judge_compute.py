@@ -66,7 +66,7 @@ def _lower(partitioner):
 
 
 def _gate(coverage: dict):
-    from etforge.builders.gates import delegation_gate
+    from etforge.builders.gates.gates import delegation_gate
     from etforge.pipeline.stage_results import ExportResult
 
     cell = SimpleNamespace(backend=SimpleNamespace(name="xnnpack", min_coverage=0.5))
@@ -80,7 +80,7 @@ def encoder_coverage():
     from executorch.backends.xnnpack.partition.config.generic_node_configs import BMMConfig
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    from etforge.builders.gates import delegation_coverage
+    from etforge.builders.gates.gates import delegation_coverage
 
     gemm = {AddmmConfig, LinearConfig, BMMConfig}
     no_matmuls = XnnpackPartitioner(configs=[c for c in ALL_PARTITIONER_CONFIGS if c not in gemm])
@@ -142,7 +142,7 @@ def test_a_program_with_dynamic_sizes_is_measured_at_its_example_sizes():
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from etforge.builders.gates import delegation_coverage
+    from etforge.builders.gates.gates import delegation_coverage
 
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
     batch = torch.export.Dim("batch", min=1, max=32)

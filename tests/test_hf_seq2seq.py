@@ -210,18 +210,18 @@ def test_portable_and_8da4w_validate_step_by_step(tmp_path):
 
 def test_seq2seq_tasks_run_their_own_builders_and_their_keys_cover_them():
     from etforge.config.model import ModelKind
-    from etforge.pipeline.stages import STAGES
+    from etforge.pipeline.stages import DEFAULT_TABLE, STAGES, code_of
 
-    chosen = {s.name: s.builder_for(ModelKind.SEQ2SEQ) for s in STAGES if s.subject != "pipeline"}
+    chosen = {s.name: DEFAULT_TABLE.builder_for(s, ModelKind.SEQ2SEQ) for s in STAGES if s.subject != "pipeline"}
     for stage in ("capture", "quantize", "export", "validate", "benchmark"):
-        assert chosen[stage] == f"etforge.builders.seq2seq_stages:{stage}_stage"
-        code = next(s for s in STAGES if s.name == stage).code_for(ModelKind.SEQ2SEQ)
-        assert "etforge.builders.seq2seq_stages" in code  # its import closure joins the task's key
-    assert chosen["sizegate"] == "etforge.builders.gates:size_gate_stage"
+        assert chosen[stage] == f"etforge.builders.seq2seq.stages:{stage}_stage"
+        code = code_of(next(s for s in STAGES if s.name == stage), ModelKind.SEQ2SEQ)
+        assert "etforge.builders.seq2seq.stages" in code  # its import closure joins the task's key
+    assert chosen["sizegate"] == "etforge.builders.gates.gates:size_gate_stage"
 
 
 def test_an_infinite_program_value_is_minus_infinity_db_not_a_crash():
     """An fp16 decoder returned inf logits (Whisper on XNNPACK): the SQNR is -inf, which every gate fails."""
-    from etforge.builders.numerics import sqnr_db
+    from etforge.builders.numerics.compare import sqnr_db
 
     assert sqnr_db([1.0, 2.0], [float("inf"), 2.0]) == float("-inf")

@@ -80,7 +80,7 @@ def _save_checkpoint(directory: Path) -> None:
     """A tiny Llama checkpoint (safetensors + config.json), seeded: what a user would have on disk."""
     import torch
 
-    from etforge.builders.hf_models import import_transformers
+    from etforge.builders.loading.hf_models import import_transformers
 
     tf = import_transformers()
     torch.manual_seed(7)
@@ -226,7 +226,7 @@ def test_changed_checkpoint_weight_rebuilds_only_that_model(ckpt_built, tmp_path
 
 
 def test_llm_verdict_fails_on_nan():
-    from etforge.builders.llm_numerics import llm_verdict
+    from etforge.builders.llm.numerics import llm_verdict
 
     nan = float("nan")
     metrics = {

@@ -70,7 +70,7 @@ def test_window_mask_matches_transformers_sliding_attention(start, length):
     """custom_sdpa with etforge's window mask equals SDPA under transformers' sliding-window mask."""
     import torch
 
-    from etforge.builders import llm_export
+    from etforge.builders.llm import export as llm_export
 
     llm_export.register_custom_ops()
     torch.manual_seed(0)
@@ -92,7 +92,7 @@ def test_window_mask_matches_transformers_sliding_attention(start, length):
 def test_a_class_without_sdpa_is_built_with_eager_attention():
     """Gemma 2 has no SDPA (its logit softcap): from_config(attn_implementation='sdpa') raises, so
     etforge builds it with eager attention instead of failing the capture."""
-    from etforge.builders.hf_models import attention_for, import_transformers
+    from etforge.builders.loading.hf_models import attention_for, import_transformers
 
     tf = import_transformers()
     assert attention_for(tf.AutoModelForCausalLM, tf.AutoConfig.for_model("gemma2"), "sdpa") == "eager"

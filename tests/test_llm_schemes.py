@@ -124,7 +124,7 @@ def test_same_scheme_gate_fails_a_doctored_or_nan_metric():
     import numpy as np
     import torch
 
-    from etforge.builders.llm_numerics import LLM_THRESHOLDS, compare_same_scheme, llm_verdict
+    from etforge.builders.llm.numerics import LLM_THRESHOLDS, compare_same_scheme, llm_verdict
 
     thresholds = LLM_THRESHOLDS["8da4w"]
     healthy = {

@@ -1,4 +1,4 @@
-"""Stream IO, point 1: integer and bounded inputs sampled by one generator (etforge.builders.samples).
+"""Stream IO, point 1: integer and bounded inputs sampled by one generator (etforge.builders.capture.samples).
 
 The built project: a model with an nn.Embedding on int64 ids plus an image, lowered to XNNPACK in
 fp32 and in PT2E static int8. Static int8 calibration used to draw normal samples cast to int64
@@ -49,7 +49,7 @@ def rows(project) -> dict:
 
 
 def test_static_int8_calibrates_an_embedding_on_int64_ids(built):
-    from etforge.builders.reference import load_reference_samples
+    from etforge.builders.capture.reference import load_reference_samples
 
     table = rows(built)
     for cell in ("tokens/xnnpack/int8", "unranged/xnnpack/fp32", "tokens/xnnpack/fp32"):
@@ -74,7 +74,7 @@ def test_summary_says_when_integer_inputs_took_the_default_range(built):
 
 
 def test_one_generator_honours_dtype_range_and_seed():
-    from etforge.builders.samples import load_samples, random_inputs
+    from etforge.builders.capture.samples import load_samples, random_inputs
     from etforge.config.model import InputSpec, ModelSpec
 
     inputs = (

@@ -107,7 +107,7 @@ def test_manifests_list_methods_and_their_io(built):
 def test_a_bundled_program_carries_one_verified_suite_per_method(built, tmp_path, monkeypatch):
     """What an on-device cell of a multi-method model ships: each method's samples and eager outputs,
     checked here in the host runtime (the xnnpack program stands in for one this host cannot run)."""
-    from etforge.builders.bundle import build_bundled, verify_bundled
+    from etforge.builders.numerics.bundle import build_bundled, verify_bundled
     from etforge.config.resolve import resolve
 
     monkeypatch.chdir(built.root)

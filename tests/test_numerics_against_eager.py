@@ -44,7 +44,7 @@ BROKEN_LAYER = "features.1.0"  # the second convolution of models/small_cnn.py
 
 
 def test_topk_agreement_counts_matching_argmax_and_eager_top1_in_program_top5():
-    from etforge.builders.numerics import compare_samples
+    from etforge.builders.numerics.compare import compare_samples
 
     eager = np.array(
         [
@@ -67,7 +67,7 @@ def test_topk_agreement_counts_matching_argmax_and_eager_top1_in_program_top5():
 
 
 def test_pooled_sqnr_and_worst_sample():
-    from etforge.builders.numerics import compare_samples
+    from etforge.builders.numerics.compare import compare_samples
 
     eager = np.ones((3, 1, 100))
     program = eager.copy()
@@ -81,7 +81,7 @@ def test_pooled_sqnr_and_worst_sample():
 
 
 def test_verdict_fails_on_any_missed_threshold():
-    from etforge.builders.numerics import verdict
+    from etforge.builders.numerics.compare import verdict
 
     metrics = [
         {"sqnr_db": 70.0, "cosine": 0.99999, "max_abs_error": 1e-4, "top1_agreement": 0.75, "top5_agreement": 1.0}
@@ -98,7 +98,7 @@ def test_verdict_fails_on_any_missed_threshold():
 
 
 def test_nonfinite_program_values_fail_whatever_the_thresholds():
-    from etforge.builders.numerics import compare_samples, verdict
+    from etforge.builders.numerics.compare import compare_samples, verdict
 
     eager = np.ones((2, 1, 20))
     program = eager.copy()
@@ -114,7 +114,7 @@ def test_nonfinite_program_values_fail_whatever_the_thresholds():
 
 
 def test_every_threshold_comparison_fails_a_nan_metric():
-    from etforge.builders.numerics import verdict
+    from etforge.builders.numerics.compare import verdict
 
     nan = float("nan")
     metrics = [{"sqnr_db": nan, "cosine": nan, "max_abs_error": nan, "top1_agreement": nan, "top5_agreement": nan}]
@@ -125,7 +125,7 @@ def test_every_threshold_comparison_fails_a_nan_metric():
 
 
 def test_topk_agreement_counts_a_nonfinite_prediction_as_a_miss():
-    from etforge.builders.numerics import topk_agreement
+    from etforge.builders.numerics.compare import topk_agreement
 
     eager = np.array([[[0.0, 1.0, 2.0]], [[3.0, 0.0, 0.0]]])  # top-1: class 2, class 0
     program = np.array([[[0.0, 1.0, np.nan]], [[3.0, 0.0, 0.0]]])  # argmax of row 0 is the NaN's index, 2
@@ -134,7 +134,7 @@ def test_topk_agreement_counts_a_nonfinite_prediction_as_a_miss():
 
 
 def test_bundled_tolerances_come_from_finite_values_only():
-    from etforge.builders.bundle import tolerances
+    from etforge.builders.numerics.bundle import tolerances
 
     expected = [np.array([[1.0, np.nan, -2.0, np.inf]])]
     assert tolerances({"sqnr_db": 40}, expected)["atol"] == pytest.approx(2.0 * 0.01)
@@ -146,7 +146,7 @@ def test_bundled_tolerances_come_from_finite_values_only():
 
 
 def test_image_samples_are_resized_normalized_and_counted(tmp_path):
-    from etforge.builders.samples import load_samples
+    from etforge.builders.capture.samples import load_samples
     from etforge.config.model import InputSpec, ModelSpec
     from models.sample_images import copy_sample_images
 
@@ -186,7 +186,7 @@ def test_efficientnet_lite0_real_weights_see_the_cat():
     """chelsea.png through the pipeline's preprocessing: ImageNet 285 (Egyptian cat), p ~0.79."""
     import torch
 
-    from etforge.builders.samples import preprocess_image
+    from etforge.builders.capture.samples import preprocess_image
     from models.efficientnet_lite0 import build
     from models.sample_images import skimage_data_dir
 
@@ -210,8 +210,8 @@ def test_efficientnet_lite0_real_weights_see_the_cat():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A resolved plan, the cnn's capture on 4 photos and its XNNPACK fp32 .pte."""
-    from etforge.builders.capture import build_capture
-    from etforge.builders.lower import build_export
+    from etforge.builders.capture.capture import build_capture
+    from etforge.builders.lowering.lower import build_export
     from models.sample_images import copy_sample_images
 
     project = make_project(tmp_path_factory.mktemp("numerics") / "proj", PIPELINE)
@@ -237,7 +237,7 @@ def _workdir(built, name: str):
 
 
 def test_capture_records_every_validation_sample_and_where_it_came_from(built):
-    from etforge.builders.reference import load_reference, load_reference_samples
+    from etforge.builders.capture.reference import load_reference, load_reference_samples
 
     capture = built["capture"]
     assert capture.info["inputs"] == "images data/images"
@@ -253,7 +253,7 @@ def test_capture_records_every_validation_sample_and_where_it_came_from(built):
 
 
 def test_format1_reference_still_loads(tmp_path):
-    from etforge.builders.reference import load_reference, load_reference_samples
+    from etforge.builders.capture.reference import load_reference, load_reference_samples
 
     path = tmp_path / "reference.npz"
     np.savez(path, input_0=np.zeros((1, 4), np.float32), output_0=np.ones((1, 1), np.float32))
@@ -263,7 +263,7 @@ def test_format1_reference_still_loads(tmp_path):
 
 
 def test_random_fallback_is_one_seeded_sample_flagged_as_random(built):
-    from etforge.builders.capture import build_capture
+    from etforge.builders.capture.capture import build_capture
 
     model = built["plan"].models["reg"]
     result = build_capture(model, built["plan"].root, built["plan"].seed, _workdir(built, "reg"))
@@ -271,7 +271,7 @@ def test_random_fallback_is_one_seeded_sample_flagged_as_random(built):
 
 
 def test_validate_runs_every_sample_and_reports_topk(built):
-    from etforge.builders.validate import build_validate
+    from etforge.builders.numerics.validate import build_validate
 
     result = build_validate(
         built["cell"],
@@ -294,7 +294,7 @@ def test_validate_runs_every_sample_and_reports_topk(built):
 
 
 def test_bundled_program_verifies_on_the_runtime_and_rejects_wrong_outputs(built):
-    from etforge.builders.bundle import build_bundled, verify_bundled
+    from etforge.builders.numerics.bundle import build_bundled, verify_bundled
 
     pte = built["export"].files["program.pte"]
     reference = built["capture"].files["reference.npz"]
@@ -332,8 +332,8 @@ def test_bundled_program_verifies_on_the_runtime_and_rejects_wrong_outputs(built
 def test_first_divergence_names_the_corrupted_layer_and_validate_reports_it(built, monkeypatch):
     import torch
 
-    from etforge.builders import divergence as debug_numerics
-    from etforge.builders.validate import build_validate
+    from etforge.builders.numerics.compare import divergence as debug_numerics
+    from etforge.builders.numerics.validate import build_validate
 
     cell = built["cell"]
     program = built["capture"].files["model.pt2"]
@@ -381,8 +381,8 @@ def _make_broken(original):
 
 
 def test_first_divergence_of_a_correct_lowering_is_none(built):
-    from etforge.builders.divergence import first_divergence, node_sqnrs
-    from etforge.builders.reference import load_reference
+    from etforge.builders.capture.reference import load_reference
+    from etforge.builders.numerics.divergence import first_divergence, node_sqnrs
 
     inputs, _ = load_reference(built["capture"].files["reference.npz"])
     program = built["capture"].files["model.pt2"]

@@ -95,7 +95,7 @@ def test_a_selection_drops_the_auxiliary_output_from_the_program_and_the_verdict
 
 def test_a_selection_that_names_no_output_fails_the_capture_naming_them():
     torch = pytest.importorskip("torch")
-    from etforge.builders.output_select import select_outputs
+    from etforge.builders.capture.output_select import select_outputs
 
     namespace: dict = {}
     exec(DETECTOR, namespace)

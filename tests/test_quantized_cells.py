@@ -222,7 +222,7 @@ def test_fp16_weights_stored_as_fp32_fail_the_size_gate_with_the_ratio(built):
 def test_a_scheme_with_nothing_to_take_is_rejected_and_the_size_gate_would_say_it(built):
     """8da8w takes linear layers; a model without one is rejected by its quantize task
     (tests/test_weight_group_schemes.py), before any program is built."""
-    from etforge.builders.gates import size_gate
+    from etforge.builders.gates.gates import size_gate
     from etforge.pipeline.stage_results import ExportResult
 
     project, _ = built

@@ -4,7 +4,7 @@ One pair of clean builds of a small pipeline with Core ML cells (fp32, 4-bit
 weights, and the ios chain Core ML -> XNNPACK), a static int8 cell and an LLM cell
 (the tiny Llama on portable, validated at ~130 dB: its figures once differed between builds,
 130.01 vs 130.80 dB, because a worker's load order of ExecuTorch's native libraries changed
-which kernel code ran; etforge.builders.determinism) is shared by the module: one
+which kernel code ran; etforge.builders.runtime.determinism) is shared by the module: one
 built by a sequential ``doit release``, the other by ``doit -n 2 -P process
 release``, so each program comes from a different process with a different
 history of earlier lowerings. The two checkouts build at the same time (as two
@@ -151,7 +151,7 @@ def test_core_ml_programs_are_identical_across_processes_and_hold_a_valid_core_m
 def test_the_core_ml_wrapper_is_restored_after_lowering_even_on_error():
     from executorch.backends.apple.coreml.compiler.coreml_preprocess import CoreMLBackend
 
-    from etforge.builders.coreml_reproducible import deterministic_lowering
+    from etforge.builders.lowering.coreml_reproducible import deterministic_lowering
 
     original = CoreMLBackend.__dict__["preprocess_model"]
     with pytest.raises(ZeroDivisionError):
@@ -211,8 +211,8 @@ def test_shipped_numbers_are_measured_on_one_thread_and_stored_at_their_precisio
     import numpy as np
     import torch
 
-    from etforge.builders.determinism import deterministic
-    from etforge.builders.numerics import compare
+    from etforge.builders.numerics.compare import compare
+    from etforge.builders.runtime.determinism import deterministic
 
     torch.set_num_threads(2)
     with deterministic():

@@ -51,7 +51,7 @@ def plan(tmp_path_factory):
 
 
 def test_segmentation_model_is_captured_by_registry_name(plan, tmp_path):
-    from etforge.builders.capture import build_capture
+    from etforge.builders.capture.capture import build_capture
     from etforge.pipeline.results import TaskStatus
 
     built = build_capture(plan.models["seg"], plan.root, plan.seed, tmp_path)
@@ -63,8 +63,8 @@ def test_segmentation_model_is_captured_by_registry_name(plan, tmp_path):
 def test_detection_outputs_are_named_and_its_capture_says_why_it_fails(plan, tmp_path):
     import torch
 
-    from etforge.builders.capture import build_capture, output_names
-    from etforge.builders.model_loading import build_model
+    from etforge.builders.capture.capture import build_capture, output_names
+    from etforge.builders.loading.model_loading import build_model
     from etforge.pipeline.results import TaskStatus
 
     model = build_model(plan.models["det"], plan.root)  # BN recalibration must not need targets
@@ -89,7 +89,7 @@ def test_unknown_registry_name_is_one_plan_time_line(tmp_path):
 
 def test_every_registry_name_is_known_at_plan_time():
     """The plan-time reading of torchvision's source agrees with its registry."""
-    from etforge.builders.torchvision_compat import import_torchvision
+    from etforge.builders.loading.torchvision_compat import import_torchvision
     from etforge.config.torchvision_names import registered_models
 
     assert registered_models() == frozenset(import_torchvision().models.list_models())

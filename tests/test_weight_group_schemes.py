@@ -175,8 +175,8 @@ def test_a_smaller_group_the_backend_takes_comes_before_8_bit():
     import torch
     from torch import nn
 
-    from etforge.builders.layer_filter import choose_with_fallback, layers_info
-    from etforge.builders.quantizers import torchao_8da4w, torchao_8da8w
+    from etforge.builders.quantization.layer_filter import choose_with_fallback, layers_info
+    from etforge.builders.quantization.quantizers import torchao_8da4w, torchao_8da8w
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 192), nn.Linear(192, 96), nn.Linear(96, 80), nn.Linear(80, 48))

@@ -1,9 +1,10 @@
 """Fake stage builders for the unit tier: small blobs and typed results, no torch.
 
-The engine tests put them in the stage table (``monkeypatch.setitem(STAGE, name, stage)`` for each
-of :func:`fake_stages`); the run's worker is a fork of the test process, so it imports this module
-as ``unit.fake_builders``. The fake export writes a program that carries etforge's metadata (what
-the manifests read back), so the whole default run works: manifests and report included.
+The engine tests hand etforge the stage table :data:`TABLE` (``etforge.app.cli.main(args, TABLE)``):
+its builders are these, named by dotted path, so a run's worker imports this module as
+``unit.fake_builders``. Keys stay the real stages' (they cover the code of etforge's builders).
+The fake export writes a program that carries etforge's metadata (what the manifests read
+back), so the whole default run works: manifests and report included.
 
 They read ``fakes.json`` in the project directory (written by the test; a later run may
 change it) and append one line per call to ``calls.log`` there:
@@ -24,9 +25,9 @@ import signal
 import struct
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
+from etforge.config.model import ModelKind
 from etforge.pipeline.results import BuildResult, TaskStatus
 from etforge.pipeline.stage_results import (
     BenchmarkResult,
@@ -36,7 +37,7 @@ from etforge.pipeline.stage_results import (
     SizeGateResult,
     Verdict,
 )
-from etforge.pipeline.stages import STAGE, STAGES, Stage, task_name
+from etforge.pipeline.stages import PARTS, STAGE, Kind, StageTable, task_name
 from etforge.program.metadata import encode, program_meta
 
 CONTROL = "fakes.json"
@@ -191,7 +192,7 @@ def benchmark(request, builder="benchmark"):
     return BuildResult(files=files, result=result)
 
 
-# The LLM kind's builders (Stage.llm_builder): the same fakes, logged under another name.
+# The LLM kind's builders: the same fakes, logged under another name.
 def llm_capture(request):
     return capture(request, "llm_capture")
 
@@ -212,37 +213,14 @@ def llm_benchmark(request):
     return benchmark(request, "llm_benchmark")
 
 
-BUILDERS = {
-    "capture": ("unit.fake_builders:capture", "unit.fake_builders:llm_capture"),
-    "quantize": ("unit.fake_builders:quantize", "unit.fake_builders:llm_quantize"),
-    "export": ("unit.fake_builders:export", "unit.fake_builders:llm_export"),
-    "sizegate": ("unit.fake_builders:sizegate", None),
-    "validate": ("unit.fake_builders:validate", "unit.fake_builders:llm_validate"),
-    "benchmark": ("unit.fake_builders:benchmark", "unit.fake_builders:llm_benchmark"),
-}
+def _kind(prefix: str) -> Kind:
+    return Kind(*(f"unit.fake_builders:{prefix}{part}" for part in PARTS))
 
 
-@dataclass(frozen=True)
-class FakeStage(Stage):
-    """A stage of the table whose builders are fakes, keyed exactly as the real stage is.
-
-    A key covers the import closure of the stage's code and its builder's module
-    (Stage.code_for), and etforge can only digest its own modules: with the fake's module in
-    it, computing a key raises. So the code that joins the key stays the real stage's.
-    """
-
-    real: Stage | None = None
-
-    def code_for(self, kind):
-        return self.real.code_for(kind)
-
-
-def fake_stages() -> dict:
-    """Stage name -> a FakeStage for every stage that has fake builders (to setitem into STAGE)."""
-    out = {}
-    for stage in STAGES:
-        if stage.name in BUILDERS:
-            builder, llm_builder = BUILDERS[stage.name]
-            fields = {**vars(stage), "builder": builder, "llm_builder": llm_builder, "setup": None}  # no torch
-            out[stage.name] = FakeStage(**fields, real=stage)
-    return out
+# The stage table the engine tests hand to etforge.app.cli main: every builder a fake (the LLM
+# kind's logged under their own names), and no setup (it would load ExecuTorch's libraries).
+TABLE = StageTable(
+    kinds={ModelKind.MODULE: _kind(""), ModelKind.LLM: _kind("llm_"), ModelKind.SEQ2SEQ: _kind("")},
+    builders={"sizegate": "unit.fake_builders:sizegate"},
+    setup=None,
+)

@@ -19,7 +19,7 @@ from etforge.config.digest_cache import PROJECT_MEMO, digest_cache_for
 from etforge.config.model import ModelKind
 from etforge.config.resolve import resolve
 from etforge.pipeline.specs import run_specs
-from etforge.pipeline.stages import STAGES
+from etforge.pipeline.stages import STAGES, code_of
 from etforge.publish import summary
 
 # A host fingerprint for benchmark keys (the real one reads /proc/cpuinfo): any fixed dict will do.
@@ -109,7 +109,7 @@ def _warm_memo() -> str:
         task_keys(plan)
         for stage in STAGES:
             for kind in ModelKind:
-                plan.code.of(stage.code_for(kind))
+                plan.code.of(code_of(stage, kind))
         digests.save()
         memo = json.loads(project.root.joinpath(PROJECT_MEMO).read_text())
     memo["files"] = {path: v for path, v in memo["files"].items() if not path.startswith(str(Path(tmp).resolve()))}

@@ -11,7 +11,7 @@ import hashlib
 
 import pytest
 
-from etforge.builders.ethos_u_vela import summary_fields
+from etforge.builders.arm.ethos_u_vela import summary_fields
 from etforge.pipeline.keys import key_of
 from etforge.pipeline.stage_results import ExportResult, Verdict
 from etforge.pipeline.stages import STAGE
@@ -68,7 +68,7 @@ def test_tosa_and_ethos_u_cells_are_validated_here_and_vgf_cells_bundled(project
     ]
     assert not vgf.cell.backend.validated_here
     assert list(vgf.spec("validate").outputs) == ["program.bpte", "bundled.json"]
-    assert vgf.cell.backend.probe == "etforge.builders.vgf_probe:missing_note"
+    assert vgf.cell.backend.probe == "etforge.builders.arm.vgf_probe:missing_note"
 
 
 def test_the_validate_key_covers_the_runner_and_its_tools(project):

@@ -13,7 +13,7 @@ from etforge.cache.store import reading_store
 from etforge.engine.ci_plan import CellCost, plan_jobs, recorded_durations
 from etforge.engine.entry import load_selection
 from unit.support import make_unit_project
-from unit.test_unit_engine_run import Etforge, fake_stages  # noqa: F401  (a fixture)
+from unit.test_unit_engine_run import Etforge
 
 MODELS = [f"m{i}" for i in range(8)]
 
@@ -76,7 +76,7 @@ quantization: [fp32]
 
 
 @pytest.fixture
-def etforge(tmp_path, fake_stages, monkeypatch, capfd):  # noqa: F811
+def etforge(tmp_path, monkeypatch, capfd):
     return Etforge(make_unit_project(tmp_path / "proj", PIPELINE), monkeypatch, capfd)
 
 

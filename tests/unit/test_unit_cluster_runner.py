@@ -1,8 +1,9 @@
 """``etforge -P dask``: the task graph on a local two-worker Dask cluster (127.0.0.1 only), fake builders.
 
 The cluster is started once for the module, as a user would start one (a scheduler and two
-Nanny workers, w1 and w2; w2 offers ``macos``). Its workers are fresh interpreters that load
-the fake stage table (unit/cluster_preload.py). The data plane is a ``file://`` remote cache:
+Nanny workers, w1 and w2; w2 offers ``macos``). Its workers are fresh interpreters: the fake
+stage table travels with each task's action, and they import the fake builders it names from
+the test process's path. The data plane is a ``file://`` remote cache:
 a fresh checkout restores everything the workers built from it.
 """
 
@@ -15,7 +16,7 @@ import pytest
 
 from etforge.engine import runlock
 from unit.support import PIPELINE, make_unit_project
-from unit.test_unit_engine_run import ALL_TASKS, PROVISIONAL, Etforge, fake_stages  # noqa: F401
+from unit.test_unit_engine_run import ALL_TASKS, PROVISIONAL, Etforge
 
 distributed = pytest.importorskip("distributed")
 
@@ -32,7 +33,6 @@ def cluster(tmp_path_factory):
             "host": "127.0.0.1",
             "memory_limit": 0,
             "resources": resources,
-            "preload": ["unit.cluster_preload"],
             "env": {"ETFORGE_WORKER_NAME": name},
             "local_directory": local,
             "name": name,
@@ -57,7 +57,7 @@ def remote(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def etforge(tmp_path, fake_stages, monkeypatch, capfd):  # noqa: F811
+def etforge(tmp_path, monkeypatch, capfd):
     return Etforge(make_unit_project(tmp_path / "proj"), monkeypatch, capfd)
 
 
@@ -107,7 +107,6 @@ METAL = PIPELINE.replace("  portable: {}\n", "  metal: {}\n")
 def test_a_task_runs_on_a_worker_that_offers_its_labels_or_fails_naming_them(
     cluster,
     remote,
-    fake_stages,  # noqa: F811
     tmp_path,
     monkeypatch,
     capfd,
@@ -149,11 +148,9 @@ def test_a_runner_etforge_does_not_have_is_one_line(etforge):
 
 
 def test_without_a_scheduler_the_runner_starts_a_local_cluster_of_n_workers(etforge, tmp_path, monkeypatch):
-    import dask
 
     monkeypatch.setenv("ETFORGE_CLUSTER_STATS", str(tmp_path / "stats.json"))
-    with dask.config.set({"distributed.worker.preload": ["unit.cluster_preload"]}):  # (its workers' fakes)
-        run = etforge("-n", "2", "-P", "dask", "export")
+    run = etforge("-n", "2", "-P", "dask", "export")
     assert run.code == 0, run.out + run.err
     ran = stats(tmp_path / "stats.json")
     assert {t for t in ran if t.startswith("export:")} == {t for t in ALL_TASKS if t.startswith("export:")}
@@ -185,7 +182,7 @@ def test_a_lost_scheduler_fails_the_running_and_remaining_tasks_and_the_run_ends
             workers.append(
                 subprocess.Popen(
                     [f"{bin_dir}/dask", "worker", address, "--name", name, "--nthreads", "1", "--host", "127.0.0.1"]
-                    + ["--no-dashboard", "--memory-limit", "0", "--preload", "unit.cluster_preload"],
+                    + ["--no-dashboard", "--memory-limit", "0"],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                     env={**os.environ, "PYTHONPATH": os.pathsep.join([os.environ.get("PYTHONPATH", ""), *sys.path])},

@@ -18,7 +18,7 @@ from etforge.app.cli import main
 from etforge.config import defaults
 from etforge.publish import diff, diff_baseline
 from unit.support import PIPELINE, make_unit_project
-from unit.test_unit_engine_run import Etforge, Run, fake_stages  # noqa: F401  (fake_stages: a fixture)
+from unit.test_unit_engine_run import Etforge, Run
 
 HELPER = "SCALE = {}\n"
 MODEL_A = "from models import blocks\n\n\ndef build():\n    return blocks.SCALE\n"
@@ -36,7 +36,7 @@ def project(tmp_path):
 
 
 @pytest.fixture
-def etforge(project, fake_stages, monkeypatch, capfd):  # noqa: F811
+def etforge(project, monkeypatch, capfd):
     return Etforge(project, monkeypatch, capfd)
 
 

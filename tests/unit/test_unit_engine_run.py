@@ -1,11 +1,10 @@
 """The etforge command end to end, in-process, with fake builders: doit's runner, worker, records, exit.
 
 ``etforge.app.cli.main`` runs on a small project (6 cells: models a and b on xnnpack fp32 and
-fp16, and portable fp32) with the stage table's builders replaced by ``unit.fake_builders``
+fp16, and portable fp32) with a stage table of fake builders (``unit.fake_builders.TABLE``)
 (small blobs, typed results; the fake program carries etforge's metadata, so the manifests,
 the report and the release work on it). Everything else is the real engine: the loader, the
-task dicts and their up-to-date checks, the forked worker process (which inherits the
-monkeypatched table), the store, the records, summary.json, the publishing stages and the
+task dicts and their up-to-date checks, the forked worker process, the store, the records, summary.json, the publishing stages and the
 exit status.
 """
 
@@ -20,7 +19,6 @@ from dataclasses import dataclass
 import pytest
 
 from etforge.app.cli import main
-from etforge.pipeline.stages import STAGE
 from unit import fake_builders
 from unit.support import PIPELINE, UnitProject
 
@@ -66,7 +64,7 @@ class Etforge:
         before = len(fake_builders.calls(self.project.root))
         self.capfd.readouterr()
         already = fake_builders.heavy_modules()  # loaded by an earlier test file of this xdist worker
-        code = main(["-o", str(out), *args])
+        code = main(["-o", str(out), *args], fake_builders.TABLE)
         err = self.capfd.readouterr().err
         calls = fake_builders.calls(self.project.root)[before:]
         assert not fake_builders.torch_seen(self.project.root, already), "a worker process imported torch"
@@ -89,14 +87,7 @@ class Etforge:
 
 
 @pytest.fixture
-def fake_stages(monkeypatch):
-    """The stage table with fake builders, keyed as the real stages are (fake_builders.FakeStage)."""
-    for name, stage in fake_builders.fake_stages().items():
-        monkeypatch.setitem(STAGE, name, stage)
-
-
-@pytest.fixture
-def etforge(unit_project, fake_stages, monkeypatch, capfd) -> Etforge:
+def etforge(unit_project, monkeypatch, capfd) -> Etforge:
     return Etforge(unit_project, monkeypatch, capfd)
 
 

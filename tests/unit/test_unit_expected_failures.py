@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 
 from unit.support import PIPELINE
-from unit.test_unit_engine_run import CELLS, PROVISIONAL, Etforge, fake_stages  # noqa: F401  (fixtures)
+from unit.test_unit_engine_run import PROVISIONAL, Etforge
 
 CELL = "a/xnnpack/fp32"
 DECLARED = (
@@ -30,7 +30,7 @@ def _etforge(unit_project, monkeypatch, capfd) -> Etforge:
     return etforge
 
 
-def test_a_declared_failure_is_recorded_once_and_replayed(unit_project, fake_stages, monkeypatch, capfd):  # noqa: F811
+def test_a_declared_failure_is_recorded_once_and_replayed(unit_project, monkeypatch, capfd):
     etforge = _etforge(unit_project, monkeypatch, capfd)
     first = etforge("export", "validate")
     assert first.code == 0, first.out + first.err
@@ -59,7 +59,7 @@ def test_a_declared_failure_is_recorded_once_and_replayed(unit_project, fake_sta
     assert etforge("export", "validate").started == set()
 
 
-def test_fixed_but_still_declared_it_passes_only_when_retried(unit_project, fake_stages, monkeypatch, capfd):  # noqa: F811
+def test_fixed_but_still_declared_it_passes_only_when_retried(unit_project, monkeypatch, capfd):
     etforge = _etforge(unit_project, monkeypatch, capfd)
     assert etforge("export", "validate").code == 0
     etforge.control()  # the fake export works now; nothing the key covers changed
@@ -69,7 +69,7 @@ def test_fixed_but_still_declared_it_passes_only_when_retried(unit_project, fake
     assert retried.code == 1 and etforge.statuses()[CELL] == "unexpectedly-passing"
 
 
-def test_an_undeclared_failure_still_runs_again(unit_project, fake_stages, monkeypatch, capfd):  # noqa: F811
+def test_an_undeclared_failure_still_runs_again(unit_project, monkeypatch, capfd):
     etforge = Etforge(unit_project, monkeypatch, capfd)
     etforge.control(fail={f"export:{CELL}": "raise"})
     first = etforge("export", "validate")

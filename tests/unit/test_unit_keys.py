@@ -18,7 +18,7 @@ from etforge.cache.store import Store
 from etforge.config.model import ModelKind
 from etforge.engine.actions import run_stage
 from etforge.pipeline.specs import spec_of
-from etforge.pipeline.stages import STAGE, STAGES, kind_of
+from etforge.pipeline.stages import DEFAULT_TABLE, KINDS, STAGE, STAGES, code_of, kind_of
 from unit import fake_builders
 from unit.support import HOST, PIPELINE, UnitProject, changed_keys, make_unit_project, task_keys
 
@@ -146,22 +146,27 @@ quantization: [fp32]
 """
 
 
-def test_each_stage_names_its_llm_builder_and_its_code(unit_project):
+def test_each_kind_builds_its_parts_and_their_code_joins_the_key(unit_project):
     plan = unit_project.plan()
     for stage in STAGES:
         if stage.subject == "pipeline":
             continue
-        module, llm = stage.builder_for(ModelKind.MODULE), stage.builder_for(ModelKind.LLM)
-        module_code, llm_code = (
-            plan.code.files(stage.code_for(ModelKind.MODULE)),
-            plan.code.files(stage.code_for(ModelKind.LLM)),
+        module, llm = (
+            DEFAULT_TABLE.builder_for(stage, ModelKind.MODULE),
+            DEFAULT_TABLE.builder_for(stage, ModelKind.LLM),
         )
-        if stage.llm_builder is None:  # one builder for both kinds (the size gate)
+        module_code = plan.code.files(code_of(stage, ModelKind.MODULE))
+        llm_code = plan.code.files(code_of(stage, ModelKind.LLM))
+        if stage.part is None:  # one builder for every kind (the size gate)
             assert module == llm == stage.builder and module_code == llm_code
             continue
-        assert (module, llm) == (stage.builder, stage.llm_builder) and module != llm
+        assert (module, llm) == (
+            getattr(KINDS[ModelKind.MODULE], stage.part),
+            getattr(KINDS[ModelKind.LLM], stage.part),
+        )
+        assert module != llm
         # An LLM task's key covers the LLM builder's code, a module's does not need it.
-        assert "builders/llm_stages.py" in llm_code
+        assert "builders/llm/stages.py" in llm_code
         assert module_code != llm_code
 
 
@@ -177,11 +182,10 @@ def llm_project(tmp_path) -> UnitProject:
 def test_an_llm_models_tasks_run_the_llm_builder(llm_project, monkeypatch):
     plan = llm_project.plan()
     assert {m.name: m.kind for m in plan.models.values()} == {"a": ModelKind.MODULE, "llm": ModelKind.LLM}
-    for name, stage in fake_builders.fake_stages().items():
-        monkeypatch.setitem(STAGE, name, stage)
     store = Store(llm_project.root / "artifacts" / "cache")
     for cell in plan.cells:
-        assert run_stage(plan, "validate", cell, store, HOST)  # reads export, which reads capture: rebuilt here
+        # reads export, which reads capture: rebuilt here, by the builders of the table handed in
+        assert run_stage(plan, fake_builders.TABLE, "validate", cell, store, HOST)
     assert fake_builders.calls(llm_project.root) == [
         ("capture:a", "capture"),
         ("export:a/xnnpack/fp32", "export"),
@@ -199,8 +203,8 @@ def test_an_llm_models_keys_differ_from_the_same_tasks_of_a_module(llm_project):
     plan = llm_project.plan()
     llm = next(c for c in plan.cells if c.model.kind == ModelKind.LLM)
     for stage in ("capture", "export", "validate", "benchmark"):
-        code = plan.code.of(STAGE[stage].code_for(ModelKind.LLM))
-        assert code != plan.code.of(STAGE[stage].code_for(ModelKind.MODULE))
+        code = plan.code.of(code_of(STAGE[stage], ModelKind.LLM))
+        assert code != plan.code.of(code_of(STAGE[stage], ModelKind.MODULE))
     # Its capture's key is made with the LLM code: treating it as a module gives another key.
     as_module = replace(llm.model, kind=ModelKind.MODULE)
     assert spec_of(plan, "capture", llm).key != spec_of(replace(plan, memo={}), "capture", as_module).key

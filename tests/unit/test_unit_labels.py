@@ -8,7 +8,7 @@ from etforge.config import labels
 from etforge.config.recipes import load_recipe
 from etforge.core.errors import PipelineError
 from unit.support import make_unit_project
-from unit.test_unit_engine_run import Etforge, fake_stages  # noqa: F401  (a fixture)
+from unit.test_unit_engine_run import Etforge
 
 PIPELINE = """\
 name: t
@@ -53,7 +53,7 @@ def test_this_host_offers_its_platform_its_sdks_and_its_memory_class(tmp_path):
 
 
 @pytest.fixture
-def etforge(tmp_path, fake_stages, monkeypatch, capfd):  # noqa: F811
+def etforge(tmp_path, monkeypatch, capfd):
     return Etforge(make_unit_project(tmp_path / "proj", PIPELINE, models=("a",)), monkeypatch, capfd)
 
 

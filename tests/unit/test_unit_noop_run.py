@@ -38,8 +38,6 @@ RACY_S = 0.15  # records older than this are trusted by their stat signature (ou
 
 @pytest.fixture
 def etforge(unit_project, monkeypatch, capfd) -> engine_run.Etforge:
-    for name, stage in engine_run.fake_builders.fake_stages().items():
-        monkeypatch.setitem(engine_run.STAGE, name, stage)
     return engine_run.Etforge(unit_project, monkeypatch, capfd)
 
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from etforge.builders.gates import size_gate
+from etforge.builders.gates.gates import size_gate
 from etforge.pipeline.stage_results import ExportResult
 from etforge.publish.outcome import CellState
 from unit.support import HOST, make_unit_project

@@ -25,6 +25,7 @@ from doit.doit_cmd import DoitMain
 
 from etforge.app.loader import SELECTION_OPTIONS, PipelineLoader
 from etforge.engine.run_command import Run
+from etforge.pipeline.stages import DEFAULT_TABLE, StageTable
 
 DOIT_PLUGINS = {
     "COMMAND": {
@@ -50,9 +51,10 @@ class EtforgeMain(DoitMain):
         return self._cmds
 
 
-def main(argv: list | None = None) -> int:
+def main(argv: list | None = None, table: StageTable = DEFAULT_TABLE) -> int:
+    """Run ``etforge ARGS``; its tasks run the builders of ``table`` (a test hands in fakes)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    app = EtforgeMain(PipelineLoader(), config_filenames=(), extra_config=DOIT_PLUGINS)
+    app = EtforgeMain(PipelineLoader(table), config_filenames=(), extra_config=DOIT_PLUGINS)
     # the names only: loading every command would import explain's, diff's and ci-matrix's modules
     return app.run(options_first(args, set(app.get_cmds())))
 

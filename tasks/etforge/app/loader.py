@@ -27,7 +27,7 @@ from etforge.core.console import say
 from etforge.engine.entry import REPORTER, Request, doit_config, load_selection, task_creators
 from etforge.engine.lifecycle import RunLifecycle
 from etforge.engine.run_command import RunSession
-from etforge.pipeline.stages import STAGES
+from etforge.pipeline.stages import DEFAULT_TABLE, STAGES, StageTable
 from etforge.publish.exit_status import ExitStatus
 from etforge.publish.outcome_memo import RunOutcomes
 from etforge.publish.progress import EtforgeReporter, RunView
@@ -160,8 +160,9 @@ class PipelineLoader(NamespaceTaskLoader):
 
     cmd_options = SELECTION_OPTIONS
 
-    def __init__(self):
+    def __init__(self, table: StageTable = DEFAULT_TABLE):
         super().__init__()
+        self.table = table  # what builds each stage (etforge.app.cli main hands it in)
         self.session: RunSession | None = None  # read by etforge's run command
         self._options: dict = {}
 
@@ -170,7 +171,7 @@ class PipelineLoader(NamespaceTaskLoader):
 
     def load_doit_config(self):
         request, option_defaults = request_from(self._options)
-        selection = load_selection(request)
+        selection = load_selection(request, self.table)
         # every reader of the cells' outcomes (manifests, report, exit status, table) shares one memo,
         # and it shares the records it parses with the up-to-date checks
         records = RunRecords()

@@ -47,7 +47,7 @@ SIZE_GATE_OVERHEAD_BYTES = 6144
 
 # ---------------------------------------------------------------- verdicts
 DIVERGENCE_SQNR_DB = 40.0  # first-divergence search of an fp32 cell without an sqnr_db threshold
-# A .bpte's tolerances for a cell with neither max_abs_error nor sqnr_db (etforge.builders.bundle)
+# A .bpte's tolerances for a cell with neither max_abs_error nor sqnr_db (etforge.builders.numerics.bundle)
 BUNDLE_RTOL = 1e-3
 BUNDLE_ATOL_PER_PEAK = 1e-5  # atol = this * max(1, largest |expected|)
 

@@ -8,7 +8,7 @@ is a dataclass whose fields are annotated class attributes, inherited from its b
 ``PreTrainedConfig``; ``attribute_map`` adds aliases (``n_embd`` for ``hidden_size``).
 
 :func:`accepted_keys` returns None when it cannot tell (a layout it does not know): the
-capture task then checks the keys against the real config class (etforge.builders.hf_models).
+capture task then checks the keys against the real config class (etforge.builders.loading.hf_models).
 """
 
 from __future__ import annotations

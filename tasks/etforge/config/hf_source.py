@@ -16,7 +16,7 @@ checked against the config class read from transformers' source (hf_config_keys)
 installed transformers version joins the key (package metadata), a checkpoint directory
 is pinned by the digest of its files. A ``text-generation`` model's inputs are implied
 (``input_ids [1, prompt_len]``, ``cache_position [prompt_len]``, int64: the static-KV-cache
-forward of etforge.builders.llm_export); encoders declare theirs.
+forward of etforge.builders.llm.export); encoders declare theirs.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ class InputSpec:
     name: str
     shape: tuple
     dtype: str
-    # The values random samples take (etforge.builders.samples): integers in [lo, hi), hi exclusive;
+    # The values random samples take (etforge.builders.capture.samples): integers in [lo, hi), hi exclusive;
     # floats uniform in [lo, hi). None: floats standard normal, integers defaults.INT_INPUT_RANGE.
     range: tuple | None = None
     # Dynamic dims: ((axis, min, max, name), ...); ``shape`` holds each one's max (what the
@@ -195,7 +195,7 @@ class BackendMember:
 class BackendSpec:
     name: str
     members: tuple  # of BackendMember
-    # The fraction of compute ops its delegates must take (etforge.builders.gates delegation_gate):
+    # The fraction of compute ops its delegates must take (etforge.builders.gates.gates delegation_gate):
     # gates.min_delegation_coverage in pipeline.yaml, else the highest of its members' recipes.
     # None: no member has a delegate (portable), so no gate.
     min_coverage: float | None = None
@@ -297,7 +297,7 @@ class Cell:
     thresholds: dict
     transform: Transform | None  # None: lower the captured fp32 graph as is
     # The scheme's size gate for this backend ({"weights", "max_ratio"[, "overhead_bytes"]},
-    # etforge.builders.gates size_gate); None when the scheme declares none (fp32).
+    # etforge.builders.gates.gates size_gate); None when the scheme declares none (fp32).
     size_gate: dict | None = None
 
     @property
@@ -371,7 +371,7 @@ class Plan:
     gates: dict
     cache_remote: str | None  # fsspec URL of the shared cache
     cache_read_only: bool
-    benchmark: dict  # the builder's options (etforge.builders.benchmark), every default filled in
+    benchmark: dict  # the builder's options (etforge.builders.bench.benchmark), every default filled in
     benchmark_baseline: str | None  # a results file to flag regressions against (relative to root)
     regression_pct: float  # slower than the baseline by more than this is flagged
     seed: int

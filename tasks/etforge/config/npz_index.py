@@ -51,7 +51,7 @@ def _header_shape(head: bytes) -> list:
 def feeding_problem(shapes: dict, inputs) -> str | None:
     """Why arrays of ``shapes`` cannot give samples for model ``inputs`` (InputSpecs), or None.
 
-    Each input is read from the array named like it, else ``input_<i>`` (etforge.builders.samples);
+    Each input is read from the array named like it, else ``input_<i>`` (etforge.builders.capture.samples);
     its first axis counts samples.
     """
     if not shapes:

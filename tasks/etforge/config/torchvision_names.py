@@ -6,7 +6,7 @@ torchvision at plan time is not allowed (it imports torch). So this module parse
 package's ``models/`` files: a function decorated with ``register_model(...)`` is
 registered under its ``name=`` argument, else its own name. :func:`registered_models` returns
 None when it cannot tell (torchvision not installed, no decorator found): the capture task then
-checks the name against the real registry (etforge.builders.model_loading).
+checks the name against the real registry (etforge.builders.loading.model_loading).
 """
 
 from __future__ import annotations
@@ -53,6 +53,6 @@ def check_torchvision_name(r, name: str, path: tuple) -> None:
 
 def torchvision_source(r, name: str, path: tuple) -> dict:
     """A ``torchvision:`` model's source, its name checked. ``bn_recalibration`` 2: only the BatchNorm
-    modules train while their statistics are recomputed (etforge.builders.model_loading)."""
+    modules train while their statistics are recomputed (etforge.builders.loading.model_loading)."""
     check_torchvision_name(r, name, path)
     return {"torchvision": name, "bn_recalibration": 2}

@@ -31,16 +31,17 @@ from etforge.pipeline.keys import content_key, template_digests
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import BuildRequest, Skip, TaskStatus
 from etforge.pipeline.specs import cell_specs, spec_of
-from etforge.pipeline.stages import STAGE, holds, kind_of, missing_here
+from etforge.pipeline.stages import STAGE, StageTable, holds, kind_of, missing_here
 
 
-def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = None) -> bool:
-    """doit action of a model, graph or cell task (and how a consumer rebuilds a missing entry)."""
+def run_stage(plan, table: StageTable, stage_name: str, subject, store: Store, host: dict | None = None) -> bool:
+    """doit action of a model, graph or cell task (and how a consumer rebuilds a missing entry), with
+    the builders of ``table``."""
     stage = STAGE[stage_name]
     spec = spec_of(plan, stage, subject, host)
 
     def rebuild(up, up_subject) -> bool:
-        return run_stage(plan, up.name, up_subject, store, host)
+        return run_stage(plan, table, up.name, up_subject, store, host)
 
     def inputs() -> dict:
         for predicate, reason in stage.skip_if:
@@ -49,9 +50,9 @@ def run_stage(plan, stage_name: str, subject, store: Store, host: dict | None = 
         return upstream_entries(plan, stage, subject, store, host, rebuild)
 
     def build(workdir: Path, upstream: dict):
-        if stage.setup:
-            load_callable(stage.setup)()
-        builder = load_callable(stage.builder_for(kind_of(subject)))  # the model's kind picks it, once
+        if table.setup:
+            load_callable(table.setup)()
+        builder = load_callable(table.builder_for(stage, kind_of(subject)))  # the model's kind picks it, once
         return builder(BuildRequest(plan=plan, subject=subject, upstream=upstream, workdir=workdir))
 
     accept = judges_current_program(plan, stage, subject, store, host, rebuild) if stage.judges else None
@@ -115,7 +116,9 @@ def matrix_up_to_date(plan, stage_name: str, cells, store: Store, host: dict | N
         return False
 
 
-def run_matrix_stage(plan, stage_name: str, cells, store: Store, host: dict | None = None, outcomes=None) -> bool:
+def run_matrix_stage(
+    plan, table: StageTable, stage_name: str, cells, store: Store, host: dict | None = None, outcomes=None
+) -> bool:
     stage = STAGE[stage_name]
     try:
         content, spec = _matrix_spec(plan, stage, cells, host, outcomes)
@@ -127,7 +130,7 @@ def run_matrix_stage(plan, stage_name: str, cells, store: Store, host: dict | No
         return False
 
     def build(workdir: Path):
-        return load_callable(stage.builder)(content, workdir)
+        return load_callable(table.builder_for(stage))(content, workdir)
 
     ok = run_cached(spec, store, build)
     if not ok:
@@ -135,5 +138,5 @@ def run_matrix_stage(plan, stage_name: str, cells, store: Store, host: dict | No
     return ok
 
 
-def run_uncached(plan, stage_name: str, cells, host: dict | None = None, **options) -> bool:
-    return load_callable(STAGE[stage_name].builder)(plan, cells, host, **options)
+def run_uncached(plan, table: StageTable, stage_name: str, cells, host: dict | None = None, **options) -> bool:
+    return load_callable(table.builder_for(STAGE[stage_name]))(plan, cells, host, **options)

@@ -26,7 +26,7 @@ from etforge.engine import doit_db
 from etforge.engine.taskdicts import stage_tasks
 from etforge.pipeline.layout import ArtifactLayout, layout_of
 from etforge.pipeline.specs import run_specs
-from etforge.pipeline.stages import STAGES, Stage
+from etforge.pipeline.stages import DEFAULT_TABLE, STAGES, Stage, StageTable
 
 REPORTER = "etforge"  # the name etforge's reporter is registered under (etforge.app.cli DOIT_PLUGINS)
 
@@ -53,14 +53,16 @@ class Selection:
     specs: dict  # task name -> TaskSpec of every task of the selection (etforge.pipeline.specs run_specs)
     cells_by_task: dict  # task name -> the Cell it belongs to (cell tasks only)
     retry_failed: bool = False  # Request.retry_failed
+    table: StageTable = DEFAULT_TABLE  # what builds each stage (tests hand in fakes)
 
     @property
     def layout(self) -> ArtifactLayout:
         return layout_of(self.plan)
 
 
-def load_selection(request: Request) -> Selection:
-    """Resolve the pipeline and the command-line sub-matrix, or exit with a one-line error.
+def load_selection(request: Request, table: StageTable = DEFAULT_TABLE) -> Selection:
+    """Resolve the pipeline and the command-line sub-matrix, or exit with a one-line error; the
+    selection's tasks run the builders of ``table``.
 
     Exit code 3 is doit's own code for "error before task execution starts".
     """
@@ -97,6 +99,7 @@ def load_selection(request: Request) -> Selection:
         specs=specs,
         cells_by_task=cells_by_task,
         retry_failed=request.retry_failed,
+        table=table,
     )
 
 
@@ -162,6 +165,7 @@ def task_creators(selection: Selection, option_defaults: dict, outcomes=None, re
         def create():
             yield from stage_tasks(
                 selection.plan,
+                selection.table,
                 stage,
                 selection.cells,
                 selection.store,

@@ -18,7 +18,7 @@ from etforge.engine.actions import matrix_up_to_date, run_matrix_stage, run_stag
 from etforge.engine.cached_run import is_up_to_date
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.specs import spec_of, subjects
-from etforge.pipeline.stages import STAGE, Stage, holds, needs_of, subject_of, task_name, upstream_of
+from etforge.pipeline.stages import STAGE, Stage, StageTable, holds, needs_of, subject_of, task_name, upstream_of
 
 
 def doc_fields(plan, stage: Stage, subject) -> dict:
@@ -99,6 +99,7 @@ def replay_of(plan, stage: Stage, subject, host: dict) -> tuple | None:
 
 def stage_tasks(
     plan,
+    table: StageTable,
     stage: Stage,
     cells,
     store,
@@ -108,12 +109,13 @@ def stage_tasks(
     outcomes=None,
     records=None,
 ) -> list:
-    """Every doit task dict of ``stage`` for the selected ``cells`` (``retry_failed``: declared
+    """Every doit task dict of ``stage`` for the selected ``cells``, run with the builders of ``table``
+    (``retry_failed``: declared
     expected failures run again too, instead of replaying their recorded failure; ``outcomes``:
     the run's memo of cell outcomes, handed to a matrix-wide stage's content, etforge.engine.actions;
     ``records``: the run's parsed records, etforge.cache.records RunRecords, for the up-to-date checks)."""
     if stage.subject == "pipeline":
-        return [_matrix_task(plan, stage, cells, store, host, options or {}, outcomes)]
+        return [_matrix_task(plan, table, stage, cells, store, host, options or {}, outcomes)]
     tasks = []
     for subject in subjects(plan, stage, cells):
         spec = spec_of(plan, stage, subject, host)
@@ -124,7 +126,7 @@ def stage_tasks(
                 "basename": basename,
                 "name": sub,
                 "doc": stage.task_doc.format(**doc_fields(plan, stage, subject)),
-                "actions": [(run_stage, [plan, stage.name, subject, store, host])],
+                "actions": [(run_stage, [plan, table, stage.name, subject, store, host])],
                 "uptodate": [(is_up_to_date, [spec, store], {"replay": replay, "records": records})],
                 "task_dep": list(dict.fromkeys(_deps(plan, stage, subject))),
                 "verbosity": 2,  # builders send their own output to the task's log file
@@ -134,7 +136,7 @@ def stage_tasks(
     return tasks
 
 
-def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict, outcomes=None) -> dict:
+def _matrix_task(plan, table: StageTable, stage: Stage, cells, store, host: dict, options: dict, outcomes=None) -> dict:
     task = {
         "basename": stage.name,
         "doc": stage.task_doc.format(**doc_fields(plan, stage, None)),
@@ -142,10 +144,10 @@ def _matrix_task(plan, stage: Stage, cells, store, host: dict, options: dict, ou
         "verbosity": 2,
     }
     if stage.cached:
-        task["actions"] = [(run_matrix_stage, [plan, stage.name, cells, store, host], {"outcomes": outcomes})]
+        task["actions"] = [(run_matrix_stage, [plan, table, stage.name, cells, store, host], {"outcomes": outcomes})]
         task["uptodate"] = [(matrix_up_to_date, [plan, stage.name, cells, store, host], {"outcomes": outcomes})]
     else:  # it re-checks its gates every time
-        task["actions"] = [(run_uncached, [plan, stage.name, cells, host])]
+        task["actions"] = [(run_uncached, [plan, table, stage.name, cells, host])]
         task["uptodate"] = [False]
         # doit task parameters: `etforge release --allow-failures` (doit hands them to the action)
         task["params"] = [

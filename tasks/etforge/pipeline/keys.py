@@ -22,7 +22,7 @@ from __future__ import annotations
 from etforge.core.digest import digest, sha256_file
 from etforge.core.dotted_path import module_of
 from etforge.core.paths import PACKAGE_NAME, TEMPLATE_DIR
-from etforge.pipeline.stages import Stage, kind_of, task_name, upstream_of
+from etforge.pipeline.stages import Stage, code_of, kind_of, task_name, upstream_of
 
 # Methods a quantization recipe names that are Python factories (``dtype`` names a torch dtype).
 FACTORY_METHODS = ("pt2e", "torchao")
@@ -43,7 +43,7 @@ def _named_code(plan, refs) -> dict:
 
 def _transform(cell) -> dict:
     """The quantizer config; with ``keep_float: auto`` also the thresholds it keeps layers in float
-    for (etforge.builders.rescue): they change which layers the quantized graph keeps."""
+    for (etforge.builders.quantization.rescue): they change which layers the quantized graph keeps."""
     out = cell.transform.canonical()
     if (cell.transform.options or {}).get("keep_float") == "auto":
         out = {**out, "rescue_thresholds": cell.thresholds}
@@ -153,7 +153,7 @@ def _inputs(plan, stage: Stage, subject, host: dict | None) -> dict:
             relation: {"task": task_name(up, up_subject), "key": key_of(plan, up, up_subject, host)}
             for relation, up, up_subject in upstream_of(plan, stage, subject)
         },
-        "code": plan.code.file_digests(stage.code_for(kind_of(subject))),
+        "code": plan.code.file_digests(code_of(stage, kind_of(subject))),
     }
 
 

@@ -85,7 +85,7 @@ class ArtifactLayout:
         return self.cell_dir(cell) / f"{cell.stem}.pte"
 
     def ptd_path(self, cell) -> Path:
-        """The program's external weights, beside it (etforge.builders.program_io data_file_of);
+        """The program's external weights, beside it (etforge.builders.runtime.program_io data_file_of);
         what ships is named by its sha256 instead (manifests, release): cells with the same
         weights share that file."""
         return self.cell_dir(cell) / f"{cell.stem}.ptd"

@@ -121,10 +121,10 @@ class ExportResult(StageResult):
     delegated_subgraphs: int | None = None
     compute_ops: int | None = None
     delegated_compute_ops: int | None = None
-    delegation_coverage: float | None = None  # of compute ops (etforge.builders.gates)
+    delegation_coverage: float | None = None  # of compute ops (etforge.builders.gates.gates)
     delegated_by_backend: dict = field(default_factory=dict)  # backend id -> compute ops it took
     not_delegated: dict = field(default_factory=dict)  # op -> how many stayed on portable kernels
-    # compute (FLOPs, etforge.builders.compute_share): what the delegation gate judges
+    # compute (FLOPs, etforge.builders.gates.compute_share): what the delegation gate judges
     compute_coverage: float | None = None  # delegated FLOPs / all FLOPs
     flops: int | None = None
     delegated_flops: int | None = None
@@ -134,7 +134,7 @@ class ExportResult(StageResult):
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
     data_sha256: str | None = None  # external weights: the .ptd the program needs
     data_size_bytes: int | None = None
-    # What the program costs (etforge.builders.program_costs): {"constants", "delegates": {backend
+    # What the program costs (etforge.builders.lowering.program_costs): {"constants", "delegates": {backend
     # id: bytes}, "program", "total"}; method -> planned buffer bytes; what that figure is;
     # backend id -> delegated subgraphs over every method; the program's Program.version.
     size_breakdown: dict = field(default_factory=dict)
@@ -146,7 +146,7 @@ class ExportResult(StageResult):
     llm_metadata: dict = field(default_factory=dict)  # an LLM's runner metadata methods -> values
     note: str | None = None
     # An Ethos-U program: Vela's summary for the configured accelerator, system config and memory
-    # mode, added over its delegates (etforge.builders.ethos_u_vela); bytes are Vela's KiB x 1024.
+    # mode, added over its delegates (etforge.builders.arm.ethos_u_vela); bytes are Vela's KiB x 1024.
     vela_accelerator: str | None = None  # e.g. "ethos-u55-128"
     vela_system_config: str | None = None
     vela_memory_mode: str | None = None
@@ -163,7 +163,7 @@ class ExportResult(StageResult):
     vela_cycles_total: int | None = None
     vela_inference_time_s: float | None = None  # cycles_total / core clock
     vela_delegates: tuple = ()  # per delegate: Vela's whole summary row, its op split, its TOSA size
-    # op -> kernel keys, of every operator the program runs outside its delegates (etforge.builders.oplist)
+    # op -> kernel keys, of every operator the program runs outside its delegates (etforge.builders.lowering.oplist)
     operators: dict = field(default_factory=dict)
     # what its quantized graph left in float ({"layer", "reason"}) and keep_float: auto's record
     kept_float: tuple = ()
@@ -262,7 +262,7 @@ class BenchmarkResult(Judgement):
     host_id: str | None = None
     load_average_1m: float | None = None
     # an LLM: load_ms, prompt_len, prefill_tok_s, ttft_ms, decode_steps, decode_tok_s,
-    # decode_step_p50_ms, peak_rss_mb, peak_rss_delta_mb (etforge.builders.llm_bench)
+    # decode_step_p50_ms, peak_rss_mb, peak_rss_delta_mb (etforge.builders.llm.bench)
     llm: dict = field(default_factory=dict)
     note: str | None = None
 

@@ -7,8 +7,8 @@ the task specs and records (specs.py, records.py), the keys (keys.py), the
 the loader's doit task creators (etforge.engine.entry) all follow from this table.
 
 Adding a stage is one entry here and one builder (``builder(request) ->
-BuildResult`` in etforge.builders, with an ``llm_builder`` when an LLM needs its own,
-or a content and a render function in etforge.publish for a matrix-wide stage).
+BuildResult`` in etforge.builders; a part of every model kind, KINDS, when each kind builds
+it its own way), or a content and a render function in etforge.publish for a matrix-wide stage.
 
 Subjects: ``model`` (one task per model of the selected cells), ``graph`` (one
 per distinct quantizer config of a model: the cells that share it share the
@@ -17,14 +17,14 @@ predicates are data: RELATIONS and PREDICATES below say what each name means.
 
 A key covers (etforge.pipeline.keys): the stage's ``key_inputs`` (facts of the
 plan), the keys of its ``upstream`` tasks, and the import closure of its
-``code`` modules (plus the modules its recipes name, through the
+builder's module and its ``code`` modules (:func:`code_of`; plus the modules its recipes name, through the
 ``partitioner_code`` and ``quantizer_code`` facts). A matrix-wide stage's key
 is the digest of what it renders (``content``), its ``templates`` and its code.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from etforge.config.model import ModelKind
 
@@ -39,8 +39,35 @@ MANIFEST_FILES = (
     "selected_operators.yaml",  # the shipped programs' operators outside delegates (selective build)
 )
 # What a model, graph or cell task calls before its builder: ExecuTorch's native libraries in one
-# load order, so a program computes the same whatever the worker ran before (builders/determinism.py).
-BUILD_SETUP = "etforge.builders.determinism:load_runtime_libraries"
+# load order, so a program computes the same whatever the worker ran before (etforge.builders.runtime.determinism).
+BUILD_SETUP = "etforge.builders.runtime.determinism:load_runtime_libraries"
+PARTS = ("capture", "quantize", "export", "validate", "benchmark")  # what each model kind builds its own way
+
+
+@dataclass(frozen=True)
+class Kind:
+    """The builders of one model kind ("module:function" each): the parts of a cell's path that a
+    kind of model (an nn.Module, a decoder-only LLM, an encoder-decoder) builds its own way."""
+
+    capture: str
+    quantize: str
+    export: str
+    validate: str
+    benchmark: str
+
+
+# Chosen once per model, by its kind (ModelSpec.kind): no builder branches on the kind.
+KINDS: dict[ModelKind, Kind] = {
+    ModelKind.MODULE: Kind(
+        capture="etforge.builders.capture.capture:capture_stage",
+        quantize="etforge.builders.quantization.quantize:quantize_stage",
+        export="etforge.builders.lowering.lower:export_stage",
+        validate="etforge.builders.numerics.validate:validate_stage",
+        benchmark="etforge.builders.bench.benchmark:benchmark_stage",
+    ),
+    ModelKind.LLM: Kind(*(f"etforge.builders.llm.stages:{part}_stage" for part in PARTS)),
+    ModelKind.SEQ2SEQ: Kind(*(f"etforge.builders.seq2seq.stages:{part}_stage" for part in PARTS)),
+}
 
 
 @dataclass(frozen=True)
@@ -49,8 +76,9 @@ class Stage:
     subject: str  # model | graph | cell | pipeline
     doc: str  # what `etforge list` says of the stage
     task_doc: str  # what it says of each task; {fields} from etforge.engine.taskdicts doc_fields
-    builder: str  # "module:function" called inside the task's action (for a module; see llm_builder)
-    code: tuple = ()  # entry modules: their import closure joins the key (with the builder's kind's)
+    part: str | None = None  # the Kind part that builds it (PARTS), chosen by the subject's model kind
+    builder: str | None = None  # else "module:function": the one builder of every kind (the size gate)
+    code: tuple = ()  # entry modules besides its builder's: their import closure joins the key
     key_inputs: tuple = ()  # names of facts of the plan (etforge.pipeline.keys FACTS) that join the key
     upstream: tuple = ()  # relations (RELATIONS) whose store entries the builder reads; their keys join the key
     outputs: tuple = ()  # (blob, where[, predicate]): where (ArtifactLayout.output) or None: store only
@@ -66,22 +94,43 @@ class Stage:
     cached: bool = True  # False: no store entry, never up to date (it decides itself what to refuse)
     options: tuple = ()  # (name, help) of boolean flags handed to the builder (doit task parameters)
     default: bool = True  # run by a plain `doit`
-    llm_builder: str | None = None  # the builder of an LLM's task (ModelKind.LLM), chosen once by kind
-    seq2seq_builder: str | None = None  # the builder of an encoder-decoder's task (ModelKind.SEQ2SEQ)
-    setup: str | None = BUILD_SETUP  # "module:function" called before the builder (model, graph, cell tasks)
 
-    def builder_for(self, kind: ModelKind) -> str:
-        """The builder a subject of ``kind`` runs (its model's kind)."""
-        if kind == ModelKind.SEQ2SEQ and self.seq2seq_builder:
-            return self.seq2seq_builder
-        return self.llm_builder if kind == ModelKind.LLM and self.llm_builder else self.builder
 
-    def code_for(self, kind: ModelKind) -> tuple:
-        """The entry modules whose import closure joins the key of a subject of ``kind``."""
-        if self.subject == "pipeline":
-            return self.code
-        modules = (self.builder_for(kind), self.setup) if self.setup else (self.builder_for(kind),)
-        return tuple(dict.fromkeys(self.code + tuple(m.split(":")[0] for m in modules)))
+@dataclass(frozen=True, eq=False)
+class StageTable:
+    """What runs each stage: the builders of every model kind, and what a model, graph or cell task
+    calls first. The engine is handed one (etforge.engine.entry load_selection); tests hand it fakes.
+
+    Keys do not read it: a task's key covers the code of the builders the stage table names
+    (:func:`code_of`), whatever stands in for them in a run."""
+
+    kinds: dict[ModelKind, Kind] = field(default_factory=lambda: dict(KINDS))
+    builders: dict[str, str] = field(default_factory=dict)  # stage name -> builder, over a Stage's own
+    setup: str | None = BUILD_SETUP
+
+    def builder_for(self, stage: Stage, kind: ModelKind | None = None) -> str:
+        """The builder a subject of model ``kind`` runs for ``stage`` (its kind's part, else the stage's
+        own; a matrix-wide stage has no kind)."""
+        if stage.part is not None:
+            if kind is None:
+                raise ValueError(f"stage {stage.name} is built by each model kind's {stage.part}: name the kind")
+            return getattr(self.kinds[kind], stage.part)
+        builder = self.builders.get(stage.name, stage.builder)
+        if builder is None:
+            raise ValueError(f"stage {stage.name} names neither a part nor a builder")
+        return builder
+
+
+DEFAULT_TABLE = StageTable()
+
+
+def code_of(stage: Stage, kind: ModelKind) -> tuple:
+    """The entry modules whose import closure joins the key of ``stage``'s task for a subject of ``kind``:
+    its own ``code``, its builder's module and, for a model, graph or cell task, the setup's."""
+    if stage.subject == "pipeline":
+        return stage.code
+    modules = (DEFAULT_TABLE.builder_for(stage, kind), BUILD_SETUP)
+    return tuple(dict.fromkeys(stage.code + tuple(m.split(":")[0] for m in modules)))
 
 
 def kind_of(subject) -> ModelKind:
@@ -95,10 +144,7 @@ STAGES = (
         "model",
         doc="torch.export each model once, shared by all of its cells",
         task_doc="torch.export {model} once and record eager reference outputs",
-        builder="etforge.builders.capture:capture_stage",
-        llm_builder="etforge.builders.llm_stages:capture_stage",
-        seq2seq_builder="etforge.builders.seq2seq_stages:capture_stage",
-        code=("etforge.builders.capture",),
+        part="capture",
         key_inputs=("model", "seed", "toolchain"),
         outputs=(("model.pt2", None), ("reference.npz", None)),
         keep_entry=True,
@@ -109,10 +155,7 @@ STAGES = (
         "graph",
         doc="quantize each model once per quantizer config, shared by its cells",
         task_doc="{method} {scheme} of {model} with {ref}",
-        builder="etforge.builders.quantize:quantize_stage",
-        llm_builder="etforge.builders.llm_stages:quantize_stage",
-        seq2seq_builder="etforge.builders.seq2seq_stages:quantize_stage",
-        code=("etforge.builders.quantize",),
+        part="quantize",
         key_inputs=("transform", "calibration", "toolchain", "quantizer_code"),
         upstream=("capture",),
         outputs=(("model.pt2", None),),
@@ -125,10 +168,7 @@ STAGES = (
         "cell",
         doc="lower each cell (model x backend x quantization) to a .pte",
         task_doc="lower {model} for {backend} ({scheme}) to {pte}",
-        builder="etforge.builders.lower:export_stage",
-        llm_builder="etforge.builders.llm_stages:export_stage",
-        seq2seq_builder="etforge.builders.seq2seq_stages:export_stage",
-        code=("etforge.builders.lower",),  # (a recipe's lowering context joins through partitioner_code)
+        part="export",  # (a recipe's lowering context joins through partitioner_code)
         key_inputs=("backend", "embedded_metadata", "coverage_gate", "toolchain", "partitioner_code"),
         upstream=("graph", "capture"),  # capture: the outputs its metadata describes
         outputs=(
@@ -147,8 +187,7 @@ STAGES = (
         "cell",
         doc="check each quantized .pte is smaller than its fp32 sibling",
         task_doc="check {cell} saves what {scheme} should against {sibling}",
-        builder="etforge.builders.gates:size_gate_stage",
-        code=("etforge.builders.gates",),
+        builder="etforge.builders.gates.gates:size_gate_stage",
         key_inputs=("size_gate",),
         upstream=("export", "fp32_export", "capture", "graph"),  # graph: the layers the scheme took
         applies="size_gated",
@@ -159,10 +198,7 @@ STAGES = (
         "cell",
         doc="run each host-runnable .pte and compare it with eager PyTorch",
         task_doc="run {pte} and compare with eager PyTorch",
-        builder="etforge.builders.validate:validate_stage",
-        llm_builder="etforge.builders.llm_stages:validate_stage",
-        seq2seq_builder="etforge.builders.seq2seq_stages:validate_stage",
-        code=("etforge.builders.validate",),
+        part="validate",
         key_inputs=("thresholds", "host_runnable", "runtime_tools", "toolchain"),
         upstream=("export", "capture"),
         outputs=(
@@ -179,10 +215,7 @@ STAGES = (
         "cell",
         doc="time each host-runnable .pte (run with -n 1 for comparable figures)",
         task_doc="time {pte} in the ExecuTorch runtime (p50, p90, memory)",
-        builder="etforge.builders.benchmark:benchmark_stage",
-        llm_builder="etforge.builders.llm_stages:benchmark_stage",
-        seq2seq_builder="etforge.builders.seq2seq_stages:benchmark_stage",
-        code=("etforge.builders.benchmark",),
+        part="benchmark",
         key_inputs=("benchmark_options", "host", "runtime_tools"),
         upstream=("export", "capture"),
         outputs=(("bench.json", "bench_path"),),
@@ -284,7 +317,7 @@ PREDICATES = {
     "validated_here": lambda plan, cell, selected: cell.backend.validated_here,
     "checked_on_device": lambda plan, cell, selected: not cell.backend.validated_here,
     "keeps_tosa": lambda plan, cell, selected: any(m.lowering.get("after") for m in cell.backend.members),
-    # the backend entry keeps constants in a separate .ptd (etforge.builders.lower external_weights)
+    # the backend entry keeps constants in a separate .ptd (etforge.builders.lowering.lower external_weights)
     "external_weights": lambda plan, cell, selected: any(
         m.options.get("external_weights") for m in cell.backend.members
     ),

@@ -1,4 +1,4 @@
-"""Figures read off an export's cost fields (etforge.builders.program_costs writes them), without ExecuTorch.
+"""Figures read off an export's cost fields (etforge.builders.lowering.program_costs writes them), without ExecuTorch.
 
 planned_peak(planned_bytes) -> the largest arena one method needs, or None
 program_bytes(export) -> what a device stores: the .pte plus its .ptd

@@ -1,6 +1,6 @@
 """Which kernel libraries a set of programs needs, and their operators in ExecuTorch's selective-build format.
 
-A program's operators outside its delegates (etforge.builders.oplist, recorded in its
+A program's operators outside its delegates (etforge.builders.lowering.oplist, recorded in its
 export.json as ``operators``: op -> kernel keys) decide which of the pip wheel's libraries an
 app must link (``executorch::<component>`` targets, ``lib/libexecutorch_<component>.so`` files):
 

@@ -3,7 +3,7 @@
     over_budget(plan, cell, export) -> one line naming both numbers and the budget, or None
 
 Budgets are ``gates.max_program_bytes`` / ``gates.max_planned_bytes`` (etforge.config.budgets);
-the figures are the export's (etforge.builders.program_costs). Every comparison fails on a
+the figures are the export's (etforge.builders.lowering.program_costs). Every comparison fails on a
 value that is not a number, and a budget on a figure the export did not record fails too:
 an unmeasured program cannot be said to fit.
 """

@@ -118,7 +118,7 @@ class Evidence:
     data_sha256: str | None = None  # of that .ptd, as its export recorded it (the program names it too)
     data_size: int | None = None
     input_dtypes: tuple = ()  # as the program takes them (an fp16 program takes float16)
-    # what the program costs (its export record; etforge.builders.program_costs)
+    # what the program costs (its export record; etforge.builders.lowering.program_costs)
     size_breakdown: dict = field(default_factory=dict)
     planned_bytes: dict = field(default_factory=dict)
     planned_note: str | None = None
@@ -135,7 +135,7 @@ class Evidence:
     size_vs_fp32: float | None = None
     calibration: str | None = None  # where static quantization's calibration data came from
     layers: dict | None = None  # the quantize record's: layers quantized and kept in float (layer_filter.py)
-    rescue: dict | None = None  # the quantize record's keep_float: auto (etforge.builders.rescue)
+    rescue: dict | None = None  # the quantize record's keep_float: auto (etforge.builders.quantization.rescue)
     metrics: dict = field(default_factory=dict)  # of METRICS, finite numbers only
     exact: bool = False  # validated here and identical to eager (infinite SQNR)
     validated_on: str | None = None  # the inputs the verdict was measured on, e.g. "npz data/val.npz"

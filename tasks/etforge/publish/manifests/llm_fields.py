@@ -2,7 +2,7 @@
 
 A decoder-only LLM cell's program holds ``forward`` (the static-KV-cache step, whose inputs
 and outputs etforge.publish.manifests.interface describes as for any model) and the constant
-metadata methods ExecuTorch's LLM runner reads (etforge.builders.llm_export runner_metadata,
+metadata methods ExecuTorch's LLM runner reads (etforge.builders.llm.export runner_metadata,
 recorded by the export as ``llm_metadata``). :func:`llm_spec` gives, from that record:
 
     methods     every method of the program: forward, then the metadata methods (sorted)

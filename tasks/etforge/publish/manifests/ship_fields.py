@@ -6,7 +6,7 @@
     capabilities(cell, ev) -> {"min_ram_bytes", "delegates_required", recipe capability options...}
     platform_defaults(fallback, latency) -> platform -> {"variant", "ranked_by", "reason"}
 
-Both read the outcome's evidence (the export's current record; etforge.builders.program_costs
+Both read the outcome's evidence (the export's current record; etforge.builders.lowering.program_costs
 measured the figures), so every manifest and the report show one set of numbers.
 """
 

@@ -3,7 +3,7 @@
     cost_fields(ev) -> the row fields (planned_bytes, planned_text, planned_title, size_title,
                        size_parts, subgraphs_text); EMPTY: the same for a row with no program
 
-Figures are the outcome's evidence (the export's record, etforge.builders.program_costs).
+Figures are the outcome's evidence (the export's record, etforge.builders.lowering.program_costs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The report's LLM table: per benchmarked LLM cell, the figures of bench.json's ``llm`` section.
 
-The benchmark stage (etforge.builders.llm_bench) puts them in its result's ``llm`` figures; a
+The benchmark stage (etforge.builders.llm.bench) puts them in its result's ``llm`` figures; a
 cell without them (not an LLM, or not benchmarked here) has no row. Timings are shown, never gated.
 """
 
