@@ -31,7 +31,7 @@ from etforge.engine.actions import matrix_up_to_date, run_matrix_stage
 from etforge.pipeline.keys import content_key
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.specs import spec_of
-from etforge.pipeline.stages import STAGE
+from etforge.pipeline.stages import DEFAULT_TABLE, STAGE
 from etforge.program.compat import load_window
 from etforge.publish.manifests import context as manifest
 from etforge.publish.manifests import naming, render
@@ -773,7 +773,7 @@ def test_two_variants_with_one_file_name_are_refused(tmp_path):
     ):
         manifest.build_context(plan)
     # The task fails with that reason in its state record (the reporter's finish line reads it).
-    assert run_matrix_stage(plan, "manifest", plan.cells, Store(layout_of(plan).cache_dir)) is False
+    assert run_matrix_stage(plan, DEFAULT_TABLE, "manifest", plan.cells, Store(layout_of(plan).cache_dir)) is False
     record = json.loads((layout_of(plan).state_dir / "manifest.json").read_text())
     assert record["status"] == "failed" and "would both ship as" in record["reason"]
     assert not matrix_up_to_date(plan, "manifest", plan.cells, Store(layout_of(plan).cache_dir))

@@ -86,7 +86,7 @@ def test_wheel_contents(installed):
         "etforge/recipes/quantization/int8.yaml",
         "etforge/templates/models.g.dart.j2",
         "etforge/app/scaffold/pipeline.yaml",
-        "etforge/builders/lower.py",
+        "etforge/builders/lowering/lower.py",
     ):
         assert expected in names, expected
     assert not any(n.startswith(("tests/", "tasks/", "models/", "artifacts/")) for n in names)

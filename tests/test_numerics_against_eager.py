@@ -332,7 +332,7 @@ def test_bundled_program_verifies_on_the_runtime_and_rejects_wrong_outputs(built
 def test_first_divergence_names_the_corrupted_layer_and_validate_reports_it(built, monkeypatch):
     import torch
 
-    from etforge.builders.numerics.compare import divergence as debug_numerics
+    from etforge.builders.numerics import divergence as debug_numerics
     from etforge.builders.numerics.validate import build_validate
 
     cell = built["cell"]
