@@ -239,6 +239,12 @@ def state(project: Project, task: str) -> dict:
     return json.loads((project.out / ".state" / name).read_text())
 
 
+def check(info: dict, kind: str) -> dict:
+    """The JSON form of the ``kind`` check (etforge.checks: "numerics", "delegation", "size", "vela",
+    "on_device") a task's result holds (a record's ``info``), or {} when it holds none."""
+    return next((c for c in (info or {}).get("checks") or () if c.get("check") == kind), {})
+
+
 def copy_project(source: Project, target: Path) -> Project:
     """A copy of a built project, cache and state included, mtimes kept (a relocated checkout)."""
     shutil.copytree(source.root, target, symlinks=True)

@@ -13,7 +13,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import make_project, state
+from conftest import check, make_project, state
 
 FRAGILE = """\
 import torch
@@ -89,14 +89,12 @@ def test_keep_float_auto_keeps_the_fragile_layer_and_the_cell_passes(runs):
     assert len(rescue["sensitivity"]) == 5
     assert quantize["layers"]["kept_float"][0]["layer"] == "l1"
     assert quantize["layers"]["quantized_layers"] == {"linear": ["l0", "l2", "l3", "l4"]}
-    # named in the note, export.json and the report, with the dB it bought
+    # named in the note and the report, with the dB it bought (the quantize record's: no copy in export.json)
     gain = f"{rescue['kept'][0]['gain_db']:+.1f} dB"
     assert f"keep_float auto kept l1 ({gain}) in float" in row["note"], row["note"]
-    export = json.loads((project.out / "fragile" / "fragile_xnnpack_8da4w.export.json").read_text())
-    assert export["rescue"]["kept"] == rescue["kept"] and export["kept_float"][0]["layer"] == "l1"
     assert f"keep_float auto kept l1 ({gain})" in (project.out / "report.html").read_text()
     validate = state(project, f"validate:{CELL}")
-    assert validate["status"] == "ok" and validate["info"]["sqnr_db"] >= 22
+    assert validate["status"] == "ok" and check(validate["info"], "numerics")["sqnr_db"] >= 22
 
 
 def test_explicit_keep_float_regexes_keep_the_layers_they_name():

@@ -211,13 +211,18 @@ def fake_export(plan, cell, status="ok", reason="", **info):
                     "reason": "",
                     "outputs": {},
                     "info": {
-                        "sqnr_db": 80.0,
-                        "cosine": 1.0,
-                        "max_abs_error": 1e-6,
-                        "inputs": "random (seeded)",
-                        "samples": 1,
-                        "passed": True,
                         "program_sha256": payload["sha256"],
+                        "checks": [
+                            {
+                                "check": "numerics",
+                                "sqnr_db": 80.0,
+                                "cosine": 1.0,
+                                "max_abs_error": 1e-6,
+                                "inputs": "random (seeded)",
+                                "samples": 1,
+                                "passed": True,
+                            }
+                        ],
                     },
                 }
             )
@@ -346,8 +351,10 @@ def test_dart_manifest_parses_and_matches_the_exports(built):
         assert v["executorchVersion"] == info["executorch_version"]
         assert [i["dtype"] for i in v["inputs"]] == info["input_dtypes"]
         assert [o["shape"] for o in v["outputs"]] == [o["shape"] for o in captures[model]["info"]["outputs"]]
-        planned = sum(info["planned_bytes"]["forward"])
-        assert v["plannedBytes"] == planned and v["minRamBytes"] == planned + info["size_breakdown"]["constants"]
+        planned = sum(info["costs"]["planned_bytes"]["forward"])
+        assert (
+            v["plannedBytes"] == planned and v["minRamBytes"] == planned + info["costs"]["size_breakdown"]["constants"]
+        )
         assert [v["runtimeMin"], v["runtimeMax"]] == list(load_window(info["executorch_version"]))
         assert v["schemaVersion"] == 0 and v["capabilities"] == {}
     assert variants["cnnXnnpackFp32"]["inputs"] == [{"name": "image", "shape": [1, 3, 8, 8], "dtype": "float32"}]
@@ -427,13 +434,13 @@ def test_index_json_has_the_model_store_shape(built):
         assert isinstance(entry["backendDescription"], str) and isinstance(entry["category"], str)
         assert entry["platforms"] == ["android", "ios", "linux", "macos", "windows"]
         # What it costs, which runtimes load it, what a device needs: the export's own figures.
-        breakdown = info["size_breakdown"]
+        breakdown = info["costs"]["size_breakdown"]
         assert entry["costs"]["size_breakdown"] == breakdown
         assert (
             breakdown["constants"] + sum(breakdown["delegates"].values()) + breakdown["program"] == info["size_bytes"]
         )
         assert set(breakdown["delegates"]) == set(info["delegates"])
-        planned = info["planned_bytes"]["forward"]
+        planned = info["costs"]["planned_bytes"]["forward"]
         assert entry["costs"]["planned_peak_bytes"] == sum(planned) > 0
         assert entry["capabilities"]["min_ram_bytes"] == sum(planned) + breakdown["constants"]
         assert entry["capabilities"]["delegates_required"] == info["delegates"]

@@ -13,7 +13,7 @@ import struct
 from importlib import metadata
 
 import pytest
-from conftest import make_project, state
+from conftest import check, make_project, state
 
 PIPELINE = """\
 name: t
@@ -131,7 +131,8 @@ def test_a_tosa_cell_that_misses_its_threshold_fails_saying_what_ran_it(built, t
     assert result.reason.startswith("output 0: SQNR ") and "< 200 dB" in result.reason, result.reason
     tools = metadata.version("tosa-tools")
     assert result.reason.endswith(f"; run on the TOSA reference model (tosa-tools {tools}), not the ExecuTorch runtime")
-    assert result.result.passed is False and result.result.runner.startswith("TOSA reference model")
+    (numerics,) = result.result.checks
+    assert numerics.passed is False and numerics.runner.startswith("TOSA reference model")
 
 
 def _vela_blocks(pte: bytes) -> dict:
@@ -151,21 +152,21 @@ def _vela_blocks(pte: bytes) -> dict:
 
 
 def test_ethos_u_cell_records_vela_summary_and_proxy_verdict(built):
-    info = state(built, f"export:{ETHOS}")["info"]
-    assert (info["vela_accelerator"], info["vela_system_config"], info["vela_memory_mode"]) == (
+    info = check(state(built, f"export:{ETHOS}")["info"], "vela")
+    assert (info["accelerator"], info["system_config"], info["memory_mode"]) == (
         "Ethos_U55_128",
         "Ethos_U55_High_End_Embedded",
         "Shared_Sram",
     )
-    assert info["vela_npu_ops"] > 0 and info["vela_cpu_ops"] == 0
-    assert info["vela_cycles_total"] >= info["vela_cycles_npu"] > 0
-    assert info["vela_inference_time_s"] == pytest.approx(info["vela_cycles_total"] / info["vela_core_clock_hz"])
+    assert info["npu_ops"] > 0 and info["cpu_ops"] == 0
+    assert info["cycles_total"] >= info["cycles_npu"] > 0
+    assert info["inference_time_s"] == pytest.approx(info["cycles_total"] / info["core_clock_hz"])
     # The memory figures are the program's own: the device allocates the scratch area the bin
     # stream asks for, and the weights it carries live in off-chip flash (Shared_Sram).
     blocks = _vela_blocks((built.out / "cnn" / "cnn_ethos_u55_int8.pte").read_bytes())
-    assert info["vela_sram_bytes"] == struct.unpack("<I", blocks["scratch_size"])[0]
-    assert info["vela_offchip_flash_bytes"] == len(blocks["weight_data"])
-    assert len(info["vela_delegates"]) == 1 and info["vela_delegates"][0]["nn_macs"] > 0
+    assert info["sram_bytes"] == struct.unpack("<I", blocks["scratch_size"])[0]
+    assert info["offchip_flash_bytes"] == len(blocks["weight_data"])
+    assert len(info["delegates"]) == 1 and info["delegates"][0]["nn_macs"] > 0
     # validated through the TOSA form of the same quantized graph, and said so
     row = rows(built)[ETHOS]
     assert row["status"] == "provisional"

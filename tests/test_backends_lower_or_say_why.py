@@ -13,10 +13,12 @@ import importlib
 import importlib.util
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import check
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes" / "backends"
@@ -322,6 +324,7 @@ def test_the_coverage_gate_fails_a_program_that_runs_mostly_on_portable_kernels(
     assert reason.endswith("; 1 of 3 compute ops (33%) delegated"), reason
     # The evidence stays: the program and its export.json with the coverage.
     info = json.loads((project.out / "mostly_portable" / "mostly_portable_xnnpack_fp32.export.json").read_text())
+    info = check(info, "delegation")
     assert info["compute_coverage"] < 0.1 and info["flops_not_delegated"]["aten.convolution"] > 100_000
     assert info["delegation_coverage"] == 0.3333 and info["delegated_by_backend"] == {"XnnpackBackend": 1}
     assert (project.out / "mostly_portable" / "mostly_portable_xnnpack_fp32.pte").is_file()
@@ -331,12 +334,13 @@ def test_the_coverage_gate_passes_a_fully_delegated_program(coverage_run):
     project, _ = coverage_run
     state = _export_state(project, "linreg/xnnpack/fp32")
     assert state["status"] == "ok"
-    assert state["info"]["delegation_coverage"] == state["info"]["compute_coverage"] == 1.0
-    assert state["info"]["compute_ops"] == state["info"]["delegated_compute_ops"] == 1
+    delegation = check(state["info"], "delegation")
+    assert delegation["delegation_coverage"] == delegation["compute_coverage"] == 1.0
+    assert delegation["compute_ops"] == delegation["delegated_compute_ops"] == 1
 
 
 def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(coverage_run):
-    from etforge.builders.gates.gates import delegation_gate
+    from etforge.checks.delegation import Delegation
     from etforge.config.resolve import resolve
     from etforge.pipeline.specs import spec_of
     from etforge.pipeline.stage_results import ExportResult
@@ -354,6 +358,7 @@ def test_a_pipeline_can_lower_a_backends_minimum_and_that_rejudges_the_export(co
     assert (
         spec_of(after, "export", cell).key != spec_of(before, "export", old).key
     )  # a changed minimum judges the program again
-    export = ExportResult.from_json(_export_state(project, "mostly_portable/xnnpack/fp32")["info"])
-    assert delegation_gate(cell, export) is None
-    assert "runs 4% of the program's compute" in delegation_gate(old, export)
+    (measured,) = ExportResult.from_json(_export_state(project, "mostly_portable/xnnpack/fp32")["info"]).checks
+    assert isinstance(measured, Delegation)
+    assert replace(measured, minimum=cell.backend.min_coverage).judged().passed  # the pipeline's 2%
+    assert "runs 4% of the program's compute" in replace(measured, minimum=old.backend.min_coverage).judged().reason()

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SMALL_PIPELINE, Project, make_project
+from conftest import SMALL_PIPELINE, Project, check, make_project
 
 MODELS = ("linreg", "cnn")
 BACKENDS = ("xnnpack", "portable")
@@ -104,7 +104,7 @@ def test_every_cell_builds_a_pte_that_loads_and_matches_eager(built):
         assert meta["size_bytes"] == pte.stat().st_size
         assert meta["sha256"] == hashlib.sha256(pte.read_bytes()).hexdigest()
         if backend == "xnnpack":
-            assert meta["delegated_ops"] > 0
+            assert check(meta, "delegation")["delegated_ops"] > 0
     assert (built.out / "linreg" / "linreg_xnnpack_fp32.pte").stat().st_size > 0
 
 
@@ -230,7 +230,7 @@ def test_missed_threshold_fails_the_cell_with_the_numbers(copy):
     rows = {r["cell"]: r for r in json.loads((copy.out / "summary.json").read_text())}
     # Only a bit-exact program meets 500 dB: XNNPACK reorders float sums; whether portable's
     # kernels match eager bit for bit depends on the CPU (here they do not: ~150 dB).
-    failed = {c for c in ("cnn/xnnpack/fp32", "cnn/portable/fp32") if rows[c]["sqnr_db"] != "exact"}
+    failed = {c for c in ("cnn/xnnpack/fp32", "cnn/portable/fp32") if rows[c]["checks"]["SQNR dB"] != "exact"}
     assert "cnn/xnnpack/fp32" in failed
     for cell in ("cnn/xnnpack/fp32", "cnn/portable/fp32"):
         assert rows[cell]["status"] == ("failed" if cell in failed else "provisional"), rows[cell]

@@ -254,15 +254,15 @@ def test_runner_runs_each_runnable_variant_and_matches_the_python_runtime(
         # The planned arena the runtime's MethodMeta reports is the one the export recorded.
         cell = next(c for c in built.plan.cells if c.name == spec["id"])
         export = read_state(spec_of(built.plan, "export", cell).state_file)["info"]
-        assert got["planned"] == ",".join(map(str, export["planned_bytes"]["forward"])) != ""
+        assert got["planned"] == ",".join(map(str, export["costs"]["planned_bytes"]["forward"])) != ""
         assert int(got["planned"].split(",")[0]) == spec["planned_bytes"] > 0
         # MethodMeta lists one backend per delegated subgraph: as many as the export counted.
         called = [d for d in got["delegates"].split(",") if d]
-        assert {d: called.count(d) for d in called} == export["delegate_subgraphs"]
+        assert {d: called.count(d) for d in called} == export["costs"]["delegate_subgraphs"]
         assert (
-            sum(export["size_breakdown"]["delegates"].values())
-            + export["size_breakdown"]["constants"]
-            + export["size_breakdown"]["program"]
+            sum(export["costs"]["size_breakdown"]["delegates"].values())
+            + export["costs"]["size_breakdown"]["constants"]
+            + export["costs"]["size_breakdown"]["program"]
             == (built.out / spec["file"]).stat().st_size
         )
         assert 0 < float(got["min_ms"]) <= float(got["mean_ms"]) <= float(got["max_ms"])
@@ -348,7 +348,7 @@ def test_a_planned_memory_budget_under_the_real_arena_fails_the_cell_without_a_r
     copy = copy_project(built, tmp_path / "proj")
     plan = resolve(copy.pipeline)
     cell = next(c for c in plan.cells if c.name == "cnn/portable/fp32")
-    planned = sum(read_state(spec_of(plan, "export", cell).state_file)["info"]["planned_bytes"]["forward"])
+    planned = sum(read_state(spec_of(plan, "export", cell).state_file)["info"]["costs"]["planned_bytes"]["forward"])
     copy.write_pipeline(copy.pipeline.read_text() + f"gates: {{max_planned_bytes: {{portable: {planned - 1}}}}}\n")
     run = copy.doit("manifest")
     assert run.started == {"manifest"}, run.stdout  # a budget changes no program: nothing is rebuilt
@@ -426,13 +426,17 @@ def fake_export(plan, cell, status="ok"):
         record = {
             "status": "ok",
             "info": {
-                "sqnr_db": None,
-                "max_abs_error": 0.0,
-                "cosine": 1.0,
-                "inputs": "random (seeded)",
-                "samples": 1,
-                "passed": True,
                 "program_sha256": info["sha256"],
+                "checks": [
+                    {
+                        "check": "numerics",
+                        "max_abs_error": 0.0,
+                        "cosine": 1.0,
+                        "inputs": "random (seeded)",
+                        "samples": 1,
+                        "passed": True,
+                    }
+                ],
             },
         }
     else:
@@ -440,11 +444,10 @@ def fake_export(plan, cell, status="ok"):
             "status": "not-runnable",
             "outputs": {"program.bpte": {"sha256": "b" * 64}},
             "info": {
-                "inputs": "random (seeded)",
-                "test_cases": 1,
-                "rtol": 0.0,
-                "atol": 1e-4,
                 "program_sha256": info["sha256"],
+                "checks": [
+                    {"check": "on_device", "inputs": "random (seeded)", "test_cases": 1, "rtol": 0.0, "atol": 1e-4}
+                ],
             },
         }
     check.state_file.write_text(json.dumps({"task": check.name, "key": check.key, **record}))

@@ -18,8 +18,9 @@ def test_a_model_edit_is_explained_and_diffed_against_the_last_release(built_lin
     shutil.copytree(project.root / "artifacts" / "release", project.root / "baseline")
     provenance = json.loads((project.root / "baseline" / "t-0.0.1" / "provenance.json").read_text())
     metrics = provenance["cells"][0]["metrics"]
-    assert metrics["delegation"]["coverage"] == 1.0 and metrics["delegation"]["delegated_by_backend"]
-    assert metrics["size"]["bytes"] == provenance["cells"][0]["size_bytes"]
+    delegation = metrics["checks"]["delegation"]
+    assert delegation["figures"]["coverage"]["value"] == 1.0 and delegation["structure"]["ops delegated to"]
+    assert metrics["program"]["bytes"] == provenance["cells"][0]["size_bytes"]
 
     same = project.doit("diff", "--baseline", "baseline/t-0.0.1.tar.gz")
     assert same.returncode == 0, same.stdout + same.stderr

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_project, state
+from conftest import check, make_project, state
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -93,7 +93,7 @@ def test_coreml_encoder_ends_on_device(built):
     assert record["status"] == "not-runnable", record
     assert (built.out / "tiny_bert" / "tiny_bert_coreml_fp32.bpte").is_file()
     export = json.loads((built.out / "tiny_bert" / "tiny_bert_coreml_fp32.export.json").read_text())
-    assert export["delegated_subgraphs"] >= 1 and export["delegates"] == ["CoreMLBackend"]
+    assert check(export, "delegation")["delegated_subgraphs"] >= 1 and export["delegates"] == ["CoreMLBackend"]
 
 
 def test_attention_mask_samples_are_prefixes_of_ones():

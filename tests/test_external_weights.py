@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import REPO, copy_project, make_project, state
+from conftest import REPO, check, copy_project, make_project, state
 
 PIPELINE = """\
 name: t
@@ -91,7 +91,7 @@ def test_pte_and_ptd_load_and_match_eager(built, backend):
     out = method.execute([torch.from_numpy(x)])[0].detach().numpy()
     np.testing.assert_allclose(out, _eager(built, x), rtol=1e-4, atol=1e-5)
     validated = state(built, f"validate:mlp_a/{backend}/fp32")  # the pipeline's own run, with the .ptd
-    assert validated["status"] == "ok" and validated["info"]["sqnr_db"] > 100
+    assert validated["status"] == "ok" and check(validated["info"], "numerics")["sqnr_db"] > 100
 
 
 @pytest.mark.parametrize("backend", ["xnnpack", "portable"])
@@ -407,8 +407,8 @@ def test_the_size_gate_sees_through_the_names_a_program_carries(built):
         quant=SimpleNamespace(name="int8"),
         model=SimpleNamespace(name="mlp_b"),
     )
-    facts, reason = size_gate(
+    gate = size_gate(
         cell, ExportResult.from_json(infos[1]), ExportResult.from_json(infos[0]), {"all": 10000, "linear": 10000}
     )
-    assert reason == "identical to its fp32 sibling but for the names it carries: int8 was not applied"
-    assert facts.size_vs_fp32 == 1.0  # .pte and .ptd together
+    assert gate.reason() == "identical to its fp32 sibling but for the names it carries: int8 was not applied"
+    assert gate.size_vs_fp32 == 1.0  # .pte and .ptd together

@@ -8,8 +8,6 @@ FLOP outside: it must fail, naming them.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -66,11 +64,11 @@ def _lower(partitioner):
 
 
 def _gate(coverage: dict):
-    from etforge.builders.gates.gates import delegation_gate
-    from etforge.pipeline.stage_results import ExportResult
+    """Why a program with ``coverage`` fails XNNPACK's gate (at least 50%), or None."""
+    from etforge.checks.delegation import Delegation
 
-    cell = SimpleNamespace(backend=SimpleNamespace(name="xnnpack", min_coverage=0.5))
-    return delegation_gate(cell, ExportResult.of(coverage))
+    check = Delegation.of({**coverage, "backend": "xnnpack", "minimum": 0.5}).judged()
+    return check.reason() if check.failed else None
 
 
 @pytest.fixture(scope="module")
@@ -129,13 +127,14 @@ def test_a_record_made_before_compute_was_measured_is_judged_on_its_op_share():
 
 
 def test_the_report_shows_the_compute_share_and_the_op_counts():
-    from etforge.publish.outcome import Evidence
-    from etforge.publish.report.page import coverage_title
+    from etforge.checks.delegation import Delegation
 
-    ev = Evidence(compute_coverage=0.9916, op_coverage=0.4756, compute_ops=82, delegated_compute_ops=39)
-    assert coverage_title(ev) == "99.2% of the compute (FLOPs) delegated; 39 of 82 compute ops delegated (47.6%)"
+    check = Delegation(compute_coverage=0.9916, delegation_coverage=0.4756, compute_ops=82, delegated_compute_ops=39)
+    assert check.text() == "99.2%"
+    assert check.detail() == "99.2% of the compute (FLOPs) delegated; 39 of 82 compute ops delegated (47.6%)"
     # a record made before compute was measured: the graph's node counts, as before
-    assert coverage_title(Evidence(delegated_ops=3, non_delegated_ops=1)) == "3 delegated, 1 not delegated"
+    old = Delegation(delegated_ops=3, non_delegated_ops=1)
+    assert (old.text(), old.detail()) == ("75.0%", "3 delegated, 1 not delegated")
 
 
 def test_a_program_with_dynamic_sizes_is_measured_at_its_example_sizes():

@@ -16,7 +16,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import make_project
+from conftest import check, make_project
 from unit.support import report_row
 
 from etforge.cache.records import read_state
@@ -220,7 +220,7 @@ def test_table_shows_size_accuracy_latency_and_delegation(page):
         if "size_bytes" in info:
             assert summary.human_size(info["size_bytes"]) in row
             # the delegation column shows the compute share the gate judges (op counts in its title)
-            pct = info["compute_coverage"] * 100
+            pct = check(info, "delegation")["compute_coverage"] * 100
             assert (f"{pct:.1f}%" if pct < 100 else "100%") in row, row
         if cell.name in bench:
             p50 = [v for k, v in sorted(bench[cell.name].items()) if k in ("p50_ms", "latency_p50_ms")]
@@ -229,7 +229,9 @@ def test_table_shows_size_accuracy_latency_and_delegation(page):
         else:
             assert " ms" not in row  # missing benchmark: "-"
     for cell in plan.cells:
-        sqnr = ((read_state(spec_of(plan, "validate", cell).state_file) or {}).get("info") or {}).get("sqnr_db")
+        sqnr = check((read_state(spec_of(plan, "validate", cell).state_file) or {}).get("info"), "numerics").get(
+            "sqnr_db"
+        )
         if sqnr is not None:
             assert f"{sqnr:.1f}" in text[cell.name]
     assert "random inputs" in text["linreg/xnnpack/int8"]  # validated on seeded random tensors
@@ -260,7 +262,7 @@ def test_charts_have_one_bar_per_measured_cell_and_one_point_per_quantized_cell(
     quantized = set()
     for c in plan.cells:
         vinfo = (read_state(spec_of(plan, "validate", c).state_file) or {}).get("info") or {}
-        if c.transform is not None and vinfo.get("sqnr_db") is not None and c.name in sized:
+        if c.transform is not None and check(vinfo, "numerics").get("sqnr_db") is not None and c.name in sized:
             quantized.add(c.name)
     points = [a["data-cell"] for a in dom.find("path", data_cell=True)]
     assert sorted(points) == sorted(quantized)

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_LLAMA_CONFIG, make_project, state
+from conftest import TINY_LLAMA_CONFIG, check, make_project, state
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -66,8 +66,9 @@ def test_fp16_llm_cell_validates_against_fp32_and_fp16_eager(built):
 
 def test_coreml_llm_cell_lowers_without_custom_ops_and_ends_on_device(built):
     export = json.loads((built.out / "tiny_llm" / "tiny_llm_coreml_fp32.export.json").read_text())
-    assert export["delegates"] == ["CoreMLBackend"] and export["delegated_subgraphs"] >= 1
-    assert not any(op.startswith("llama.") for op in export["not_delegated"]), export["not_delegated"]
+    delegation = check(export, "delegation")
+    assert export["delegates"] == ["CoreMLBackend"] and delegation["delegated_subgraphs"] >= 1
+    assert not any(op.startswith("llama.") for op in delegation["not_delegated"]), delegation["not_delegated"]
     assert export["llm_metadata"]["enable_dynamic_shape"] is False
     assert export["llm_metadata"]["use_sdpa_with_kv_cache"] is False
     record = state(built, "validate:tiny_llm/coreml/fp32")

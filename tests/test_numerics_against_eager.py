@@ -14,7 +14,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import make_project
+from conftest import check, make_project
 
 from etforge.config.resolve import resolve
 
@@ -281,7 +281,7 @@ def test_validate_runs_every_sample_and_reports_topk(built):
         _workdir(built, "validate"),
     )
     assert result.status == "ok", result.reason
-    info = result.info
+    info = check(result.info, "numerics")
     assert info["passed"] is True
     assert info["inputs"] == "images data/images" and info["samples"] == IMAGES
     assert info["top1_agreement"] == 1.0 and info["top5_agreement"] == 1.0
@@ -361,7 +361,7 @@ def test_first_divergence_names_the_corrupted_layer_and_validate_reports_it(buil
     before = found["nodes"][: found["index"]]
     assert before and all(n["sqnr_db"] is None or n["sqnr_db"] > 60 or n["node"] in found["artifacts"] for n in before)
     assert "first divergence at node conv2d_1 (aten.conv2d, features.1.0), SQNR" in result.reason
-    assert result.info["first_divergence"].startswith("first divergence at node conv2d_1")
+    assert check(result.info, "numerics")["first_divergence"].startswith("first divergence at node conv2d_1")
 
 
 def _make_broken(original):
@@ -426,8 +426,9 @@ def test_doit_validates_on_photos_and_bundles_the_cell_this_host_cannot_run(tmp_
     states = project.out / ".state"
     ok = json.loads((states / "validate__cnn__xnnpack__fp32.json").read_text())
     assert ok["status"] == "ok"
-    assert ok["info"]["inputs"] == "images data/images" and ok["info"]["samples"] == 3
-    assert ok["info"]["top1_agreement"] == 1.0 and ok["info"]["passed"] is True
+    numerics = check(ok["info"], "numerics")
+    assert numerics["inputs"] == "images data/images" and numerics["samples"] == 3
+    assert numerics["top1_agreement"] == 1.0 and numerics["passed"] is True
     bundled = json.loads((states / "validate__cnn__vulkan__fp32.json").read_text())
     assert bundled["status"] == "not-runnable"
     assert "3 test case(s)" in bundled["reason"]
@@ -517,7 +518,7 @@ def test_an_fp16_overflow_fails_its_cell_with_the_count_of_nonfinite_values(nonf
     assert report["outputs"][0]["sqnr_db"] == "nan"  # strict JSON: non-finite floats are spelled out
     # The same model in fp32 is fine: the overflow is the fp16 program's.
     fp32 = _state(project, "validate:amplify/xnnpack/fp32")
-    assert fp32["status"] == "ok" and fp32["info"]["nonfinite_values"] == 0
+    assert fp32["status"] == "ok" and check(fp32["info"], "numerics")["nonfinite_values"] == 0
     assert "amplify/xnnpack/fp16" in run.stdout and "non-finite" in run.stdout
 
 

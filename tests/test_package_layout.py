@@ -14,14 +14,15 @@ PACKAGE = ROOT / "tasks" / "etforge"
 MAY_IMPORT = {
     "core": set(),
     "config": {"core"},
-    "pipeline": {"core", "config"},
+    "checks": {"core", "config", "program"},
+    "pipeline": {"core", "config", "program", "checks"},
     "program": {"core", "config"},
-    "cache": {"core", "config", "pipeline"},
-    "engine": {"core", "config", "pipeline", "cache", "program"},
-    "builders": {"core", "config", "pipeline", "program"},
-    "publish": {"core", "config", "pipeline", "cache", "program"},
+    "cache": {"core", "config", "pipeline", "program", "checks"},
+    "engine": {"core", "config", "pipeline", "cache", "program", "checks"},
+    "builders": {"core", "config", "pipeline", "program", "checks"},
+    "publish": {"core", "config", "pipeline", "cache", "program", "checks"},
     # the composition root: wires publishing into the engine; never imports a builder
-    "app": {"core", "config", "pipeline", "cache", "program", "engine", "publish"},
+    "app": {"core", "config", "pipeline", "cache", "program", "checks", "engine", "publish"},
 }
 MAX_LINES = 450
 

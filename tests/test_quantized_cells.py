@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import make_project
+from conftest import check, make_project
 
 from etforge.config.resolve import resolve
 from etforge.core.errors import PipelineError
@@ -198,9 +198,10 @@ def test_quantized_programs_that_save_what_their_scheme_should_pass_the_size_gat
     ):
         gate = sizegate(project, cell)
         assert gate["status"] == "ok", gate
-        assert gate["info"]["weight_ratio"] <= gate["info"]["max_weight_ratio"], gate
-    assert sizegate(project, "cnn/xnnpack/int8")["info"]["weight_ratio"] < 0.35  # int8: about a quarter
-    assert sizegate(project, "cnn/xnnpack/8da4w")["info"]["weight_ratio"] < 0.3  # 4-bit: less
+        size = check(gate["info"], "size")
+        assert size["weight_ratio"] <= size["max_weight_ratio"], gate
+    assert check(sizegate(project, "cnn/xnnpack/int8")["info"], "size")["weight_ratio"] < 0.35  # int8: about a quarter
+    assert check(sizegate(project, "cnn/xnnpack/8da4w")["info"], "size")["weight_ratio"] < 0.3  # 4-bit: less
 
 
 def test_fp16_weights_stored_as_fp32_fail_the_size_gate_with_the_ratio(built):
@@ -209,7 +210,7 @@ def test_fp16_weights_stored_as_fp32_fail_the_size_gate_with_the_ratio(built):
     project, _ = built
     gate = sizegate(project, "cnn/xnnpack/fp16")
     assert gate["status"] == "failed"
-    assert gate["info"]["weight_ratio"] > 0.9
+    assert check(gate["info"], "size")["weight_ratio"] > 0.9
     assert re.fullmatch(
         r"weights stored at 0\.9\dx of fp32 \(gate: fp16 at most 0\.6x \+ 6144 B\): "
         r"\d+ B vs \d+ B saves \d+ B of \d+ B",
@@ -233,7 +234,7 @@ def test_a_scheme_with_nothing_to_take_is_rejected_and_the_size_gate_would_say_i
     weights = json.loads((project.out / ".state" / "capture__convnet.json").read_text())["info"]["weight_bytes"]
     assert weights["linear"] == 0 and weights["conv"] > 0
     quantized, fp32 = ExportResult(size_bytes=5000, sha256="a"), ExportResult(size_bytes=4900, sha256="b")
-    _, reason = size_gate(cell, quantized, fp32, weights)
+    reason = size_gate(cell, quantized, fp32, weights).reason()
     assert (
         reason
         == "8da8w stores linear weights smaller and model 'convnet' has none: the program is 1.02x its fp32 sibling"

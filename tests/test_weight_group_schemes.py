@@ -12,7 +12,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import copy_project, make_project, state
+from conftest import check, copy_project, make_project, state
 
 PIPELINE = """\
 name: t
@@ -165,8 +165,8 @@ def test_an_80_wide_layer_under_8da4w_on_xnnpack_gets_8_bit_per_channel_weights_
     assert "in_features 80 is not a multiple of the group size 32" in info["fallbacks"][0]["reason"]
     assert info["taken_weight_bytes"] == {"linear": (80 * 48 + 48 * 4) * 4}
     # lowered by XNNPACK (every matmul inside) and validated against eager
-    export = state(project, "export:narrow/xnnpack/8da4w")["info"]
-    assert export["compute_coverage"] > 0.9 and "aten.linear" not in export["not_delegated"]
+    delegation = check(state(project, "export:narrow/xnnpack/8da4w")["info"], "delegation")
+    assert delegation["compute_coverage"] > 0.9 and "aten.linear" not in delegation["not_delegated"]
     assert state(project, "validate:narrow/xnnpack/8da4w")["status"] == "ok"
     assert rows(project)["narrow/xnnpack/8da4w"]["status"] == "provisional"
 

@@ -27,14 +27,17 @@ import sys
 import time
 from pathlib import Path
 
+from etforge.checks.delegation import Delegation
+from etforge.checks.numerics import Numerics
+from etforge.checks.size import SizeGate
 from etforge.config.model import ModelKind
 from etforge.pipeline.results import BuildResult, TaskStatus
 from etforge.pipeline.stage_results import (
     BenchmarkResult,
     CaptureResult,
     ExportResult,
+    GateResult,
     QuantizeResult,
-    SizeGateResult,
     Verdict,
 )
 from etforge.pipeline.stages import PARTS, STAGE, Kind, StageTable, task_name
@@ -148,9 +151,14 @@ def export(request, builder="export"):
         "export.json": _write(request.workdir, "export.json", json.dumps({"cell": cell.name}).encode()),
         "selected_operators.yaml": _write(request.workdir, "selected_operators.yaml", b"operators: {}\n"),
     }
-    result = ExportResult(size_bytes=len(program), sha256=_sha(program), delegates=tuple(cell.backend.delegates))
-    if how == "status":
-        return BuildResult(files=files, result=result, status=TaskStatus.FAILED, reason="fake coverage gate missed")
+    # the fake coverage gate: missed when fakes.json says "status" for this task
+    coverage = Delegation(backend=cell.backend.name, minimum=0.5, compute_coverage=0.0 if how == "status" else 1.0)
+    checks = (coverage.judged(),)
+    result = ExportResult(
+        size_bytes=len(program), sha256=_sha(program), delegates=tuple(cell.backend.delegates), checks=checks
+    )
+    if checks[0].failed:
+        return BuildResult(files=files, result=result, status=TaskStatus.FAILED, reason=checks[0].reason())
     return BuildResult(files=files, result=result)
 
 
@@ -165,15 +173,16 @@ def validate(request, builder="validate"):
     numerics = {"cell": cell.name, "sqnr_db": sqnr, "threshold": bound}
     files = {"numerics.json": _write(request.workdir, "numerics.json", json.dumps(numerics).encode())}
     metrics = {"sqnr_db": sqnr, "max_abs_error": 0.001, "cosine": 0.9999}
-    verdict = Verdict(
-        program_sha256=_sha(program),
+    check = Numerics(
         passed=passed,
         inputs=settings.get("inputs", "random (seeded)"),
         samples=1,
+        misses=() if passed else (f"sqnr_db {sqnr} < {bound}",),
         **{k: v for k, v in metrics.items() if k not in settings.get("omit", ())},
     )
+    verdict = Verdict(program_sha256=_sha(program), checks=(check,))
     if not passed:
-        return BuildResult(files=files, result=verdict, status=TaskStatus.FAILED, reason=f"sqnr_db {sqnr} < {bound}")
+        return BuildResult(files=files, result=verdict, status=TaskStatus.FAILED, reason=check.reason())
     return BuildResult(files=files, result=verdict)
 
 
@@ -181,7 +190,8 @@ def sizegate(request, builder="sizegate"):
     _enter(request, "sizegate", builder)
     own = request.upstream["export"].result(ExportResult).size_bytes
     fp32 = request.upstream["fp32_export"].result(ExportResult).size_bytes
-    return BuildResult(result=SizeGateResult(size_vs_fp32=own / fp32, saved_bytes=fp32 - own))
+    check = SizeGate(passed=True, size_vs_fp32=own / fp32, saved_bytes=fp32 - own)
+    return BuildResult(result=GateResult(checks=(check,)))
 
 
 def benchmark(request, builder="benchmark"):

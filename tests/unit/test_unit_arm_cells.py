@@ -12,8 +12,11 @@ import hashlib
 import pytest
 
 from etforge.builders.arm.ethos_u_vela import summary_fields
+from etforge.checks.numerics import Numerics
+from etforge.checks.vela import Vela
 from etforge.pipeline.keys import key_of
-from etforge.pipeline.stage_results import ExportResult, Verdict
+from etforge.pipeline.layout import layout_of
+from etforge.pipeline.stage_results import ExportResult
 from etforge.pipeline.stages import STAGE
 from etforge.publish.outcome import CellState
 from etforge.publish.outcome_views import verdict
@@ -90,8 +93,9 @@ def test_the_outcome_says_where_the_numbers_come_from(project):
     o = tosa.outcome()
     assert o.status == CellState.PROVISIONAL
     assert o.reason.startswith(f"run on the {RUNNER}, not the ExecuTorch runtime; validated on seeded random inputs")
-    assert verdict(o)["validated_by"] == f"run on the {RUNNER}, not the ExecuTorch runtime"
-    assert verdict(o)["checked"] == "here" and verdict(o)["sqnr_db"] == 150.0
+    shown = verdict(o, tosa.cell, layout_of(tosa.plan))
+    assert shown["validated_by"] == f"run on the {RUNNER}, not the ExecuTorch runtime"
+    assert shown["checked"] == "here" and shown["sqnr_db"] == 150.0
 
 
 def test_an_ethos_u_verdict_names_its_proxy(project):
@@ -104,8 +108,13 @@ def test_an_ethos_u_verdict_names_its_proxy(project):
     assert o.status == CellState.OK
     assert o.reason == f"validated by proxy: {proxy}, run on the {RUNNER}"
     # a failed proxy verdict fails the cell like any other
-    ethos.write("validate", "failed", reason="output 0: SQNR 3.0 dB < 20 dB", program_sha256=SHA, sqnr_db=3.0)
-    assert ethos.outcome().status == CellState.FAILED
+    missed = {"sqnr_db": 3.0, "passed": False, "misses": ["output 0: SQNR 3.0 dB < 20 dB"], "runner": RUNNER}
+    ethos.write("validate", "failed", reason="(the record's)", program_sha256=SHA, proxy=proxy, **missed)
+    o = ethos.outcome()
+    assert o.status == CellState.FAILED
+    # the failed check's own reason, with where its numbers come from
+    said = f"output 0: SQNR 3.0 dB < 20 dB; validated by proxy: {proxy}, run on the {RUNNER}"
+    assert o.reason == f"validate:a/ethos_u55/int8: {said}"
 
 
 def test_vela_summary_of_two_delegates_adds_up():
@@ -123,15 +132,17 @@ def test_vela_summary_of_two_delegates_adds_up():
         "inference_time": 6.98e-06,
     }
     fields = summary_fields([{**row, "npu_ops": 7, "cpu_ops": 0}, {**row, "npu_ops": 5, "cpu_ops": 1}])
-    result = ExportResult.of(fields)  # every field a typed one of the export's result
-    assert (result.vela_npu_ops, result.vela_cpu_ops) == (12, 1)
-    assert (result.vela_sram_bytes, result.vela_offchip_flash_bytes) == (2 * 1488, 2 * 2416)
-    assert (result.vela_cycles_npu, result.vela_cycles_total) == (4274, 6980)
-    assert result.vela_inference_time_s == pytest.approx(2 * 6.98e-06)
-    assert result.vela_accelerator == "Ethos_U55_128" and len(result.vela_delegates) == 2
-    assert ExportResult.from_json(result.to_json()) == result
+    check = Vela.of(fields)  # every field a typed one of the Vela check
+    assert (check.npu_ops, check.cpu_ops) == (12, 1)
+    assert (check.sram_bytes, check.offchip_flash_bytes) == (2 * 1488, 2 * 2416)
+    assert (check.cycles_npu, check.cycles_total) == (4274, 6980)
+    assert check.inference_time_s == pytest.approx(2 * 6.98e-06)
+    assert check.accelerator == "Ethos_U55_128" and len(check.delegates) == 2
+    export = ExportResult(checks=(check,))
+    assert ExportResult.from_json(export.to_json()) == export  # read back through the check table
+    assert not check.failed  # an estimate: never a gate
 
 
 def test_runner_note_is_empty_for_the_runtime():
-    assert Verdict(passed=True).runner_note() == ""
-    assert Verdict(runner="X").runner_note() == "run on the X, not the ExecuTorch runtime"
+    assert Numerics(passed=True).runner_note() == ""
+    assert Numerics(runner="X").runner_note() == "run on the X, not the ExecuTorch runtime"

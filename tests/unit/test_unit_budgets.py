@@ -12,11 +12,13 @@ import hashlib
 import pytest
 
 from etforge.cache.records import write_state
+from etforge.checks.numerics import Numerics
 from etforge.core.errors import PipelineError
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import spec_of
 from etforge.pipeline.stage_results import CaptureResult, ExportResult, Verdict
+from etforge.program.costs import ProgramCosts
 from etforge.publish.outcome import CellState, cell_outcome
 from etforge.publish.outcome_views import listing_reason
 from unit.support import HOST, make_unit_project
@@ -36,14 +38,13 @@ quantization: [fp32]
 PROGRAM = b"a program"
 SHA = hashlib.sha256(PROGRAM).hexdigest()
 COSTS = {
-    "size_bytes": 102184,
     "size_breakdown": {"constants": 96944, "delegates": {"XnnpackBackend": 2784}, "program": 2456, "total": 102184},
     "planned_bytes": {"forward": [12400], "etforge_meta_json": []},
     "delegate_subgraphs": {"XnnpackBackend": 1},
 }
 
 
-def _outcome(project, name: str, **export):
+def _outcome(project, name: str, costs: dict | None = None, **export):
     plan = project.plan()
     cell = project.cell(plan, name)
 
@@ -52,8 +53,10 @@ def _outcome(project, name: str, **export):
         write_state(spec, TaskStatus.OK, key=None, info=result.to_json(), reason="", log=spec.log_file)
 
     write("capture", CaptureResult(inputs="random (seeded)"))
-    write("export", ExportResult.of({"sha256": SHA, **COSTS, **export}))
-    write("validate", Verdict(program_sha256=SHA, passed=True, inputs="npz data/val.npz", samples=2, sqnr_db=50.0))
+    costs = ProgramCosts.of({**COSTS, **(costs or {})})
+    write("export", ExportResult.of({"sha256": SHA, "size_bytes": 102184, "costs": costs, **export}))
+    check = Numerics(passed=True, inputs="npz data/val.npz", samples=2, sqnr_db=50.0)
+    write("validate", Verdict(program_sha256=SHA, checks=(check,)))
     return plan, cell_outcome(plan, cell, HOST)
 
 
@@ -76,7 +79,7 @@ def test_a_cell_entry_wins_over_its_backend_and_program_bytes_count_the_ptd(tmp_
 
 def test_a_budget_on_a_figure_the_export_did_not_record_fails(tmp_path):
     project = make_unit_project(tmp_path / "p", PIPELINE + "gates: {max_planned_bytes: {portable: 100}}\n", ("a",))
-    o = _outcome(project, "a/portable/fp32", planned_bytes={})[1]
+    o = _outcome(project, "a/portable/fp32", costs={"planned_bytes": {}})[1]
     assert o.status == CellState.FAILED
     assert "planned memory not recorded by the export" in o.reason
 

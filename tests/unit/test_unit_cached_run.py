@@ -16,6 +16,7 @@ import pytest
 
 from etforge.cache.records import read_state
 from etforge.cache.store import Store
+from etforge.checks.numerics import Numerics
 from etforge.engine.cached_run import is_up_to_date, run_cached
 from etforge.pipeline.results import Blocked, BuildResult, Rejected, Skip, TaskStatus
 from etforge.pipeline.specs import TaskSpec
@@ -295,7 +296,8 @@ def test_an_entry_whose_status_is_not_a_stored_one_is_never_restored(spec, store
 
 
 def verdict_build(program_sha256: str) -> Build:
-    return Build(data=b"numerics", result=Verdict(program_sha256=program_sha256, passed=True, inputs="random (seeded)"))
+    check = Numerics(passed=True, inputs="random (seeded)")
+    return Build(data=b"numerics", result=Verdict(program_sha256=program_sha256, checks=(check,)))
 
 
 def test_an_accept_that_refuses_a_stored_verdict_rebuilds_it(spec, store, capfd):

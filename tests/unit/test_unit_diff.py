@@ -70,7 +70,8 @@ def test_diff_of_two_releases_shows_exactly_the_edits_and_fails_on_the_lost_cell
     kept = _keep_release(etforge)
     provenance = json.loads((kept / "t-0.0.1" / "provenance.json").read_text())
     cell = next(c for c in provenance["cells"] if c["model"] == "a" and c["backend"] == "xnnpack")
-    assert {"size", "delegation", "numerics", "model_sha256"} <= set(cell["metrics"])  # what a later diff needs
+    assert {"program", "checks", "model_sha256"} <= set(cell["metrics"])  # what a later diff needs
+    assert {"numerics", "delegation"} <= set(cell["metrics"]["checks"])
     assert provenance["pipeline"]["name"] == "t" and provenance["toolchain"]
     assert "latency_p50_ms" in json.loads((kept / "t-0.0.1.bench.json").read_text())["a/xnnpack/fp32"]
 

@@ -7,6 +7,7 @@ outcome is what the summary, report, manifests, release and exit status all show
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -14,14 +15,18 @@ import math
 import pytest
 
 from etforge.cache.records import write_state
+from etforge.checks.delegation import Delegation
+from etforge.checks.numerics import Numerics, OnDevice
+from etforge.checks.size import SizeGate
+from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import cell_specs, spec_of
 from etforge.pipeline.stage_results import (
     BenchmarkResult,
     CaptureResult,
     ExportResult,
+    GateResult,
     QuantizeResult,
-    SizeGateResult,
     Verdict,
 )
 from etforge.publish import summary
@@ -48,7 +53,7 @@ RESULTS = {
     "capture": CaptureResult,
     "quantize": QuantizeResult,
     "export": ExportResult,
-    "sizegate": SizeGateResult,
+    "sizegate": GateResult,
     "validate": Verdict,
     "benchmark": BenchmarkResult,
 }
@@ -57,6 +62,24 @@ SHA = hashlib.sha256(PROGRAM).hexdigest()
 OTHER = hashlib.sha256(b"another program").hexdigest()
 INT8 = "a/xnnpack/int8"  # capture, quantize, export, sizegate, validate, benchmark
 ON_DEVICE = "a/vulkan/fp32"  # lowers here, cannot run here: capture, export, validate (a .bpte)
+
+
+def result(stage: str, fields: dict):
+    """A stage's result from ``fields``: its own, and the rest as the check its stage records."""
+    kind = RESULTS[stage]
+    own = {f.name for f in dataclasses.fields(kind)}
+    mine = {k: v for k, v in fields.items() if k in own}
+    rest = {k: v for k, v in fields.items() if k not in own}
+    if rest:
+        check = {"sizegate": SizeGate, "export": Delegation, "validate": Numerics}[stage]
+        if stage == "validate" and "test_cases" in rest:
+            check = OnDevice
+        mine["checks"] = (check.of(rest),)
+    return kind.of(mine)
+
+
+def numerics(o) -> Numerics | None:
+    return next((c for c in o.facts.checks if isinstance(c, Numerics)), None)
 
 
 class Cell:
@@ -82,7 +105,7 @@ class Cell:
     def write(self, stage: str, status="ok", *, reason="", key=None, info=None, **fields):
         spec = self.spec(stage)
         if info is None:
-            info = RESULTS[stage].of(fields).to_json()
+            info = result(stage, fields).to_json()
         write_state(spec, TaskStatus(status), key=key, info=info, reason=reason, log=spec.log_file)
         return spec
 
@@ -207,7 +230,7 @@ def test_an_exported_cell_without_a_verdict_is_not_validated(int8):
     int8.built()
     o = int8.outcome()
     assert (o.status, o.reason) == (CellState.NOT_VALIDATED, "run `etforge validate:a/xnnpack/int8`")
-    assert o.evidence.sha256 == SHA and o.evidence.size_bytes == len(PROGRAM)  # what was built is shown
+    assert o.facts.program.sha256 == SHA and o.facts.program.size_bytes == len(PROGRAM)  # what was built is shown
     assert not o.ships
 
 
@@ -218,15 +241,17 @@ def test_a_verdict_on_other_bytes_is_not_a_verdict_on_this_program(int8, judged)
     assert o.status == CellState.NOT_VALIDATED and not o.ships
     shown = judged[:12] if judged else "not recorded"
     assert o.reason == f"the verdict on record judged another program (sha256 {shown}, this one is {SHA[:12]})"
-    assert o.evidence.metrics == {}  # its numbers are not shown either
+    assert numerics(o) is None  # its numbers are not shown either
 
 
 def test_a_failed_verdict_on_other_bytes_does_not_fail_this_program(int8):
     int8.built()
-    int8.write("validate", "failed", reason="sqnr 3 < 20", program_sha256=OTHER, sqnr_db=3.0)
+    missed = {"sqnr_db": 3.0, "passed": False, "misses": ["sqnr 3 < 20"]}
+    int8.write("validate", "failed", reason="sqnr 3 < 20", program_sha256=OTHER, **missed)
     assert int8.outcome().status == CellState.NOT_VALIDATED
-    int8.write("validate", "failed", reason="sqnr 3 < 20", program_sha256=SHA, sqnr_db=3.0)
-    assert int8.outcome().status == CellState.FAILED
+    int8.write("validate", "failed", reason="sqnr 3 < 20", program_sha256=SHA, **missed)
+    o = int8.outcome()
+    assert (o.status, o.reason) == (CellState.FAILED, "validate:a/xnnpack/int8: sqnr 3 < 20")  # the check's reason
 
 
 def test_a_cell_checked_on_the_device_is_on_device_with_its_bundle_and_tolerances(project):
@@ -243,10 +268,9 @@ def test_a_cell_checked_on_the_device_is_on_device_with_its_bundle_and_tolerance
     o = cell.outcome()
     assert o.status == CellState.ON_DEVICE and o.ships and not o.fails_run
     assert o.reason.startswith("vulkan cannot run here: check on device with the .bpte")
-    assert o.evidence.bundle.name == "a_vulkan_fp32.bpte" and o.evidence.samples == 2
-    assert o.evidence.tolerances == {"rtol": 0.01, "atol": 0.001, "test_cases": 2}
-    shown = verdict(o)
-    assert (shown["checked"], shown["rtol"], shown["atol"]) == ("on device", 0.01, 0.001)
+    shown = verdict(o, cell.cell, layout_of(cell.plan))
+    assert (shown["checked"], shown["rtol"], shown["atol"], shown["samples"]) == ("on device", 0.01, 0.001, 2)
+    assert shown["bundle"] == "a_vulkan_fp32.bpte"
 
 
 def test_a_verdict_on_random_inputs_is_provisional_and_says_so(int8):
@@ -261,20 +285,21 @@ def test_a_verdict_on_the_models_data_is_ok_with_its_numbers(int8):
     int8.built().validated(inputs="npz data/val.npz", cosine=0.999)
     o = int8.outcome()
     assert o.status == CellState.OK and o.ships and not o.fails_run
-    assert o.evidence.validated_on == "npz data/val.npz" and o.evidence.samples == 4
-    assert o.evidence.metrics == {"sqnr_db": 41.5, "cosine": 0.999}
+    check = numerics(o)
+    assert (check.inputs, check.samples, check.sqnr_db, check.cosine) == ("npz data/val.npz", 4, 41.5, 0.999)
     row = summary.outcome_row(o)
-    assert (row["status"], row["sqnr_db"], row["validated_on"]) == ("ok", "41.5", "npz data/val.npz")
+    assert (row["status"], row["checks"]["SQNR dB"]) == ("ok", "41.5")
+    assert check.detail().startswith("validated on npz data/val.npz (4 samples)")
 
 
 def test_a_benchmark_is_shown_only_for_the_program_it_timed(int8):
     int8.built().validated()
     int8.write("benchmark", program_sha256=OTHER, latency_p50_ms=9.0)
-    assert int8.outcome().evidence.latency_p50_ms is None
+    assert int8.outcome().facts.latency_p50_ms is None
     int8.write("benchmark", program_sha256=SHA, latency_p50_ms=2.5)
     o = int8.outcome()
-    assert o.evidence.latency_p50_ms == 2.5 and summary.outcome_row(o)["p50_ms"] == "2.500"
-    assert cell_outcome(int8.plan, int8.cell).evidence.benchmark is None  # no host: benchmarks are not read
+    assert o.facts.latency_p50_ms == 2.5 and summary.outcome_row(o)["p50_ms"] == "2.500"
+    assert cell_outcome(int8.plan, int8.cell).facts.benchmark is None  # no host: benchmarks are not read
 
 
 # ---------------------------------------------------------------- expected failures (pytest's strict xfail)
@@ -331,7 +356,7 @@ def test_a_record_under_a_stale_key_never_counts(int8, status):
     int8.write("capture")
     int8.write("export", status, key="0" * 64, reason="an old failure", sha256=SHA)
     o = int8.outcome()
-    assert o.status == CellState.NOT_BUILT and o.evidence.sha256 is None
+    assert o.status == CellState.NOT_BUILT and o.facts.program is None
 
 
 def test_a_hand_edited_record_with_another_key_never_counts(int8):
@@ -346,35 +371,41 @@ def test_a_hand_edited_record_with_another_key_never_counts(int8):
 # ---------------------------------------------------------------- numbers: never a NaN, never a string
 
 
+def _verdict_info(**numerics) -> dict:
+    """A verdict's JSON form with one Numerics check whose fields are ``numerics`` as written (a
+    hand-edited record may hold anything)."""
+    check = Numerics(passed=True, inputs="npz data/val.npz").to_json()
+    return {**Verdict(program_sha256=SHA).to_json(), "checks": [{**check, **numerics}]}
+
+
 @pytest.mark.parametrize("sqnr", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
 def test_a_non_finite_sqnr_is_never_shown_as_a_number(int8, sqnr):
     int8.built()
-    info = Verdict(program_sha256=SHA, passed=True, inputs="npz data/val.npz", max_abs_error=0.5).to_json()
-    int8.write("validate", info={**info, "sqnr_db": sqnr})
+    int8.write("validate", info=_verdict_info(max_abs_error=0.5, sqnr_db=sqnr))
     o = int8.outcome()
-    assert "sqnr_db" not in o.evidence.metrics and o.evidence.exact is False
+    assert numerics(o).sqnr_db is None and numerics(o).exact is False
     row = summary.outcome_row(o)
-    assert row["sqnr_db"] == "-"
-    assert verdict(o)["sqnr_db"] is None and verdict(o)["exact"] is False
+    assert row["checks"]["SQNR dB"] == "-"
+    shown = verdict(o, int8.cell, layout_of(int8.plan))
+    assert shown["sqnr_db"] is None and shown["exact"] is False
     json.dumps(summary.table(int8.plan, [o]), allow_nan=False)  # summary.json stays strict JSON
 
 
 @pytest.mark.parametrize("value", ["41.5", True, [41.5], {"db": 41.5}], ids=["string", "bool", "list", "object"])
 def test_a_hand_edited_non_numeric_sqnr_is_ignored(int8, value):
     int8.built()
-    info = Verdict(program_sha256=SHA, passed=True, inputs="npz data/val.npz", cosine=0.99).to_json()
-    int8.write("validate", info={**info, "sqnr_db": value})
+    int8.write("validate", info=_verdict_info(cosine=0.99, sqnr_db=value))
     o = int8.outcome()
     assert o.status == CellState.OK
-    assert o.evidence.metrics == {"cosine": 0.99}
-    assert summary.outcome_row(o)["sqnr_db"] == "-"
-    assert Verdict.from_json({"sqnr_db": value}).sqnr_db is None
+    assert (numerics(o).sqnr_db, numerics(o).cosine) == (None, 0.99)
+    assert summary.outcome_row(o)["checks"]["SQNR dB"] == "-"
+    assert Numerics.from_json({"sqnr_db": value}).sqnr_db is None
 
 
 def test_identical_outputs_are_shown_as_exact(int8):
     int8.built()
-    info = Verdict(program_sha256=SHA, passed=True, inputs="npz data/val.npz", max_abs_error=0.0).to_json()
-    int8.write("validate", info=info)  # no sqnr_db: infinite
+    int8.write("validate", info=_verdict_info(max_abs_error=0.0))  # no sqnr_db: infinite
     o = int8.outcome()
-    assert o.evidence.exact is True and summary.outcome_row(o)["sqnr_db"] == "exact"
-    assert verdict(o)["exact"] is True and verdict(o)["sqnr_db"] is None
+    assert numerics(o).exact is True and summary.outcome_row(o)["checks"]["SQNR dB"] == "exact"
+    shown = verdict(o, int8.cell, layout_of(int8.plan))
+    assert shown["exact"] is True and shown["sqnr_db"] is None

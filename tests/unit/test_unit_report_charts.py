@@ -7,14 +7,18 @@ import hashlib
 import re
 
 from etforge.cache.records import write_state
+from etforge.checks.numerics import Numerics, OnDevice
+from etforge.checks.size import SizeGate
 from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import spec_of
 from etforge.pipeline.stage_results import (
     BenchmarkResult,
     CaptureResult,
     ExportResult,
+    GateResult,
     Verdict,
 )
+from etforge.program.costs import ProgramCosts
 from etforge.publish.outcome import cell_outcome
 from etforge.publish.report.charts import CHAR_W, bar_chart, scatter_chart, scheme_colours
 from etforge.publish.report.cost_charts import planned_chart, size_breakdown_chart
@@ -134,22 +138,25 @@ def test_the_page_opens_with_the_matrix_and_marks_each_platforms_best(tmp_path):
             write(
                 "quantize", __import__("etforge.pipeline.stage_results", fromlist=["x"]).QuantizeResult(method="pt2e")
             )
-            write("sizegate", __import__("etforge.pipeline.stage_results", fromlist=["x"]).SizeGateResult())
+            write("sizegate", GateResult(checks=(SizeGate(passed=True),)))
         write(
             "export",
             ExportResult(
                 sha256=sha,
                 size_bytes=1000,
-                size_breakdown={"constants": 900, "delegates": {}, "program": 100, "total": 1000},
-                planned_bytes={"forward": [4096]},
+                costs=ProgramCosts(
+                    size_breakdown={"constants": 900, "delegates": {}, "program": 100, "total": 1000},
+                    planned_bytes={"forward": [4096]},
+                ),
             ),
         )
         if cell.backend.name == "vulkan":
             spec = spec_of(plan, "validate", cell, HOST)
-            info = Verdict(program_sha256=sha, test_cases=2).to_json()
+            info = Verdict(program_sha256=sha, checks=(OnDevice(test_cases=2),)).to_json()
             write_state(spec, TaskStatus.NOT_RUNNABLE, key=None, info=info, reason="no Vulkan here", log=spec.log_file)
         else:
-            write("validate", Verdict(program_sha256=sha, passed=True, inputs="npz d.npz", samples=2, sqnr_db=40.0))
+            check = Numerics(passed=True, inputs="npz d.npz", samples=2, sqnr_db=40.0)
+            write("validate", Verdict(program_sha256=sha, checks=(check,)))
             p50, fastest = latency[cell.name]
             write("benchmark", BenchmarkResult(program_sha256=sha, latency_p50_ms=p50, latency_min_ms=fastest))
     bench = {name: {"p50_ms": p50, "min_ms": fastest} for name, (p50, fastest) in latency.items()}
@@ -167,7 +174,7 @@ def test_the_page_opens_with_the_matrix_and_marks_each_platforms_best(tmp_path):
     )
     assert "ios" in best["a/xnnpack/int8"]  # fastest measured where the first choice (xnnpack) was measured
     # the manifests rank by the same figure as the report (manifests/context.py): each variant's fastest run
-    ranked = {c.name: cell_outcome(plan, c, HOST).evidence.latency_fastest_ms for c in plan.cells}
+    ranked = {c.name: cell_outcome(plan, c, HOST).facts.latency_fastest_ms for c in plan.cells}
     assert ranked == {name: fastest for name, (_, fastest) in latency.items()} | {"a/vulkan/fp32": None}
     assert {"android", "linux"} <= set(best["a/vulkan/fp32"])  # their first choice runs only on the device
     assert "where the bytes go" in html and "planned memory (largest method arena)" in html

@@ -9,6 +9,7 @@ import struct
 import pytest
 
 from etforge.cache.records import write_state
+from etforge.checks.numerics import Numerics
 from etforge.core.errors import PipelineError
 from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import spec_of
@@ -69,7 +70,8 @@ def _records(project, versions: dict):
 
         write("capture", CaptureResult(inputs="random (seeded)"))
         write("export", ExportResult(sha256=SHA, size_bytes=1, executorch_version=versions[cell.backend.name]))
-        write("validate", Verdict(program_sha256=SHA, passed=True, inputs="npz d.npz", samples=1, sqnr_db=60.0))
+        check = Numerics(passed=True, inputs="npz d.npz", samples=1, sqnr_db=60.0)
+        write("validate", Verdict(program_sha256=SHA, checks=(check,)))
     return plan
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from etforge.config.recipes import DEFAULT_PATH
+from etforge.pipeline.stage_results import ExportResult
+from etforge.program.costs import ProgramCosts
 from etforge.publish.manifests.ship_fields import capabilities, platform_defaults
-from etforge.publish.outcome import Evidence
 from unit.support import make_unit_project
 
 PIPELINE = """\
@@ -25,20 +26,22 @@ quantization: [fp32]
 def test_capabilities_name_ram_delegates_and_the_options_recipes_declare(tmp_path):
     plan = make_unit_project(tmp_path / "p", PIPELINE, ("a",)).plan()
     cells = {c.backend.name: c for c in plan.cells}
-    ev = Evidence(
-        size_breakdown={"constants": 1000, "delegates": {"CoreMLBackend": 50}, "program": 10},
-        planned_bytes={"forward": [300, 200], "etforge_meta_json": []},
-        delegate_subgraphs={"CoreMLBackend": 2},
-        data_size=24,
+    program = ExportResult(
+        costs=ProgramCosts(
+            size_breakdown={"constants": 1000, "delegates": {"CoreMLBackend": 50}, "program": 10},
+            planned_bytes={"forward": [300, 200], "etforge_meta_json": []},
+            delegate_subgraphs={"CoreMLBackend": 2},
+        ),
+        data_size_bytes=24,
     )
-    caps = capabilities(cells["coreml"], ev)
+    caps = capabilities(cells["coreml"], program)
     assert caps == {
         "min_ram_bytes": 500 + 1000 + 24,
         "delegates_required": ["CoreMLBackend"],
         "coreml_min_deployment_target": "iOS18",
     }
-    assert capabilities(cells["qnn"], Evidence(delegates=("QnnBackend",)))["qnn_soc"] == "SM8650"
-    assert capabilities(cells["xnnpack"], Evidence(delegates=("XnnpackBackend",))) == {
+    assert capabilities(cells["qnn"], ExportResult(delegates=("QnnBackend",)))["qnn_soc"] == "SM8650"
+    assert capabilities(cells["xnnpack"], ExportResult(delegates=("XnnpackBackend",))) == {
         "min_ram_bytes": None,  # not recorded: no figure is made up
         "delegates_required": ["XnnpackBackend"],
     }

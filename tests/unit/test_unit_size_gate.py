@@ -10,7 +10,7 @@ from etforge.builders.gates.gates import size_gate
 from etforge.pipeline.stage_results import ExportResult
 from etforge.publish.outcome import CellState
 from unit.support import HOST, make_unit_project
-from unit.test_unit_outcome import INT8, PIPELINE, SHA, Cell
+from unit.test_unit_outcome import INT8, PIPELINE, SHA, Cell, numerics
 
 
 def _cell():
@@ -30,15 +30,16 @@ def test_the_size_gate_judges_only_the_weights_the_scheme_took_and_lists_those_k
         {"layer": f"blocks.{i}.mlp", "reason": "in_features 80 is not a multiple of the group size 32"}
         for i in range(4)
     ]
-    facts, failure = size_gate(_cell(), quantized, fp32, weights)
-    assert failure is not None and "stored at 0.55x of fp32" in failure  # judged against every linear weight
+    check = size_gate(_cell(), quantized, fp32, weights)
+    assert check.failed and "stored at 0.55x of fp32" in check.reason()  # judged against every linear weight
     layers = {"taken_weight_bytes": {"linear": 60_000}, "kept_float": kept}
-    facts, failure = size_gate(_cell(), quantized, fp32, weights, layers)
-    assert failure is None, failure
-    assert (facts.weight_bytes, facts.weight_ratio) == (60_000, 0.25)
-    assert [e["layer"] for e in facts.kept_float] == [f"blocks.{i}.mlp" for i in range(4)]
+    check = size_gate(_cell(), quantized, fp32, weights, layers)
+    assert not check.failed and check.passed, check.reason()
+    assert (check.weight_bytes, check.weight_ratio) == (60_000, 0.25)
+    assert [e["layer"] for e in check.kept_float] == [f"blocks.{i}.mlp" for i in range(4)]
     # and a miss says which weights it judged and lists the float layers it did not
-    facts, failure = size_gate(_cell(), ExportResult(size_bytes=110_000, sha256="q"), fp32, weights, layers)
+    check = size_gate(_cell(), ExportResult(size_bytes=110_000, sha256="q"), fp32, weights, layers)
+    failure = check.reason()
     assert failure.startswith("the linear weights 8da4w took stored at 0.83x of fp32"), failure
     assert "kept in float (not judged): blocks.0.mlp (in_features 80 is not a multiple" in failure
     assert "and 1 more" in failure
@@ -68,7 +69,7 @@ def test_a_failed_fp32_sibling_never_hides_the_quantized_cells_own_verdict(int8)
     o = int8.outcome()
     assert o.status == CellState.OK, o
     assert f"size gate: nothing to compare against ({sibling.name} failed); judged on its numerics" in o.reason
-    assert o.evidence.metrics["sqnr_db"] == 32.7
+    assert numerics(o).sqnr_db == 32.7
     # judged on its numerics: a verdict that missed fails the cell as usual
     int8.write("validate", "failed", reason="sqnr 3.1 dB < 15", program_sha256=SHA)
     assert int8.outcome().status == CellState.FAILED

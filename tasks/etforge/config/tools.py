@@ -31,7 +31,9 @@ from etforge.core.digest import sha256_file
 # 2: keys derived from the stage table (etforge.pipeline.stages), code by import closure.
 # 3: the installable package (import name etforge), typed stage results, builders per model kind,
 #    recipes as the one home of a backend's facts: every key changes once.
-SCHEMA_VERSION = 3
+# 4: a stage's result holds its checks (etforge.checks: delegation, size, numerics on a runtime,
+#    Vela), the export its costs as one record; records of 3 are not read as 4's.
+SCHEMA_VERSION = 4
 # Distributions every task uses; a backend's or scheme's own tools (coremltools,
 # openvino, an SDK...) are declared in its recipe and join only its tasks' keys.
 TOOLCHAIN_PACKAGES = ("torch", "torchvision", "executorch", "torchao")

@@ -138,5 +138,9 @@ def run_matrix_stage(
     return ok
 
 
-def run_uncached(plan, table: StageTable, stage_name: str, cells, host: dict | None = None, **options) -> bool:
-    return load_callable(table.builder_for(STAGE[stage_name]))(plan, cells, host, **options)
+def run_uncached(
+    plan, table: StageTable, stage_name: str, cells, host: dict | None = None, outcomes=None, **options
+) -> bool:
+    """A stage with no store entry (the release): its builder decides and records, from the run's
+    ``outcomes`` (publish's RunOutcomes, opaque here) and its flags."""
+    return load_callable(table.builder_for(STAGE[stage_name]))(plan, cells, host, outcomes=outcomes, **options)

@@ -147,7 +147,7 @@ def _matrix_task(plan, table: StageTable, stage: Stage, cells, store, host: dict
         task["actions"] = [(run_matrix_stage, [plan, table, stage.name, cells, store, host], {"outcomes": outcomes})]
         task["uptodate"] = [(matrix_up_to_date, [plan, stage.name, cells, store, host], {"outcomes": outcomes})]
     else:  # it re-checks its gates every time
-        task["actions"] = [(run_uncached, [plan, table, stage.name, cells, host])]
+        task["actions"] = [(run_uncached, [plan, table, stage.name, cells, host], {"outcomes": outcomes})]
         task["uptodate"] = [False]
         # doit task parameters: `etforge release --allow-failures` (doit hands them to the action)
         task["params"] = [

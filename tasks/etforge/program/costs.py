@@ -1,11 +1,33 @@
-"""Figures read off an export's cost fields (etforge.builders.lowering.program_costs writes them), without ExecuTorch.
+"""What a program costs, as its export measured it (etforge.builders.lowering.program_costs), and the
+figures read off it without ExecuTorch.
 
+ProgramCosts                 the record: size breakdown, planned buffers per method, delegate subgraphs
 planned_peak(planned_bytes) -> the largest arena one method needs, or None
 program_bytes(export) -> what a device stores: the .pte plus its .ptd
 min_ram_bytes(export) -> planned memory plus constants: the least RAM a loader must have
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from etforge.core.typed import TypedRecord
+
+
+@dataclass(frozen=True)
+class ProgramCosts(TypedRecord):
+    """{"constants", "delegates": {backend id: bytes}, "program", "total"}; method -> its planned
+    buffers' bytes; what that figure is (a lower bound with delegates, at the maximum shape with
+    dynamic dims); backend id -> delegated subgraphs over every method."""
+
+    size_breakdown: dict = field(default_factory=dict)
+    planned_bytes: dict = field(default_factory=dict)
+    planned_note: str | None = None
+    delegate_subgraphs: dict = field(default_factory=dict)
+
+    @property
+    def planned_peak(self) -> int | None:
+        return planned_peak(self.planned_bytes)
 
 
 def planned_peak(planned_bytes: dict) -> int | None:

@@ -3,13 +3,14 @@
     measured(plan, cell, outcome) -> dict    deterministic: goes into provenance.json (reproducible)
     timings(outcome) -> dict | None          host timings: go beside the archive (<release>.bench.json)
     snapshot(plan, cells, host) -> dict      the current run, as a release records it (etforge diff)
+    current_form(metrics) -> dict            a release's ``metrics`` of any format, in this one
 
-``measured`` holds what the program's bytes and its verdict decide: the size (and its breakdown
-where the export measured one), delegation (coverage, ops by backend, ops left on portable
-kernels, delegates), numerics (the worst SQNR and top-k agreement, and each output's, read from
-the cell's numerics.json when it judged this program), planned memory where recorded, and a
-digest of the model's definition. Numbers are rounded to the precision they mean (SQNR to
-0.01 dB, fractions to 4 digits), so that the same program gives the same bytes.
+``measured`` holds what the program's bytes and its checks decide: the program's own figures
+(its size and breakdown, its external weights, planned memory, delegates), a digest of the
+model's definition and the tools of its recipes, and per check (etforge.checks, by key) the
+figures it compares (each with its direction and tolerance, Figure.to_json) and the structure
+that says what changed when the bytes changed. Numbers are rounded to the precision they mean
+(Figure.digits), so that the same program gives the same bytes.
 
 ``timings`` is the benchmark's result as recorded (p50, p90, spread, iterations, peak RSS, an
 LLM's tokens per second, the host): it differs run to run and never enters the archive.
@@ -17,65 +18,100 @@ LLM's tokens per second, the host): it differs run to run and never enters the a
 
 from __future__ import annotations
 
-import json
-
+from etforge.checks.base import Check, finite
+from etforge.checks.delegation import Delegation
+from etforge.checks.numerics import Numerics
 from etforge.core.digest import digest
-from etforge.pipeline.layout import layout_of
 from etforge.publish import outcome
 
-MEASURED_FORMAT = 1  # the shape of measured(): a diff reads older ones as far as they go
-PROVENANCE_FORMAT = "etforge-provenance/2"  # a release's provenance.json; etforge diff refuses a newer one
-
-
-def _round(value, digits: int):
-    value = outcome.finite(value)
-    return None if value is None else round(float(value), digits)
+MEASURED_FORMAT = 2  # the shape of measured(): a diff reads older ones as far as they go (current_form)
+PROVENANCE_FORMAT = "etforge-provenance/3"  # a release's provenance.json; etforge diff refuses a newer one
 
 
 def _compact(mapping: dict) -> dict:
     return {k: v for k, v in mapping.items() if v not in (None, {}, [], ())}
 
 
+def check_snapshot(check: Check) -> dict:
+    """What a diff compares of one check: its figures (with how each is judged) and its structure."""
+    return _compact(
+        {
+            "figures": {f.name: f.to_json() for f in check.figures()},
+            "structure": {k: v for k, v in check.structure().items() if v not in (None, {}, [], ())},
+        }
+    )
+
+
 def measured(plan, cell, o: outcome.CellOutcome) -> dict:
-    """The deterministic figures of a cell's current program and verdict (see the module docstring)."""
-    ev = o.evidence
-    export = ev.export
-    size = {
-        "bytes": ev.size_bytes,
-        "data_bytes": ev.data_size,
-        "constant_bytes": export.constant_bytes if export else None,
-        "breakdown": dict(export.size_breakdown) if export and export.size_breakdown else None,
-    }
-    delegation = {
-        "coverage": _round(export.delegation_coverage if export else None, 4),
-        "delegated_ops": ev.delegated_ops,
-        "non_delegated_ops": ev.non_delegated_ops,
-        "delegated_subgraphs": export.delegated_subgraphs if export else None,
-        "delegated_by_backend": dict(export.delegated_by_backend) if export else None,
-        "not_delegated": dict(export.not_delegated) if export else None,
-        "delegates": list(ev.delegates),
-    }
-    if delegation["coverage"] is None and ev.coverage is not None:
-        delegation["coverage"] = _round(ev.coverage, 4)
-    numerics = {
-        "exact": ev.exact if ev.validated_on and ev.bundle is None else None,
-        "sqnr_db": _round(ev.metrics.get("sqnr_db"), 2),
-        "top1_agreement": _round(ev.metrics.get("top1_agreement"), 4),
-        "top5_agreement": _round(ev.metrics.get("top5_agreement"), 4),
-        "outputs": per_output(plan, cell, o),
-    }
-    memory = {"planned_bytes": dict(export.planned_bytes) if export and export.planned_bytes else None}
+    """The deterministic figures of a cell's current program and checks (see the module docstring)."""
+    program = o.facts.program
+    figures: dict = {}
+    if program is not None:
+        figures = {
+            "bytes": program.size_bytes,
+            "data_bytes": program.data_size_bytes,
+            "constant_bytes": program.constant_bytes,
+            "breakdown": dict(program.costs.size_breakdown) or None,
+            "planned_bytes": dict(program.costs.planned_bytes) or None,
+            "delegates": list(program.delegates),
+        }
     return _compact(
         {
             "format": MEASURED_FORMAT,
             "model_sha256": digest(cell.model.canonical()),
             "tools": tools(cell),
-            "size": _compact(size),
-            "delegation": _compact(delegation),
-            "numerics": _compact(numerics),
-            "memory": _compact(memory),
+            "program": _compact(figures),
+            "checks": {c.key: s for c in o.facts.checks if (s := check_snapshot(c))},
         }
     )
+
+
+def current_form(metrics: dict) -> dict:
+    """``metrics`` as this etforge records them: a release's of format 1 (sections size, delegation,
+    numerics, memory) read as far as it goes, through the checks they were (so that their
+    figures are judged as today's are)."""
+    if not isinstance(metrics, dict) or metrics.get("format", 1) >= MEASURED_FORMAT:
+        return metrics if isinstance(metrics, dict) else {}
+
+    def section(name: str) -> dict:
+        value = metrics.get(name)
+        return value if isinstance(value, dict) else {}
+
+    size, delegation, numerics = section("size"), section("delegation"), section("numerics")
+    outputs = [o for o in numerics.get("outputs") or () if isinstance(o, dict)]
+    recorded = {
+        k: numerics[k] for k in ("sqnr_db", "top1_agreement", "top5_agreement") if finite(numerics.get(k)) is not None
+    }
+    if numerics.get("exact") is True:  # identical to eager: no SQNR, no error
+        recorded = {k: v for k, v in recorded.items() if k != "sqnr_db"} | {"max_abs_error": 0.0}
+    checks = (
+        Numerics.of(recorded | {"outputs": outputs}),
+        Delegation.of(
+            {"delegation_coverage": delegation["coverage"]} if finite(delegation.get("coverage")) is not None else {}
+        ),
+    )
+    snapshots = {c.key: check_snapshot(c) for c in checks}
+    if numerics.get("exact") is not True:  # not recorded: compared with nothing, never "no longer exact"
+        snapshots["numerics"].get("figures", {}).pop("exact", None)
+    snapshots["delegation"]["structure"] = {
+        "portable op": delegation.get("not_delegated"),
+        "ops delegated to": delegation.get("delegated_by_backend"),
+        **{k: delegation.get(k) for k in ("delegated_ops", "non_delegated_ops", "delegated_subgraphs")},
+    }
+    program = {
+        "bytes": size.get("bytes"),
+        "data_bytes": size.get("data_bytes"),
+        "constant_bytes": size.get("constant_bytes"),
+        "breakdown": size.get("breakdown"),
+        "planned_bytes": section("memory").get("planned_bytes"),
+        "delegates": delegation.get("delegates"),
+    }
+    return {
+        **{k: metrics[k] for k in ("model_sha256", "tools") if k in metrics},
+        "format": MEASURED_FORMAT,
+        "program": _compact(program),
+        "checks": snapshots,
+    }
 
 
 def tools(cell) -> dict:
@@ -90,38 +126,9 @@ def tools(cell) -> dict:
     return {k: out[k] for k in sorted(out)}
 
 
-def per_output(plan, cell, o: outcome.CellOutcome) -> list:
-    """Each output's SQNR and top-k agreement from the cell's numerics.json, when it judged this
-    program (its ``program_sha256``); [] otherwise (not validated here, or another program)."""
-    ev = o.evidence
-    if not ev.validated_on or ev.bundle is not None or not ev.sha256:
-        return []
-    try:
-        report = json.loads(layout_of(plan).numerics_path(cell).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    if not isinstance(report, dict) or report.get("program_sha256") != ev.sha256:
-        return []
-    out = []
-    for i, metrics in enumerate(report.get("outputs") or ()):
-        if not isinstance(metrics, dict):
-            continue
-        out.append(
-            _compact(
-                {
-                    "output": str(metrics.get("name") or metrics.get("path") or i),
-                    "sqnr_db": _round(metrics.get("sqnr_db"), 2),
-                    "top1_agreement": _round(metrics.get("top1_agreement"), 4),
-                    "top5_agreement": _round(metrics.get("top5_agreement"), 4),
-                }
-            )
-        )
-    return out
-
-
 def timings(o: outcome.CellOutcome) -> dict | None:
     """The cell's benchmark on this program, as recorded (None: not benchmarked here)."""
-    return o.evidence.benchmark.to_json() if o.evidence.benchmark else None
+    return o.facts.benchmark.to_json() if o.facts.benchmark else None
 
 
 def snapshot(plan, cells, host: dict | None, outcomes=None) -> dict:
@@ -134,8 +141,8 @@ def snapshot(plan, cells, host: dict | None, outcomes=None) -> dict:
     for o in outcomes.outcomes(cells) if outcomes is not None else outcome.outcomes(plan, cells, host):
         cell = by_name[o.cell]
         row = {"status": str(o.status), "cell": cell.canonical()}
-        if o.ships:
-            row.update(sha256=o.evidence.sha256, metrics=measured(plan, cell, o))
+        if o.ships and o.facts.program is not None:
+            row.update(sha256=o.facts.program.sha256, metrics=measured(plan, cell, o))
         rows[o.cell] = row
         if timings(o):
             bench[o.cell] = timings(o)

@@ -6,17 +6,20 @@
 baseline is etforge.publish.diff_baseline.load's. Per cell:
 
     state        new, removed, ok -> failed (a lost cell), failed -> ok, provisional -> ok
-    size         the program (and its breakdown where recorded), its external weights
-    numerics     the worst SQNR and top-k agreement, and each output's
-    delegation   coverage
+    size         the program (and its breakdown where recorded), its external weights, planned memory
+    checks       every figure each check records (etforge.checks: SQNR and top-k agreement on a
+                 runtime and per output, delegation coverage, ...), judged by the direction and
+                 the ``diff:`` tolerance the figure names (Figure.to_json): no check is named here
     latency      p50 and p90, an LLM's tokens per second (only when both timed it on one host)
-    memory       planned memory where recorded, peak RSS
-    program      for a program whose bytes changed: operators left on portable kernels, ops
-                 per delegate, delegates, size breakdown, planned buffers (like diff_pte)
+    memory       peak RSS
+    program      for a program whose bytes changed: the checks' structure (operators left on
+                 portable kernels, ops per delegate), delegates, size breakdown, planned buffers
     inputs       thresholds and the model's definition, when they changed
 
 A change beyond its tolerance (pipeline.yaml ``diff:``, etforge.config.defaults.DIFF_TOLERANCES)
-is a regression, and so is a cell that shipped in the baseline and does not ship now. Timings
+is a regression, and so is a cell that shipped in the baseline and does not ship now; a figure
+that names no tolerance is only ever "changed". Both sides are read in today's format
+(etforge.publish.cell_metrics current_form). Timings
 are allowed their noise: each figure is already a median (or percentile) of repeats, and the
 tolerance adds ``noise_sigma`` times the baseline's own standard deviation when it recorded one.
 Every comparison is NaN-safe: a figure that is not a finite number is not compared.
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from etforge.checks.base import finite
 from etforge.program.costs import planned_peak
-from etforge.publish.outcome import SHIPS, finite
+from etforge.publish.cell_metrics import current_form
+from etforge.publish.outcome import SHIPS
 
 REGRESSION, IMPROVEMENT, CHANGED, NEW, REMOVED = "regression", "improvement", "changed", "new", "removed"
 ORDER = {REGRESSION: 0, REMOVED: 1, IMPROVEMENT: 2, NEW: 3, CHANGED: 4}
@@ -69,11 +74,12 @@ def compare(base_cells: dict, base_timings: dict, current: dict, tol: dict, base
             )
             continue
         out += _state(name, before, after)
+        a, b = current_form(before.get("metrics") or {}), current_form(after.get("metrics") or {})
         if _ships(before.get("status")) and _ships(after.get("status")):
-            out += _metrics(name, before.get("metrics") or {}, after.get("metrics") or {}, tol)
-            out += _program(name, before, after)
+            out += _metrics(name, a, b, tol)
+            out += _program(name, before.get("sha256"), after.get("sha256"), a, b)
             out += _timings(name, base_timings.get(name), now_timings.get(name), tol)
-        out += _inputs(name, before, after)
+        out += _inputs(name, before, after, a, b)
     return out
 
 
@@ -107,73 +113,69 @@ def _pct_change(name, what, a, b, pct, fmt, higher_is_worse=True, note="") -> li
     return [Change(name, what, fmt(a), fmt(b), kind, f"{change:+.1f}% (tolerance {pct:g}%)" + note)]
 
 
-def _abs_change(name, what, a, b, bound, fmt, unit="", scale=1.0) -> list:
-    """A change of a higher-is-better figure judged by an absolute tolerance (shown times ``scale``)."""
-    a, b = finite(a), finite(b)
-    if a is None or b is None or a == b:
-        return []
-    kind = REGRESSION if a - b > bound else IMPROVEMENT if b - a > bound else CHANGED
-    return [
-        Change(name, what, fmt(a), fmt(b), kind, f"{(b - a) * scale:+.4g}{unit} (tolerance {bound * scale:g}{unit})")
-    ]
-
-
 def fmt_bytes(value) -> str:
     return f"{int(value):,} B"
-
-
-def _frac(value) -> str:
-    return f"{value * 100:.2f}%"
-
-
-def _db(value) -> str:
-    return f"{value:.2f} dB"
 
 
 def _metrics(name: str, a: dict, b: dict, tol: dict) -> list:
     out: list = []
     size = tol["size_pct"]
-    out += _pct_change(name, "size", _get(a, "size", "bytes"), _get(b, "size", "bytes"), size, fmt_bytes)
-    breakdown = _breakdown_note(_get(a, "size", "breakdown"), _get(b, "size", "breakdown"))
+    out += _pct_change(name, "size", _get(a, "program", "bytes"), _get(b, "program", "bytes"), size, fmt_bytes)
+    breakdown = _breakdown_note(_get(a, "program", "breakdown"), _get(b, "program", "breakdown"))
     if breakdown and out:
         out[-1] = Change(**{**vars(out[-1]), "note": f"{out[-1].note}; {breakdown}"})
     out += _pct_change(
-        name, "external weights", _get(a, "size", "data_bytes"), _get(b, "size", "data_bytes"), size, fmt_bytes
+        name, "external weights", _get(a, "program", "data_bytes"), _get(b, "program", "data_bytes"), size, fmt_bytes
     )
     out += _pct_change(
         name, "planned memory", _planned(a), _planned(b), size, fmt_bytes, note=", every method's buffers"
     )
-    sqnr_a, sqnr_b = _get(a, "numerics", "sqnr_db"), _get(b, "numerics", "sqnr_db")
-    out += _abs_change(name, "sqnr_db", sqnr_a, sqnr_b, tol["sqnr_db"], _db, " dB")
-    if _get(a, "numerics", "exact") and finite(_get(b, "numerics", "sqnr_db")) is not None:
-        out.append(Change(name, "sqnr_db", "exact", _db(_get(b, "numerics", "sqnr_db")), CHANGED, "no longer exact"))
-    for k in ("top1_agreement", "top5_agreement"):
-        out += _abs_change(name, k, _get(a, "numerics", k), _get(b, "numerics", k), tol["top_k"], _frac, " points", 100)
-    outputs_a = {o.get("output"): o for o in _get(a, "numerics", "outputs") or () if isinstance(o, dict)}
-    outputs_b = {o.get("output"): o for o in _get(b, "numerics", "outputs") or () if isinstance(o, dict)}
-    if len(outputs_b) > 1:  # one output: the worst output's figures above already say it
-        for output in sorted(outputs_a.keys() & outputs_b.keys(), key=str):
-            oa, ob = outputs_a[output], outputs_b[output]
-            what = f"{output} sqnr_db"
-            out += _abs_change(name, what, oa.get("sqnr_db"), ob.get("sqnr_db"), tol["sqnr_db"], _db, " dB")
-            for k in ("top1_agreement", "top5_agreement"):
-                out += _abs_change(name, f"{output} {k}", oa.get(k), ob.get(k), tol["top_k"], _frac, " points", 100)
-    out += _abs_change(
-        name,
-        "coverage",
-        _get(a, "delegation", "coverage"),
-        _get(b, "delegation", "coverage"),
-        tol["coverage_pct"] / 100,
-        _frac,
-        " points",
-        100,
-    )
+    checks_a, checks_b = _get(a, "checks") or {}, _get(b, "checks") or {}
+    for key in sorted(checks_a.keys() & checks_b.keys()):
+        figures_a, figures_b = _get(checks_a, key, "figures") or {}, _get(checks_b, key, "figures") or {}
+        for figure in [f for f in figures_b if f in figures_a]:
+            out += _figure(name, figure, figures_a[figure], figures_b[figure], tol)
     return out
+
+
+def _shown(figure: dict, value) -> str:
+    """A figure's value as people read it: dB to 0.01, a fraction as a percentage, bytes, yes/no."""
+    unit, scale = str(figure.get("unit") or ""), finite(figure.get("scale")) or 1.0
+    if unit == "yes/no":
+        return "yes" if value else "no"
+    if unit.strip() == "dB":
+        return f"{value:.2f} dB"
+    if unit.strip() == "points":
+        return f"{value * scale:.2f}%"
+    if unit.strip() == "B":
+        return fmt_bytes(value)
+    return f"{value * scale:.4g}{unit}"
+
+
+def _figure(name: str, what: str, fa, fb, tol: dict) -> list:
+    """A change of one check figure, judged as its record says (its direction and tolerance)."""
+    if not isinstance(fa, dict) or not isinstance(fb, dict):
+        return []
+    a, b = finite(fa.get("value")), finite(fb.get("value"))
+    if a is None or b is None or a == b:
+        return []
+    better, tolerance = fb.get("better"), fb.get("tolerance")
+    bound = finite(tol.get(tolerance)) if isinstance(tolerance, str) else None
+    if better not in ("higher", "lower") or bound is None:  # shown, never judged
+        return [Change(name, what, _shown(fb, a), _shown(fb, b), CHANGED)]
+    if fb.get("relative"):
+        return _pct_change(name, what, a, b, bound, lambda v: _shown(fb, v), higher_is_worse=better == "lower")
+    unit, scale = str(fb.get("unit") or ""), finite(fb.get("scale")) or 1.0
+    bound *= finite(fb.get("tolerance_scale")) or 1.0
+    worse = a - b if better == "higher" else b - a
+    kind = REGRESSION if worse > bound else IMPROVEMENT if -worse > bound else CHANGED
+    note = f"{(b - a) * scale:+.4g}{unit} (tolerance {bound * scale:g}{unit})"
+    return [Change(name, what, _shown(fb, a), _shown(fb, b), kind, note)]
 
 
 def _planned(metrics: dict):
     """The largest arena a method needs: what the budget gate judges (max_planned_bytes)."""
-    planned = _get(metrics, "memory", "planned_bytes")
+    planned = _get(metrics, "program", "planned_bytes")
     if not isinstance(planned, dict) or not planned:
         return None
     return planned_peak({m: [finite(n) or 0 for n in v] for m, v in planned.items() if isinstance(v, list)})
@@ -208,37 +210,42 @@ def _counts_note(label: str, a, b) -> list:
 
 
 def structure(a: dict, b: dict) -> str:
-    """What differs in two programs' recorded structure: operators outside delegates, ops per
-    delegate, the delegates, the size breakdown and planned buffers ("" when none was recorded)."""
-    da, db = _get(a, "delegation") or {}, _get(b, "delegation") or {}
-    parts = _counts_note("portable op", da.get("not_delegated"), db.get("not_delegated"))
-    parts += _counts_note("ops delegated to", da.get("delegated_by_backend"), db.get("delegated_by_backend"))
-    for k in ("delegated_ops", "non_delegated_ops", "delegated_subgraphs"):
-        if da.get(k) != db.get(k) and da.get(k) is not None and db.get(k) is not None:
-            parts.append(f"{k} {da.get(k)} -> {db.get(k)}")
-    if da.get("delegates") != db.get("delegates") and da.get("delegates") is not None:
-        parts.append(f"delegates {da.get('delegates')} -> {db.get('delegates')}")
-    note = _breakdown_note(_get(a, "size", "breakdown"), _get(b, "size", "breakdown"))
+    """What differs in two programs' recorded structure: what each check records of it (operators
+    outside delegates, ops per delegate), the delegates, the size breakdown and planned buffers
+    ("" when none was recorded)."""
+    parts: list = []
+    checks_a, checks_b = _get(a, "checks") or {}, _get(b, "checks") or {}
+    for key in sorted(checks_a.keys() & checks_b.keys()):
+        sa, sb = _get(checks_a, key, "structure") or {}, _get(checks_b, key, "structure") or {}
+        for label in list(sb) + [k for k in sa if k not in sb]:  # (an empty count was left out of the record)
+            va, vb = sa.get(label), sb.get(label)
+            if isinstance(va, dict) or isinstance(vb, dict):
+                parts += _counts_note(label, va, vb)
+            elif va != vb and va is not None and vb is not None:
+                parts.append(f"{label} {va} -> {vb}")
+    da, db = _get(a, "program", "delegates"), _get(b, "program", "delegates")
+    if da != db and da is not None:
+        parts.append(f"delegates {da} -> {db}")
+    note = _breakdown_note(_get(a, "program", "breakdown"), _get(b, "program", "breakdown"))
     parts += [note] if note else []
-    pa, pb = _get(a, "memory", "planned_bytes") or {}, _get(b, "memory", "planned_bytes") or {}
+    pa, pb = _get(a, "program", "planned_bytes") or {}, _get(b, "program", "planned_bytes") or {}
     for method in sorted(pa.keys() | pb.keys()) if isinstance(pa, dict) and isinstance(pb, dict) else ():
         if pa.get(method) != pb.get(method):
             parts.append(f"planned buffers of {method} {pa.get(method)} -> {pb.get(method)}")
-    ca, cb = _get(a, "size", "constant_bytes"), _get(b, "size", "constant_bytes")
+    ca, cb = _get(a, "program", "constant_bytes"), _get(b, "program", "constant_bytes")
     if ca is not None and cb is not None and ca != cb:
         parts.append(f"constants {fmt_bytes(ca)} -> {fmt_bytes(cb)}")
     return "; ".join(parts)
 
 
-def _program(name: str, before: dict, after: dict) -> list:
-    a, b = before.get("sha256"), after.get("sha256")
+def _program(name: str, a: str | None, b: str | None, metrics_a: dict, metrics_b: dict) -> list:
     if not a or not b or a == b:
         return []
-    summary = structure(before.get("metrics") or {}, after.get("metrics") or {})
+    summary = structure(metrics_a, metrics_b)
     return [Change(name, "program", a[:12], b[:12], CHANGED, summary or "bytes changed; same recorded structure")]
 
 
-def _inputs(name: str, before: dict, after: dict) -> list:
+def _inputs(name: str, before: dict, after: dict, metrics_a: dict, metrics_b: dict) -> list:
     out = []
     ta, tb = _get(before, "cell", "thresholds"), _get(after, "cell", "thresholds")
     if isinstance(ta, dict) and isinstance(tb, dict) and ta != tb:
@@ -246,12 +253,12 @@ def _inputs(name: str, before: dict, after: dict) -> list:
             f"{k} {ta.get(k, '-')} -> {tb.get(k, '-')}" for k in sorted(ta.keys() | tb.keys()) if ta.get(k) != tb.get(k)
         ]
         out.append(Change(name, "thresholds", _kv(ta), _kv(tb), CHANGED, ", ".join(shown)))
-    ka, kb = _get(before, "metrics", "tools"), _get(after, "metrics", "tools")
+    ka, kb = _get(metrics_a, "tools"), _get(metrics_b, "tools")
     if isinstance(ka, dict) and isinstance(kb, dict) and ka != kb:
         for k in sorted(ka.keys() | kb.keys()):
             if ka.get(k) != kb.get(k):
                 out.append(Change(name, k, str(ka.get(k, "-")), str(kb.get(k, "-")), CHANGED, "a recipe's tool"))
-    ma, mb = _get(before, "metrics", "model_sha256"), _get(after, "metrics", "model_sha256")
+    ma, mb = _get(metrics_a, "model_sha256"), _get(metrics_b, "model_sha256")
     if ma and mb and ma != mb:
         out.append(
             Change(name, "model", ma[:12], mb[:12], CHANGED, "the model's definition changed (code, weights or inputs)")

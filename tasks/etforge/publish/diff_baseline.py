@@ -22,8 +22,8 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from etforge.checks.base import finite
 from etforge.pipeline.layout import layout_of
-from etforge.publish import outcome
 from etforge.publish.cell_metrics import PROVENANCE_FORMAT
 
 PROVENANCE = "provenance.json"
@@ -179,7 +179,7 @@ def _baseline(plan, given: str, path: Path, provenance: dict, bench: Path | None
 def _older(entry: dict) -> dict:
     """The figures of a cell recorded before provenance carried ``metrics``: as far as they go."""
     verdict: dict = entry["verdict"] if isinstance(entry.get("verdict"), dict) else {}
-    d, n = outcome.finite(entry.get("delegated_ops")), outcome.finite(entry.get("non_delegated_ops"))
+    d, n = finite(entry.get("delegated_ops")), finite(entry.get("non_delegated_ops"))
     numerics = {k: verdict.get(k) for k in ("sqnr_db", "top1_agreement", "top5_agreement", "exact") if k in verdict}
     out: dict = {"size": {"bytes": entry.get("size_bytes")}, "numerics": numerics, "delegation": {}}
     if d is not None and n is not None and d + n > 0:

@@ -19,6 +19,7 @@ as etforge.config.digest_cache): a rewrite within one timestamp tick could keep 
 from __future__ import annotations
 
 from etforge.cache.records import RunRecords, signature, trusted
+from etforge.checks.table import CHECKS, CheckTable
 from etforge.config.model import Cell, Plan
 from etforge.pipeline.specs import TaskSpec
 from etforge.publish.outcome import CellOutcome, cell_outcome
@@ -40,10 +41,13 @@ class _Reader:
 
 
 class RunOutcomes:
-    def __init__(self, plan: Plan, host: dict | None = None, records: RunRecords | None = None):
+    def __init__(
+        self, plan: Plan, host: dict | None = None, records: RunRecords | None = None, checks: CheckTable = CHECKS
+    ):
         self.plan = plan
         self.host = host  # etforge.config.machine.host_fingerprint(): benchmarks are read for it
         self.records = records or RunRecords()  # the run's parsed records, shared with the up-to-date checks
+        self.checks = checks  # what reads the records' checks and derives the others (etforge.checks.table)
         self._kept: dict = {}  # cell name -> ([(record file, signature)], CellOutcome)
         self.decided = 0  # outcomes decided rather than kept: what a no-op run's test counts
 
@@ -52,7 +56,7 @@ class RunOutcomes:
         if kept is not None and all(signature(path) == sig for path, sig in kept[0]):
             return kept[1]
         reader = _Reader(self.records)
-        result = cell_outcome(self.plan, cell, self.host, read=reader)
+        result = cell_outcome(self.plan, cell, self.host, read=reader, checks=self.checks)
         self.decided += 1
         if reader.trusted:
             self._kept[cell.name] = (reader.read, result)

@@ -110,21 +110,20 @@ def programs(plan, shipped: list) -> list:
     """(archive name, working-tree path, recorded sha256, task that made it) of every program
     the shipped outcomes name, in plan order."""
     by_name = {c.name: c for c in plan.cells}
+    layout = layout_of(plan)
     out = []
     for o in shipped:
-        ev, cell = o.evidence, by_name[o.cell]
-        out.append((f"models/{ev.program.name}", ev.program, ev.sha256, task_name(STAGE["export"], cell)))
-        if ev.data_sha256:  # one entry per distinct .ptd: programs() callers dedupe by archive name
+        facts, cell = o.facts, by_name[o.cell]
+        program, export = facts.program, task_name(STAGE["export"], cell)
+        pte = layout.pte_path(cell)
+        out.append((f"models/{pte.name}", pte, program.sha256, export))
+        if program.data_sha256:  # one entry per distinct .ptd: programs() callers dedupe by archive name
             out.append(
-                (
-                    f"models/{data_file_name(ev.data_sha256)}",
-                    ev.data_file,
-                    ev.data_sha256,
-                    task_name(STAGE["export"], cell),
-                )
+                (f"models/{data_file_name(program.data_sha256)}", layout.ptd_path(cell), program.data_sha256, export)
             )
         if o.status == "on-device":
-            out.append((f"models/{ev.bundle.name}", ev.bundle, ev.bundle_sha256, task_name(STAGE["validate"], cell)))
+            bundle = layout.bundled_path(cell)
+            out.append((f"models/{bundle.name}", bundle, facts.bundle_sha256, task_name(STAGE["validate"], cell)))
     return out
 
 
@@ -167,6 +166,7 @@ def byte_reproducible(member) -> dict:
 
 def provenance(plan, shipped: list, failures: list, not_shipped: list, files: dict) -> dict:
     by_name = {c.name: c for c in plan.cells}
+    layout = layout_of(plan)
     members = {m.recipe: m for o in shipped for m in by_name[o.cell].backend.members}
     return {
         "format": cell_metrics.PROVENANCE_FORMAT,
@@ -180,11 +180,9 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
             {
                 **by_name[o.cell].canonical(),
                 "status": o.status,
-                "sha256": o.evidence.sha256,
-                "size_bytes": o.evidence.size_bytes,
-                "delegated_ops": o.evidence.delegated_ops,
-                "non_delegated_ops": o.evidence.non_delegated_ops,
-                "verdict": outcome_views.verdict(o),
+                "sha256": o.facts.program.sha256,
+                "size_bytes": o.facts.program.size_bytes,
+                "verdict": outcome_views.verdict(o, by_name[o.cell], layout),
                 "metrics": cell_metrics.measured(plan, by_name[o.cell], o),  # what a later diff compares
             }
             for o in shipped
@@ -220,13 +218,16 @@ def _listed(plan, o) -> dict:
     return {"cell": o.cell, "status": o.status, "reason": outcome_views.listing_reason(o, layout_of(plan))}
 
 
-def build_release(plan, cells, allow_failures: bool, host: dict | None = None, strict: bool = False) -> dict:
-    from etforge.publish import runtime_gate
+def build_release(
+    plan, cells, allow_failures: bool, host: dict | None = None, strict: bool = False, outcomes=None
+) -> dict:
+    """Pack the release of ``cells`` from their outcomes (``outcomes``: the run's, etforge.publish.outcome_memo
+    RunOutcomes; each cell is decided once per run)."""
     from etforge.publish.manifests import context as manifest
     from etforge.publish.manifests import render
     from etforge.publish.report.page import render_report
 
-    results = outcome.outcomes(plan, cells, host)
+    results = outcomes.outcomes(cells) if outcomes is not None else outcome.outcomes(plan, cells, host)
     failing = outcome.failing(results)
     if failing and not allow_failures:
         listed = "; ".join(
@@ -252,8 +253,9 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     shipped = [o for o in results if o.ships]
     if not shipped:
         raise ReleaseRefused("no cell built a program to release")
-    outside = runtime_gate.refusals(plan, shipped)
-    if outside:  # one line per variant
+    # checks that gate a release only (the app runtime's load window): one line per variant
+    outside = [f"{o.cell}: {c.reason()}" for o in shipped for c in o.facts.checks if c.failed and c.gates == "release"]
+    if outside:
         raise ReleaseRefused(
             f"{len(outside)} variant(s) may not load on the app's runtime:\n" + "\n".join(f"  {x}" for x in outside)
         )
@@ -277,7 +279,8 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
     models = {c.model.name for c in cells}
     rejected = [r for r in plan.rejected if r.model in models]
     # No timings in the archive's report: reproducible.
-    payload["report.html"] = render_report(plan, cells, rejected, host=host).encode("utf-8")
+    results_by_name = {o.cell: o for o in results}
+    payload["report.html"] = render_report(plan, cells, rejected, host=host, results=results_by_name).encode("utf-8")
     failures = [_listed(plan, o) for o in failing]
     not_shipped = [_listed(plan, o) for o in results if not o.ships and not o.fails_run]
     not_shipped += [{"cell": r.name, "status": "rejected", "reason": " ".join(r.reason.split())} for r in rejected]
@@ -315,7 +318,7 @@ def build_release(plan, cells, allow_failures: bool, host: dict | None = None, s
         shutil.rmtree(staging, ignore_errors=True)
         raise
     atomic_write_bytes(archive_path(plan), archive)
-    bench = {o.cell: cell_metrics.timings(o) for o in results if o.evidence.benchmark}
+    bench = {o.cell: cell_metrics.timings(o) for o in results if o.facts.benchmark}
     atomic_write_text(bench_path(plan), canonical_json({c: bench[c] for c in sorted(bench)}) + "\n")
     return {
         "archive": str(archive_path(plan)),
@@ -356,9 +359,9 @@ def accepted_failures(plan) -> set:
     return set(result.failures)
 
 
-def run_release(plan, cells, host: dict, allow_failures: bool, strict: bool = False) -> bool:
+def run_release(plan, cells, host: dict, allow_failures: bool, strict: bool = False, outcomes=None) -> bool:
     try:
-        result = build_release(plan, cells, allow_failures, host, strict)
+        result = build_release(plan, cells, allow_failures, host, strict, outcomes)
     except Exception as exc:  # refused, or failed (a full disk...): nothing old may look current
         refused = isinstance(exc, ReleaseRefused)
         reason = str(exc) if refused else first_line(exc)

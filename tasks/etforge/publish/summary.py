@@ -1,4 +1,8 @@
-"""The end-of-run table: one row per cell, each the cell's outcome (etforge.publish.outcome)."""
+"""The end-of-run table: one row per cell, each the cell's outcome (etforge.publish.outcome).
+
+A row shows the program's size, then one column per check heading (etforge.checks: delegation,
+the size gate, SQNR on a runtime, ...) with that check's short text, the benchmark and the
+reason; summary.json keeps the same rows (``checks``: heading -> text)."""
 
 from __future__ import annotations
 
@@ -17,29 +21,30 @@ def human_size(n) -> str:
     return "-"
 
 
-def sqnr_text(o: CellOutcome) -> str:
-    """'exact' (identical to eager), the worst output's SQNR in dB, or '-'."""
-    if o.evidence.exact:
-        return "exact"
-    sqnr = o.evidence.metrics.get("sqnr_db")
-    return "-" if sqnr is None else f"{sqnr:.1f}"
+def check_texts(o: CellOutcome) -> dict:
+    """heading -> the short text of each of the cell's checks (the first check of a heading wins)."""
+    out: dict = {}
+    for check in o.facts.checks:
+        out.setdefault(check.heading(), check.text())
+    return out
 
 
 def outcome_row(o: CellOutcome, shown=None) -> dict:
     """The cell's summary row; ``shown`` turns its log's path into what a shipped file may name
     (the report: relative to the artifacts, so two checkouts write the same bytes)."""
-    ev = o.evidence
+    facts = o.facts
     note = o.reason
     if o.log and o.status in ("failed", "expected-failure"):
         note += f" (log: {shown(o.log) if shown else o.log})"
-    p50 = ev.latency_p50_ms
+    p50 = facts.latency_p50_ms
+    program = facts.program
+    lowering_s = program.lowering_s if program is not None else None
     return {
         "cell": o.cell,
         "status": o.status,
-        "size": human_size(ev.size_bytes),
-        "sqnr_db": sqnr_text(o),
-        "validated_on": ev.validated_on or "-",
-        "time": "-" if ev.lowering_s is None else f"{ev.lowering_s:.1f}s",
+        "size": human_size(program.size_bytes if program is not None else None),
+        "checks": check_texts(o),
+        "time": "-" if lowering_s is None else f"{lowering_s:.1f}s",
         "p50_ms": "-" if p50 is None else f"{p50:.3f}",
         "note": note,
     }
@@ -64,7 +69,7 @@ def add_baseline_flags(plan: Plan, outcomes: list, rows: list) -> None:
     """Flag cells slower than the pipeline's benchmark baseline, if it names one."""
     if not plan.benchmark_baseline or not rows:
         return
-    bench = {o.cell: o.evidence.benchmark.to_json() for o in outcomes if o.evidence.benchmark}
+    bench = {o.cell: o.facts.benchmark.to_json() for o in outcomes if o.facts.benchmark}
     try:
         flags = baseline.regressions(plan, bench)
     except ValueError as exc:  # a malformed baseline file: say so, once
@@ -89,20 +94,21 @@ def table(plan: Plan, results: list) -> list:
 
 
 def render(rows: list) -> str:
-    columns = [
-        ("cell", "cell"),
-        ("status", "status"),
-        ("size", "size"),
-        ("sqnr_db", "SQNR dB"),
-        ("p50_ms", "p50 ms"),
-        ("time", "lower"),
-        ("note", ""),
-    ]
-    widths = {k: max([len(title)] + [len(str(r[k])) for r in rows]) for k, title in columns}
+    headings = list(dict.fromkeys(h for r in rows for h in r.get("checks") or {}))
+    columns = [("cell", "cell"), ("status", "status"), ("size", "size")]
+    columns += [(f"check:{h}", h) for h in headings]
+    columns += [("p50_ms", "p50 ms"), ("time", "lower"), ("note", "")]
+
+    def value(row: dict, key: str) -> str:
+        if key.startswith("check:"):
+            return str((row.get("checks") or {}).get(key[6:], "-"))
+        return str(row[key])
+
+    widths = {k: max([len(title)] + [len(value(r, k)) for r in rows]) for k, title in columns}
     lines = ["  ".join(title.ljust(widths[k]) for k, title in columns).rstrip()]
     lines.append("  ".join("-" * widths[k] for k, _ in columns[:-1]))
     for r in rows:
-        lines.append("  ".join(str(r[k]).ljust(widths[k]) for k, _ in columns).rstrip())
+        lines.append("  ".join(value(r, k).ljust(widths[k]) for k, _ in columns).rstrip())
     counts: dict = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

@@ -10,7 +10,7 @@ directory, so that:
   the one Vela compiled (else the export fails: the proxy would check another program);
 - Vela's summary CSV (``out_summary_<system config>.csv``) and its printed operator split give
   the NPU/CPU op split, SRAM and flash use, cycles and inference time for the configured
-  accelerator, system config and memory mode (typed fields of ExportResult, ``vela_*``);
+  accelerator, system config and memory mode (the export's Vela check, etforge.checks.vela);
 - ``delegates.tosa.npz`` keeps each TOSA flatbuffer under its payload's sha256, for the
   validate stage (etforge.builders.arm.tosa_reference ethos_u_via_tosa).
 
@@ -30,21 +30,22 @@ import tempfile
 from pathlib import Path
 
 from etforge.builders.arm.tosa_reference import TOSA_DELEGATES
+from etforge.checks.vela import Vela
 
 KIB = 1024
-# Vela's summary CSV: memory used per area in KiB; what each field becomes in export.json
+# Vela's summary CSV: memory used per area in KiB; the Vela check's field of each
 _AREAS = {
-    "sram_memory_used": "vela_sram_bytes",
-    "dram_memory_used": "vela_dram_bytes",
-    "on_chip_flash_memory_used": "vela_onchip_flash_bytes",
-    "off_chip_flash_memory_used": "vela_offchip_flash_bytes",
+    "sram_memory_used": "sram_bytes",
+    "dram_memory_used": "dram_bytes",
+    "on_chip_flash_memory_used": "onchip_flash_bytes",
+    "off_chip_flash_memory_used": "offchip_flash_bytes",
 }
 _OPS = re.compile(r"^\s*(CPU|NPU) operators = (\d+)", re.MULTILINE)
 
 
 def record_vela(edge, workdir: Path) -> tuple:
-    """({blob: path}, ExportResult fields) for the Ethos-U delegates of ``edge`` (an
-    EdgeProgramManager after to_edge_transform_and_lower); ({}, {}) when it has none."""
+    """({blob: path}, (Vela check,)) for the Ethos-U delegates of ``edge`` (an
+    EdgeProgramManager after to_edge_transform_and_lower); ({}, ()) when it has none."""
     import numpy as np
     from executorch.exir.lowered_backend_module import get_lowered_submodules
 
@@ -57,11 +58,11 @@ def record_vela(edge, workdir: Path) -> tuple:
             tosa_by_payload[hashlib.sha256(lowered.processed_bytes).hexdigest()] = np.frombuffer(tosa, dtype=np.uint8)
             delegates.append(summary)
     if not delegates:
-        return {}, {}
+        return {}, ()
     out = workdir / TOSA_DELEGATES
     with out.open("wb") as f:
         np.savez(f, **tosa_by_payload)
-    return {TOSA_DELEGATES: out}, summary_fields(delegates)
+    return {TOSA_DELEGATES: out}, (Vela.of(summary_fields(delegates)),)
 
 
 def _compile_again(lowered) -> tuple:
@@ -94,7 +95,7 @@ def _compile_again(lowered) -> tuple:
 
 
 def summary_fields(delegates: list) -> dict:
-    """ExportResult's vela_* fields from each delegate's summary: counts, memory, cycles and time
+    """The Vela check's fields from each delegate's summary: counts, memory, cycles and time
     added over the delegates (they run one after another, each with its own scratch area)."""
 
     def total(key: str):
@@ -103,16 +104,16 @@ def summary_fields(delegates: list) -> dict:
 
     first = delegates[0]
     fields = {
-        "vela_accelerator": first.get("accelerator_configuration"),
-        "vela_system_config": first.get("system_config"),
-        "vela_memory_mode": first.get("memory_mode"),
-        "vela_core_clock_hz": _float(first.get("core_clock")),
-        "vela_npu_ops": total("npu_ops"),
-        "vela_cpu_ops": total("cpu_ops"),
-        "vela_cycles_npu": _int(total("cycles_npu")),
-        "vela_cycles_total": _int(total("cycles_total")),
-        "vela_inference_time_s": _float(total("inference_time")),
-        "vela_delegates": tuple(delegates),
+        "accelerator": first.get("accelerator_configuration"),
+        "system_config": first.get("system_config"),
+        "memory_mode": first.get("memory_mode"),
+        "core_clock_hz": _float(first.get("core_clock")),
+        "npu_ops": total("npu_ops"),
+        "cpu_ops": total("cpu_ops"),
+        "cycles_npu": _int(total("cycles_npu")),
+        "cycles_total": _int(total("cycles_total")),
+        "inference_time_s": _float(total("inference_time")),
+        "delegates": tuple(delegates),
     }
     for column, name in _AREAS.items():
         kib = total(column)

@@ -129,11 +129,3 @@ def compute_coverage(graph_module, is_compute) -> dict:
         "delegated_flops": inside,
         "flops_not_delegated": dict(sorted(outside.items())),
     }
-
-
-def human(flops: int | float) -> str:
-    """12.3 MFLOP, 950 FLOP."""
-    for scale, unit in ((1e9, "GFLOP"), (1e6, "MFLOP"), (1e3, "kFLOP")):
-        if flops >= scale:
-            return f"{flops / scale:.3g} {unit}"
-    return f"{int(flops)} FLOP"

@@ -2,19 +2,21 @@
 
     delegation_coverage(graph_module)   how much of a lowered program's compute its delegates took
                                         (in FLOPs: etforge.builders.gates.compute_share; op counts as information)
-    delegation_gate(cell, export)       why an export must not count as accelerated, or None
     size_gate(cell, quantized, fp32, weights)   whether a quantized program saves what its scheme declares
+
+The delegation gate itself is its check's (etforge.checks.delegation Delegation.judged).
 
 Every comparison is written so that a NaN fails it. torch is imported inside functions.
 """
 
 from __future__ import annotations
 
-from etforge.builders.gates.compute_share import compute_coverage, human
+from etforge.builders.gates.compute_share import compute_coverage
 from etforge.builders.quantization.layer_filter import describe_kept
+from etforge.checks.size import SizeGate
 from etforge.config.defaults import SIZE_GATE_OVERHEAD_BYTES
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
-from etforge.pipeline.stage_results import CaptureResult, ExportResult, QuantizeResult, SizeGateResult
+from etforge.pipeline.stage_results import CaptureResult, ExportResult, GateResult, QuantizeResult
 
 OVERHEAD_BYTES = SIZE_GATE_OVERHEAD_BYTES  # a recipe's size_gate.overhead_bytes wins
 
@@ -96,46 +98,6 @@ def delegation_coverage(graph_module) -> dict:
     }
 
 
-def delegation_gate(cell, export: ExportResult) -> str | None:
-    """Why this program must not count as accelerated, or None (no delegate: no gate).
-
-    Judged on the share of the program's compute (FLOPs) the delegates run; a record
-    without it (made before compute was measured) falls back to the share of compute ops."""
-    minimum = cell.backend.min_coverage
-    if minimum is None:
-        return None
-    ops = (
-        f"{export.delegated_compute_ops} of {export.compute_ops} compute ops "
-        f"({_share(export.delegation_coverage)}) delegated"
-    )
-    if export.compute_coverage is None:
-        coverage = export.delegation_coverage if export.delegation_coverage is not None else float("nan")
-        if not coverage >= minimum:  # NaN-safe: a coverage that is not a number fails
-            return (
-                f"backend {cell.backend.name!r} took {export.delegated_compute_ops} of {export.compute_ops} "
-                f"compute ops ({coverage:.0%}, gate: at least {minimum:.0%}); the rest runs on portable kernels"
-                + _left(export.not_delegated, lambda n: f"x{n}")
-            )
-        return None
-    coverage = export.compute_coverage
-    if not coverage >= minimum:  # NaN-safe
-        return (
-            f"backend {cell.backend.name!r} runs {coverage:.0%} of the program's compute "
-            f"({human(export.delegated_flops or 0)} of {human(export.flops or 0)}, gate: at least {minimum:.0%}); "
-            f"the rest runs on portable kernels" + _left(export.flops_not_delegated, human) + f"; {ops}"
-        )
-    return None
-
-
-def _share(value) -> str:
-    return f"{value:.0%}" if isinstance(value, (int, float)) else "?"
-
-
-def _left(by_op: dict, show) -> str:
-    heaviest = sorted(by_op.items(), key=lambda kv: (-kv[1], kv[0]))[:4]
-    return (" (" + ", ".join(f"{name} {show(n)}" for name, n in heaviest) + ")") if heaviest else ""
-
-
 def _same_program(quantized: ExportResult, fp32: ExportResult) -> bool:
     """The same program but for the names its metadata carries (and the same .ptd, if any)."""
 
@@ -145,10 +107,8 @@ def _same_program(quantized: ExportResult, fp32: ExportResult) -> bool:
     return what(quantized) == what(fp32)
 
 
-def size_gate(
-    cell, quantized: ExportResult, fp32: ExportResult, weights: dict, layers: dict | None = None
-) -> tuple[SizeGateResult, str | None]:
-    """(facts, failure reason or None) of a quantized program against its fp32 sibling.
+def size_gate(cell, quantized: ExportResult, fp32: ExportResult, weights: dict, layers: dict | None = None) -> SizeGate:
+    """The size gate's check of a quantized program against its fp32 sibling (``failure``: why not).
 
     ``quantized``/``fp32``: the two exports' results (size_bytes, sha256); ``weights``: the fp32
     capture's ``weight_bytes``; ``layers``: the quantize record's (a weight-group scheme's): when it
@@ -162,7 +122,7 @@ def size_gate(
         stored = fp32 bytes of the weights it takes - (fp32 size - quantized size)
         passes when stored <= max_ratio * those bytes + overhead_bytes
 
-    ``weight_ratio`` (stored / fp32 bytes) goes into the facts and the reason. So a program
+    ``weight_ratio`` (stored / fp32 bytes) goes into the check and the reason. So a program
     byte-identical to fp32, fp16 weights stored as fp32 (0.93x on a 110 KB CNN), and a
     scheme applied to a model with none of the weights it takes all fail, while a 20-byte
     linreg, whose saving is smaller than any program's bookkeeping, is not failed for it.
@@ -173,9 +133,7 @@ def size_gate(
     facts: dict = {"size_vs_fp32": round(q_size / f_size, 4) if f_size else None, "saved_bytes": f_size - q_size}
     scheme = cell.quant.name
     if _same_program(quantized, fp32):
-        return SizeGateResult(
-            **facts
-        ), f"identical to its fp32 sibling but for the names it carries: {scheme} was not applied"
+        return _judged(facts, f"identical to its fp32 sibling but for the names it carries: {scheme} was not applied")
     kinds = gate["weights"]
     taken = weights["all"] if "all" in kinds else sum(weights.get(k, 0) for k in kinds)
     what = "weights" if "all" in kinds else "/".join(kinds) + " weights"
@@ -188,20 +146,26 @@ def size_gate(
     overhead = gate.get("overhead_bytes", OVERHEAD_BYTES)
     facts.update(weight_bytes=taken, max_weight_ratio=gate["max_ratio"], overhead_bytes=overhead)
     if taken == 0:
-        return SizeGateResult(**facts), (
+        return _judged(
+            facts,
             f"{scheme} stores {what} smaller and model {cell.model.name!r} has none: "
-            f"the program is {facts['size_vs_fp32']:.2f}x its fp32 sibling"
+            f"the program is {facts['size_vs_fp32']:.2f}x its fp32 sibling",
         )
     stored = taken - facts["saved_bytes"]
     facts["weight_ratio"] = round(stored / taken, 4)
     if not stored <= gate["max_ratio"] * taken + overhead:  # NaN-safe
-        return SizeGateResult(**facts), (
+        return _judged(
+            facts,
             f"{what} stored at {stored / taken:.2f}x of fp32 (gate: {scheme} at most "
             f"{gate['max_ratio']}x + {overhead} B): {q_size} B vs "
             f"{f_size} B saves {facts['saved_bytes']} B of {taken} B"
-            + (f"; kept in float (not judged): {describe_kept(kept, len(kept))}" if kept else "")
+            + (f"; kept in float (not judged): {describe_kept(kept, len(kept))}" if kept else ""),
         )
-    return SizeGateResult(**facts), None
+    return _judged(facts, None)
+
+
+def _judged(facts: dict, failure: str | None) -> SizeGate:
+    return SizeGate.of({**facts, "passed": failure is None, "failure": failure})
 
 
 def size_gate_stage(request: BuildRequest) -> BuildResult:
@@ -211,7 +175,8 @@ def size_gate_stage(request: BuildRequest) -> BuildResult:
         raise RuntimeError(f"needs both {up['export'].task} and {up['fp32_export'].task} ok")
     weights = up["capture"].result(CaptureResult).weight_bytes
     layers = up["graph"].result(QuantizeResult).layers if "graph" in up else {}
-    result, failure = size_gate(
+    check = size_gate(
         cell, up["export"].result(ExportResult), up["fp32_export"].result(ExportResult), weights, layers or None
     )
-    return BuildResult(result=result, status=TaskStatus.FAILED if failure else TaskStatus.OK, reason=failure or "")
+    status = TaskStatus.FAILED if check.failed else TaskStatus.OK
+    return BuildResult(result=GateResult(checks=(check,)), status=status, reason=check.reason())

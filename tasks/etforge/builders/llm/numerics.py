@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from etforge.checks.numerics import Generation, Numerics
 from etforge.pipeline.results import BuildResult, TaskStatus
 from etforge.pipeline.stage_results import Verdict
 
@@ -228,34 +229,35 @@ def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_sch
 
 def generative_verdict(workdir: Path, report: dict, own: tuple, **extra) -> BuildResult:
     """Write ``report`` (its ``llm`` or ``seq2seq`` metrics, thresholds, misses) as numerics.json and
-    return the cell's Verdict: the figures every generative cell has, its ``own`` metric keys
-    (``prefill_sqnr_db``, ``encoder_sqnr_db``) and ``extra`` fields. Failed when a threshold missed."""
+    return the cell's Verdict: a Numerics check with the figures every generative cell has, its
+    ``own`` figures of the generation (``prefill_sqnr_db``, ``encoder_sqnr_db``) and ``extra``
+    fields. Failed when a threshold missed."""
     from etforge.builders.numerics.compare import finite_json
 
     metrics, misses = report.get("llm") or report["seq2seq"], report["misses"]
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    info = {
-        key: metrics[key] for key in ("sqnr_db", *own, "top1_agreement", "greedy_agreement", "max_abs_error", "cosine")
-    }
+    generation = {key: metrics[key] for key in (*own, "greedy_agreement")}
     if "same_scheme" in metrics:
-        info.update(
+        generation.update(
             same_scheme_sqnr_db=metrics["same_scheme"]["sqnr_db"],
             same_scheme_top1_agreement=metrics["same_scheme"]["top1_agreement"],
         )
-    info.update(
-        nonfinite_values=metrics["nonfinite"]["nan"] + metrics["nonfinite"]["inf"],
-        samples=1,
-        passed=not misses,
-        program_sha256=report["program_sha256"],
-        decode_steps=metrics["decode_steps"],
-        **extra,
+    check = Numerics.of(
+        {
+            **{key: metrics[key] for key in ("sqnr_db", "top1_agreement", "max_abs_error", "cosine")},
+            "nonfinite_values": metrics["nonfinite"]["nan"] + metrics["nonfinite"]["inf"],
+            "samples": 1,
+            "generation": Generation.of({**generation, "decode_steps": metrics["decode_steps"]}),
+            "misses": list(misses),
+            "passed": not misses,
+            **extra,
+        }
     )
-    if misses:
-        return BuildResult(
-            files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason="; ".join(misses)
-        )
-    return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
+    verdict = Verdict(program_sha256=report["program_sha256"], checks=(check,))
+    if check.failed:
+        return BuildResult(files={NUMERICS: out}, result=verdict, status=TaskStatus.FAILED, reason=check.reason())
+    return BuildResult(files={NUMERICS: out}, result=verdict)
 
 
 def build_llm_bundled(cell, pte: Path, reference: Path, workdir: Path) -> BuildResult:
@@ -272,7 +274,7 @@ def build_llm_bundled(cell, pte: Path, reference: Path, workdir: Path) -> BuildR
     from executorch.devtools.bundled_program.serialize import serialize_from_bundled_program_to_flatbuffer
 
     from etforge.builders.llm.export import REFERENCE_SOURCE
-    from etforge.builders.numerics.bundle import BPTE, INFO, tolerances
+    from etforge.builders.numerics.bundle import BPTE, INFO, bundled_verdict, tolerances
     from etforge.builders.runtime.program_io import METHOD
 
     with np.load(reference) as data:
@@ -316,5 +318,8 @@ def build_llm_bundled(cell, pte: Path, reference: Path, workdir: Path) -> BuildR
         f"rtol={tol['rtol']:g}, atol={tol['atol']:.3g}"
     )
     return BuildResult(
-        files={BPTE: out, INFO: workdir / INFO}, result=Verdict.of(info), status=TaskStatus.NOT_RUNNABLE, reason=reason
+        files={BPTE: out, INFO: workdir / INFO},
+        result=bundled_verdict(info),
+        status=TaskStatus.NOT_RUNNABLE,
+        reason=reason,
     )

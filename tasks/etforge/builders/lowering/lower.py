@@ -18,12 +18,13 @@ from importlib import metadata
 from pathlib import Path
 
 from etforge.builders.capture.capture import load_programs
-from etforge.builders.gates.gates import delegation_coverage, delegation_gate
+from etforge.builders.gates.gates import delegation_coverage
 from etforge.builders.lowering.oplist import program_operators, write_selected_operators
 from etforge.builders.lowering.program_costs import program_costs
 from etforge.builders.runtime.program_io import check_loads
+from etforge.checks.delegation import Delegation
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
-from etforge.pipeline.stage_results import CaptureResult, ExportResult, QuantizeResult
+from etforge.pipeline.stage_results import CaptureResult, ExportResult
 from etforge.program.metadata import constant_methods, program_meta, stamp_data_sha256, without_meta
 
 PTE = "program.pte"
@@ -55,18 +56,18 @@ def lowering_contexts(backend) -> list:
     return [load_callable(name)() for name in names]
 
 
-def after_lowering(backend, edge, workdir: Path) -> tuple:
-    """({blob: path}, ExportResult fields) that the chain's recipes' ``lowering.after`` hooks record
-    from the lowered program (e.g. Vela's summary of an Ethos-U program: etforge.builders.arm.ethos_u_vela)."""
+def after_lowering(backend, edge, workdir: Path) -> tuple[dict, tuple]:
+    """({blob: path}, checks) that the chain's recipes' ``lowering.after`` hooks record from the
+    lowered program (e.g. Vela's estimate of an Ethos-U program: etforge.builders.arm.ethos_u_vela)."""
     from etforge.core.dotted_path import load_callable
 
     files: dict = {}
-    fields: dict = {}
+    checks: tuple = ()
     for name in dict.fromkeys(m.lowering["after"] for m in backend.members if m.lowering.get("after")):
-        found_files, found_fields = load_callable(name)(edge, workdir)
+        found_files, found_checks = load_callable(name)(edge, workdir)
         files.update(found_files)
-        fields.update(found_fields)
-    return files, fields
+        checks += tuple(found_checks)
+    return files, checks
 
 
 def export_stage(request: BuildRequest) -> BuildResult:
@@ -74,8 +75,7 @@ def export_stage(request: BuildRequest) -> BuildResult:
     ``request.upstream["graph"]`` (quantized or fp32)."""
     capture = request.upstream["capture"].result(CaptureResult)
     graph = request.upstream["graph"]
-    quantize = graph.result(QuantizeResult) if request.cell.transform is not None else None
-    return build_export(request.cell, graph.files["model.pt2"], request.workdir, capture, quantize=quantize)
+    return build_export(request.cell, graph.files["model.pt2"], request.workdir, capture)
 
 
 def _register_transform_ops(cell) -> None:
@@ -103,19 +103,18 @@ def build_export(
     capture: CaptureResult | None = None,
     edge_options: dict | None = None,
     backend_options: dict | None = None,
-    quantize: QuantizeResult | None = None,
 ) -> BuildResult:
     """Lower to program.pte; fail (with the .pte kept as evidence) when the delegates took too little.
 
     ``capture``: the capture's result (its outputs go into the program's metadata);
     ``edge_options``/``backend_options``: what an LLM's lowering adds (etforge.builders.llm.stages):
     to_edge_transform_and_lower's options (the runner's metadata methods, a partitioner) and
-    ExecutorchBackendConfig settings; ``quantize``: the quantize record (the layers it kept in float
-    and a keep_float rescue go into export.json)."""
+    ExecutorchBackendConfig settings. What the quantized graph kept in float is the quantize
+    record's (the cell's outcome reads it there)."""
     capture = capture or CaptureResult()
     edge_options, backend_options = dict(edge_options or {}), dict(backend_options or {})
     if not os.environ.get(FRESH_PROCESS_ENV) and any(m.lowering.get("fresh_process") for m in cell.backend.members):
-        return _build_in_fresh_process(cell, program_path, workdir, capture, quantize)
+        return _build_in_fresh_process(cell, program_path, workdir, capture)
     from executorch.devtools.backend_debug import get_delegation_info
     from executorch.exir import to_edge_transform_and_lower
 
@@ -148,8 +147,18 @@ def build_export(
         )
     graph_module = edge.exported_program(first).graph_module  # delegation of the first method
     recorded_files, recorded = after_lowering(cell.backend, edge, workdir)
-    delegation = get_delegation_info(graph_module)
+    info = get_delegation_info(graph_module)
     coverage = delegation_coverage(graph_module)
+    delegation = Delegation.of(
+        {
+            **coverage,
+            "backend": cell.backend.name,
+            "minimum": cell.backend.min_coverage,
+            "delegated_ops": info.num_delegated_nodes,
+            "non_delegated_ops": info.num_non_delegated_nodes,
+            "delegated_subgraphs": info.num_delegated_subgraphs,
+        }
+    ).judged()
     if cell.transform is not None or backend_options:
         # quantize/dequantize ops left outside a delegate (and fused quantized embeddings) need these out-variants.
         import executorch.kernels.quantized  # noqa: F401
@@ -172,48 +181,44 @@ def build_export(
         matmuls = sum(n for op, n in coverage["not_delegated"].items() if op in _MATMUL_OPS)
         if matmuls and cell.backend.delegates:  # e.g. bf16 on XNNPACK: it builds, but slowly
             note = f"linears not delegated: {matmuls} matmul op(s) run on portable kernels (slow)"
+    program_bytes = pte.read_bytes()  # read once: its sha256, its sha256 without metadata, its costs
+    costs, schema_version = program_costs(
+        program_bytes, dynamic=any(i.dims for _, ins in cell.model.methods for i in ins)
+    )
     result = ExportResult(
-        size_bytes=pte.stat().st_size,
-        sha256=hashlib.sha256(pte.read_bytes()).hexdigest(),
+        size_bytes=len(program_bytes),
+        sha256=hashlib.sha256(program_bytes).hexdigest(),
         # without its metadata (names, dtypes): the size gate tells a scheme that changed nothing by it
-        sha256_without_metadata=hashlib.sha256(without_meta(pte.read_bytes())).hexdigest(),
+        sha256_without_metadata=hashlib.sha256(without_meta(program_bytes)).hexdigest(),
         lowering_s=round(lowering_s, 3),
-        delegated_ops=delegation.num_delegated_nodes,
-        non_delegated_ops=delegation.num_non_delegated_nodes,
-        delegated_subgraphs=delegation.num_delegated_subgraphs,
-        **coverage,
         delegates=tuple(cell.backend.delegates),
         executorch_version=metadata.version("executorch"),
         input_dtypes=tuple(input_dtypes),
         **data_info,
-        **program_costs(pte.read_bytes(), dynamic=any(i.dims for _, inputs in cell.model.methods for i in inputs)),
+        schema_version=schema_version,
+        costs=costs,
         llm_metadata=llm_metadata,
-        note=note,
-        **recorded,
         operators=operators,
-        kept_float=tuple((quantize.layers.get("kept_float") or ()) if quantize else ()),
-        rescue=quantize.rescue if quantize else {},
+        note=note,
+        checks=(delegation, *recorded),
     )
     (workdir / INFO).write_text(
         json.dumps({"cell": cell.canonical(), **result.to_json()}, indent=2, sort_keys=True) + "\n", encoding="utf-8"
     )
-    failure = delegation_gate(cell, result)
-    if failure:
-        return BuildResult(files=files, result=result, status=TaskStatus.FAILED, reason=failure)
+    if delegation.failed:
+        return BuildResult(files=files, result=result, status=TaskStatus.FAILED, reason=delegation.reason())
     if cell.backend.host_runnable:
         check_loads(pte, tuple(programs), files.get(PTD))
     return BuildResult(files=files, result=result)
 
 
-def _build_in_fresh_process(
-    cell, program_path: Path, workdir: Path, capture: CaptureResult, quantize: QuantizeResult | None = None
-) -> BuildResult:
+def _build_in_fresh_process(cell, program_path: Path, workdir: Path, capture: CaptureResult) -> BuildResult:
     """build_export in a new interpreter (a recipe's ``lowering.fresh_process``: see recipes/backends/openvino.yaml).
 
     Its stdout goes where ours goes (the task log); its stderr is relayed there too,
     and its last line becomes the error when it fails."""
     request, result = workdir / ".fresh-process-request.pkl", workdir / ".fresh-process-result.pkl"
-    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir, capture, quantize)))
+    request.write_bytes(pickle.dumps((cell, Path(program_path), workdir, capture)))
     env = {**os.environ, FRESH_PROCESS_ENV: "1"}
     sys.stdout.flush()
     proc = subprocess.run(
@@ -312,6 +317,6 @@ def _input_dtypes(program) -> list:
 
 if __name__ == "__main__":  # the fresh interpreter started by _build_in_fresh_process
     _request, _result = (Path(arg) for arg in sys.argv[1:3])
-    _cell, _program, _workdir, _capture, _quantize = pickle.loads(_request.read_bytes())
-    _built = build_export(_cell, _program, _workdir, _capture, quantize=_quantize)
+    _cell, _program, _workdir, _capture = pickle.loads(_request.read_bytes())
+    _built = build_export(_cell, _program, _workdir, _capture)
     _result.write_bytes(pickle.dumps(_built))

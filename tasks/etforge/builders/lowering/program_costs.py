@@ -1,11 +1,11 @@
 """What a lowered program costs, read from its bytes: where its size goes, the memory its methods plan.
 
-    program_costs(pte, dynamic=False) -> dict of ExportResult fields
+    program_costs(pte, dynamic=False) -> (ProgramCosts, schema version)
         size_breakdown   {"constants", "delegates": {backend id: payload bytes}, "program", "total"}
         planned_bytes    {method: [bytes of each planned buffer]}
         planned_note     what the planned figure is (at the maximum shape; a lower bound)
         delegate_subgraphs  {backend id: delegated subgraphs, over every method}
-        schema_version   the program's Program.version (etforge.program.compat)
+    and the program's Program.version (etforge.program.compat)
 
 Sizes are attributed as the file lays them out (ExecuTorch's extended header ``eh00``:
 program_size, segment_base_offset): the flatbuffer, then data segments. Constants are the
@@ -29,11 +29,12 @@ loses where each byte lived. executorch is imported inside the function.
 from __future__ import annotations
 
 from etforge.program.compat import program_schema_version
+from etforge.program.costs import ProgramCosts
 
 
-def program_costs(pte: bytes, dynamic: bool = False) -> dict:
-    """The cost fields of an ExportResult for the program ``pte`` (see the module docstring);
-    ``dynamic``: the model has dynamic dims (the plan is at the maximum shape)."""
+def program_costs(pte: bytes, dynamic: bool = False) -> tuple[ProgramCosts, int]:
+    """(what the program ``pte`` costs, its schema version) (see the module docstring); ``dynamic``:
+    the model has dynamic dims (the plan is at the maximum shape)."""
     from executorch.exir._serialize._flatbuffer_program import _flatbuffer_to_program
     from executorch.exir._serialize._program import _get_extended_header
     from executorch.exir.schema import DataLocation
@@ -67,15 +68,15 @@ def program_costs(pte: bytes, dynamic: bool = False) -> dict:
         notes.append("at the maximum shape (dynamic dims are planned at their upper bound)")
     if subgraphs:
         notes.append("a lower bound: memory the delegates allocate themselves is not planned")
-    return {
-        "size_breakdown": {
+    costs = ProgramCosts(
+        size_breakdown={
             "constants": constants,
             "delegates": dict(sorted(delegates.items())),
             "program": len(pte) - constants - delegated,
             "total": len(pte),
         },
-        "planned_bytes": planned,
-        "planned_note": "; ".join(notes) or None,
-        "delegate_subgraphs": dict(sorted(subgraphs.items())),
-        "schema_version": program_schema_version(pte),
-    }
+        planned_bytes=planned,
+        planned_note="; ".join(notes) or None,
+        delegate_subgraphs=dict(sorted(subgraphs.items())),
+    )
+    return costs, program_schema_version(pte)

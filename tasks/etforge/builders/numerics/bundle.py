@@ -33,6 +33,7 @@ import math
 from pathlib import Path
 
 from etforge.builders.runtime.program_io import METHOD
+from etforge.checks.numerics import OnDevice
 from etforge.config.defaults import BUNDLE_ATOL_PER_PEAK, BUNDLE_RTOL
 from etforge.pipeline.results import BuildResult, TaskStatus
 from etforge.pipeline.stage_results import Verdict
@@ -118,7 +119,7 @@ def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir:
     )
     return BuildResult(
         files={BPTE: out, INFO: workdir / INFO},
-        result=Verdict.of(_verdict_fields(info)),
+        result=bundled_verdict(info),
         status=TaskStatus.NOT_RUNNABLE,
         reason=reason,
     )
@@ -187,9 +188,10 @@ def _tensor(array, dtype):
     return tensor.to(dtype) if dtype is not None and tensor.dtype != dtype else tensor
 
 
-def _verdict_fields(info: dict) -> dict:
-    """bundled.json's facts as a Verdict's fields (its ``methods`` are the suites of each method)."""
-    fields = {k: v for k, v in info.items() if k != "methods"}
+def bundled_verdict(info: dict) -> Verdict:
+    """bundled.json's facts as the verdict's OnDevice check (its ``methods`` are the suites of each method)."""
+    fields = {k: v for k, v in info.items() if k not in ("methods", "program_sha256", "delegates", "size_bytes")}
+    fields["bundle_bytes"] = info["size_bytes"]
     if "methods" in info:
         fields["method_suites"] = info["methods"]
-    return fields
+    return Verdict(program_sha256=info["program_sha256"], checks=(OnDevice.of(fields),))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etforge.builders.capture.reference import REFERENCE
+from etforge.checks.numerics import Numerics
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
 from etforge.pipeline.stage_results import ExportResult, Verdict
 
@@ -149,33 +150,44 @@ def build_validate(
         divergence_text = describe_divergence(report["first_divergence"])
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    check = numerics_check(
+        metrics, misses, inputs=ref.source, samples=ref.count, runner=runner, first_divergence=divergence_text
+    )
+    return _verdict(out, program_sha256, check)
+
+
+def numerics_check(metrics: list, misses: list, runner: Runner | None = None, **fields) -> Numerics:
+    """The cell's Numerics check from each output's metrics (etforge.builders.numerics.compare
+    compare_samples): the worst output's figures (a NaN is the worst), each output's, the misses."""
     sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
-    info = {
+    figures = {
         "sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
         "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
         "cosine": pick_worst([m["cosine"] for m in metrics], min),
         "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
-        "inputs": ref.source,
-        "samples": ref.count,
-        "passed": not misses,
-        "program_sha256": program_sha256,
     }
     for key in TOPK_THRESHOLDS:
         values = [m[key] for m in metrics if key in m]
         if values:
-            info[key] = pick_worst(values, min)
-    if divergence_text:
-        info["first_divergence"] = divergence_text
+            figures[key] = pick_worst(values, min)
+    outputs = [
+        {
+            "output": str(m.get("name") or m.get("path") or i),
+            **{k: m.get(k) for k in ("sqnr_db", "top1_agreement", "top5_agreement") if m.get(k) is not None},
+        }
+        for i, m in enumerate(metrics)
+    ]
     if runner is not None:
-        info.update(runner=runner.name, proxy=runner.proxy)
-    if misses:
-        reason = "; ".join(
-            misses
-            + ([divergence_text] if divergence_text else [])
-            + ([runner_note(runner.name, runner.proxy)] if runner is not None else [])
-        )
-        return BuildResult(files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason=reason)
-    return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
+        fields.update(runner=runner.name, proxy=runner.proxy)
+    return Numerics.of({**fields, **figures, "outputs": outputs, "misses": list(misses), "passed": not misses})
+
+
+def _verdict(numerics: Path, program_sha256: str, check: Numerics) -> BuildResult:
+    """The validate stage's result: numerics.json and the verdict, failed when the check failed."""
+    verdict = Verdict(program_sha256=program_sha256, checks=(check,))
+    if check.failed:
+        return BuildResult(files={NUMERICS: numerics}, result=verdict, status=TaskStatus.FAILED, reason=check.reason())
+    return BuildResult(files={NUMERICS: numerics}, result=verdict)
 
 
 def _validate_methods(
@@ -234,31 +246,13 @@ def _validate_methods(
         report["notes"].insert(0, runner_note(runner.name, runner.proxy))
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    sqnrs = [m["sqnr_db"] for m in metrics if m["sqnr_db"] is not None]
-    info = {
-        "sqnr_db": pick_worst(sqnrs, min) if sqnrs else None,
-        "max_abs_error": pick_worst([m["max_abs_error"] for m in metrics], max),
-        "cosine": pick_worst([m["cosine"] for m in metrics], min),
-        "nonfinite_values": sum(m["nonfinite"]["nan"] + m["nonfinite"]["inf"] for m in metrics),
-        "inputs": source,
-        "samples": sum(counts.values()),
-        "methods": methods,
-        "passed": not misses,
-        "program_sha256": report["program_sha256"],
-    }
-    if runner is not None:
-        info.update(runner=runner.name, proxy=runner.proxy)
-    if misses:
-        said = [runner_note(runner.name, runner.proxy)] if runner is not None else []
-        return BuildResult(
-            files={NUMERICS: out}, result=Verdict.of(info), status=TaskStatus.FAILED, reason="; ".join(misses + said)
-        )
-    return BuildResult(files={NUMERICS: out}, result=Verdict.of(info))
+    check = numerics_check(metrics, misses, inputs=source, samples=sum(counts.values()), methods=methods, runner=runner)
+    return _verdict(out, report["program_sha256"], check)
 
 
 def runner_note(name: str, proxy: str | None) -> str:
     """One line on where a verdict's numbers come from, when not from the ExecuTorch runtime."""
-    return Verdict(runner=name, proxy=proxy).runner_note()
+    return Numerics(runner=name, proxy=proxy).runner_note()
 
 
 def per_size_metrics(ref, results: list, labels: list, classification: bool) -> tuple[list, list]:

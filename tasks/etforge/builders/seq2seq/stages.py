@@ -108,10 +108,9 @@ def export_stage(request: BuildRequest) -> BuildResult:
     from etforge.builders.seq2seq.export import runner_metadata
 
     cell, graph = request.cell, request.upstream["graph"]
-    quantize = graph.result(QuantizeResult) if cell.transform is not None else None
     capture = request.upstream["capture"].result(CaptureResult)
     edge_options = {"constant_methods": runner_metadata(cell.model, capture)}
-    result = build_export(cell, graph.files[PROGRAM], request.workdir, capture, edge_options, quantize=quantize)
+    result = build_export(cell, graph.files[PROGRAM], request.workdir, capture, edge_options)
     if SAME_SCHEME in graph.files:
         result.files[SAME_SCHEME] = graph.files[SAME_SCHEME]
     return result

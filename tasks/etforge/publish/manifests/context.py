@@ -103,19 +103,25 @@ def _join_url(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}" if base else name
 
 
-def _data_file(ev, layout, options: dict) -> dict | None:
+def _data_file(cell, program, layout, options: dict) -> dict | None:
     """A variant's external weights as the manifests name them: by content (naming.data_file_name)."""
-    if not ev.data_sha256:
+    if not program.data_sha256:
         return None
-    name = data_file_name(ev.data_sha256)
+    name = data_file_name(program.data_sha256)
     return {
         "file": name,
-        "sha256": ev.data_sha256,
-        "size": int(ev.data_size or 0),
-        "path": layout.shown(ev.data_file),  # the cell's own copy, relative to artifacts/<pipeline>/
+        "sha256": program.data_sha256,
+        "size": int(program.data_size_bytes or 0),
+        "path": layout.shown(layout.ptd_path(cell)),  # the cell's own copy, relative to artifacts/<pipeline>/
         "asset": f"{options['assets_dir'].strip('/')}/{name}",
         "remote_url": _join_url(options["base_url"], name),
     }
+
+
+def _layers(quantize) -> dict | None:
+    """What a weight-group scheme quantized, kept in float and why (its quantize record), or None."""
+    layers = quantize.layers if quantize is not None else {}
+    return {k: layers.get(k) for k in ("quantized", "float", "kept_float")} if layers else None
 
 
 def shared_data_files(variants: list) -> list:
@@ -184,9 +190,11 @@ def build_context(
 
     variants = []
     for cell, result in built:
-        ev = result.evidence
-        io = cell_interface(cell, ev)  # the one description every manifest shows (interface.py)
-        delegates = list(ev.delegates)
+        facts = result.facts
+        program = facts.program
+        assert program is not None  # a cell that ships has a current export
+        io = cell_interface(cell, facts)  # the one description every manifest shows (interface.py)
+        delegates = list(program.delegates or cell.backend.delegates)
         file_name = f"{cell.stem}.pte"
         description = cell.backend.primary.description
         if len(cell.backend.members) > 1:
@@ -204,35 +212,35 @@ def build_context(
                 "path": layout.shown(layout.pte_path(cell)),  # relative to artifacts/<pipeline>/
                 "asset": f"{options['assets_dir'].strip('/')}/{file_name}",
                 "remote_url": _join_url(options["base_url"], file_name),
-                "sha256": ev.sha256,  # the export record's: the release packs only a file with this hash
-                "size": int(ev.size_bytes),
+                "sha256": program.sha256,  # the export record's: the release packs only a file with this hash
+                "size": int(program.size_bytes or 0),
                 "delegates": delegates,
                 "backend_targets": [t for d in delegates if (t := _targets(cell, d).get("source"))],
                 "package_targets": [t for d in delegates if (t := _targets(cell, d).get("wheel"))],
-                "executorch_version": ev.executorch_version or plan.toolchain.get("executorch") or "",
+                "executorch_version": program.executorch_version or plan.toolchain.get("executorch") or "",
                 "inputs": io["inputs"],  # the first method's: name, shape, dtype[, range][, dynamic]
                 "outputs": io["outputs"],  # named by pytree path (etforge.config.io_spec)
                 # every method with its inputs and outputs (one, forward, unless the model declares several)
                 "methods": io["methods"],
                 "cmake_methods": unique([m["name"] for m in io["methods"]], cmake_identifier),
                 # a decoder-only LLM: its methods, runner metadata and KV cache (manifests/llm.py); else None
-                "llm": llm_spec(cell, ev),
+                "llm": llm_spec(cell, program),
                 "description": description,
-                "verdict": outcome_views.verdict(result),
+                "verdict": outcome_views.verdict(result, cell, layout),
                 # external weights: the one .ptd the program needs (shared by the cells with the same weights)
-                "data_file": _data_file(ev, layout, options),
+                "data_file": _data_file(cell, program, layout, options),
                 # A weight-group scheme's layers: how many it quantized, which it kept in float and why.
-                "layers": ({k: ev.layers.get(k) for k in ("quantized", "float", "kept_float")} if ev.layers else None),
+                "layers": _layers(facts.quantize),
                 # what the program costs (bytes, planned memory) and which runtimes load it (ship_fields.py)
-                "costs": ship_fields.costs(ev),
-                "runtime": ship_fields.runtime(ev, plan.toolchain.get("executorch") or ""),
-                "capabilities": ship_fields.capabilities(cell, ev),
+                "costs": ship_fields.costs(program),
+                "runtime": ship_fields.runtime(program, plan.toolchain.get("executorch") or ""),
+                "capabilities": ship_fields.capabilities(cell, program),
             }
         )
         # selective build: its operators outside delegates and the wheel libraries it needs
         oplist = layout.shown(layout.oplist_path(cell))
-        variants[-1].update(variant_fields(ev, oplist, variants[-1]["package_targets"]))
-        problem = check_program(cell.name, ev.program, variants[-1])  # what the program says of itself
+        variants[-1].update(variant_fields(program, oplist, variants[-1]["package_targets"]))
+        problem = check_program(cell.name, layout.pte_path(cell), variants[-1])  # what the program says of itself
         if problem:
             raise ManifestError(problem)
     by_file: dict = {}
@@ -256,7 +264,7 @@ def build_context(
         for v in own:
             v["platforms"] = sorted(p for p, ids in fallback.items() if v["id"] in ids and p != "default")
         # host latency only where the caller wants timings (a release leaves them out: reproducible)
-        latency = {v["id"]: results[v["id"]].evidence.latency_fastest_ms for v in own} if timings else {}
+        latency = {v["id"]: results[v["id"]].facts.latency_fastest_ms for v in own} if timings else {}
         labels_file = config.get("labels_file")
         models.append(
             {
@@ -292,7 +300,7 @@ def build_context(
         "excluded": excluded,
         # the union over the shipped programs (selected_operators.yaml, ETFORGE_PACKAGE_COMPONENTS)
         "selective": pipeline_fields(
-            variants, {c.name: dict(r.evidence.export.operators if r.evidence.export else {}) for c, r in built}
+            variants, {c.name: dict(r.facts.program.operators if r.facts.program else {}) for c, r in built}
         ),
         "delegate_targets": {
             d: [t for t in (targets.get(d, {}).get(k) for k in ("wheel", "source")) if t] for d in delegates

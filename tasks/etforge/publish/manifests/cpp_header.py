@@ -69,15 +69,15 @@ def _check_order(plan, order) -> list:
     return entries
 
 
-def _data_file(cell, ev, layout: str) -> str:
-    if not ev.data_sha256:
+def _data_file(cell, program, layout: str) -> str:
+    if not program.data_sha256:
         return ""
-    return data_file_name(ev.data_sha256) if layout == "flat" else f"{cell.model.name}/{cell.stem}.ptd"
+    return data_file_name(program.data_sha256) if layout == "flat" else f"{cell.model.name}/{cell.stem}.ptd"
 
 
-def _runtime_fields(ev, fallback_version: str) -> dict:
+def _runtime_fields(program, fallback_version: str) -> dict:
     """built_by, schema_version, runtime_min/max (the policy's load window) and planned_bytes."""
-    runtime, costs = ship_fields.runtime(ev, fallback_version), ship_fields.costs(ev)
+    runtime, costs = ship_fields.runtime(program, fallback_version), ship_fields.costs(program)
     window = runtime["load_window"] or ("", "")
     return {
         "built_by": runtime["executorch_version"],
@@ -124,10 +124,11 @@ def header_context(
                 }
             )
             continue
-        ev = result.evidence
-        io = cell_interface(cell, ev)  # what index.json, the Dart and the CMake show (interface.py)
+        program = result.facts.program
+        assert program is not None  # a cell that ships has a current export
+        io = cell_interface(cell, result.facts)  # what index.json, the Dart and the CMake show (interface.py)
         stem = f"{cell.stem}.pte"
-        verdict = outcome_views.verdict(result)
+        verdict = outcome_views.verdict(result, cell, layout_of(plan))
         variants.append(
             {
                 "id": cell.name,
@@ -137,9 +138,9 @@ def header_context(
                 "chain": [m.recipe for m in cell.backend.members] if len(cell.backend.members) > 1 else [],
                 "quantization": cell.quant.name,
                 "file": stem if layout == "flat" else f"{cell.model.name}/{stem}",
-                "sha256": str(ev.sha256),
-                "size": int(ev.size_bytes or 0),
-                "delegates": [str(d) for d in ev.delegates],
+                "sha256": str(program.sha256),
+                "size": int(program.size_bytes or 0),
+                "delegates": [str(d) for d in program.delegates or cell.backend.delegates],
                 # The first method's inputs and outputs (the same lists as methods[0]'s).
                 "inputs": io["inputs"],
                 # -1: unknown (no current capture record); the runner then takes the program's count.
@@ -147,9 +148,9 @@ def header_context(
                 "outputs": io["outputs"],
                 # Every method: name, inputs, outputs (empty: unknown, num_outputs -1 in C++).
                 "methods": io["methods"],
-                "llm": llm_spec(cell, ev),  # a decoder-only LLM's methods, metadata and KV cache, else None
+                "llm": llm_spec(cell, program),  # a decoder-only LLM's methods, metadata and KV cache, else None
                 "verdict": verdict["status"],
-                "validated_on": verdict["inputs"] or "",
+                "validated_on": verdict.get("inputs") or "",
                 # +inf: identical to eager; None (NaN in C++): not measured here
                 "sqnr_db": math.inf if verdict.get("exact") else verdict.get("sqnr_db"),
                 "max_abs_error": verdict.get("max_abs_error"),
@@ -157,11 +158,11 @@ def header_context(
                 "bundle_sha256": verdict.get("bundle_sha256") or "",
                 # external weights: the .ptd to load it with ("" when inline), spelled like ``file``
                 # (tree: the cell's copy beside its .pte; flat: the shared name models.cmake installs)
-                "data_file": _data_file(cell, ev, layout),
-                "data_sha256": ev.data_sha256 or "",
+                "data_file": _data_file(cell, program, layout),
+                "data_sha256": program.data_sha256 or "",
                 "rtol": verdict.get("rtol"),
                 "atol": verdict.get("atol"),
-                **_runtime_fields(ev, plan.toolchain.get("executorch") or ""),
+                **_runtime_fields(program, plan.toolchain.get("executorch") or ""),
             }
         )
     excluded += [

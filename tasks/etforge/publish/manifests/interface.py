@@ -16,17 +16,21 @@ from __future__ import annotations
 from etforge.config.io_spec import describe_io
 
 
-def cell_interface(cell, evidence) -> dict:
-    """``{"inputs", "outputs", "methods", "outputs_known"}`` of ``cell`` from its outcome's evidence.
+def cell_interface(cell, facts) -> dict:
+    """``{"inputs", "outputs", "methods", "outputs_known"}`` of ``cell`` from its outcome's facts.
 
     Input dtypes are the program's (an fp16 program takes float16) when the export recorded one
     per input, else the declared ones; outputs are the capture's (``outputs_known`` False and empty
     lists when there is no current capture record)."""
-    dtypes = list(evidence.input_dtypes)
+    dtypes = list(facts.program.input_dtypes) if facts.program is not None else []
     if len(dtypes) != len(cell.model.inputs):
         dtypes = [i.dtype for i in cell.model.inputs]
-    outputs = list(evidence.outputs)
-    methods = describe_io(cell.model, outputs, dtypes, evidence.method_outputs)["methods"]
+    capture = facts.capture
+    outputs = [o for o in capture.outputs if isinstance(o, dict)] if capture is not None else []
+    method_outputs = (
+        {m: list(v.get("outputs") or []) for m, v in capture.methods.items() if isinstance(v, dict)} if capture else {}
+    )
+    methods = describe_io(cell.model, outputs, dtypes, method_outputs)["methods"]
     return {
         "inputs": methods[0]["inputs"],
         "outputs": methods[0]["outputs"],

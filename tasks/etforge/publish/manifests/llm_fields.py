@@ -48,9 +48,10 @@ def kv_cache(metadata: dict, dtype: str) -> dict:
     }
 
 
-def llm_spec(cell, evidence) -> dict | None:
-    """``{"methods", "metadata", "kv_cache"}`` of an LLM variant, else None (see the module docstring)."""
-    metadata = evidence.llm_metadata
+def llm_spec(cell, program) -> dict | None:
+    """``{"methods", "metadata", "kv_cache"}`` of an LLM variant (``program``: its export's result),
+    else None (see the module docstring)."""
+    metadata = program.llm_metadata
     if cell.model.kind != ModelKind.LLM or not isinstance(metadata, dict) or not metadata:
         return None
     names = sorted(metadata)

@@ -19,9 +19,9 @@ from etforge.program import kernels
 SELECTED = "selected_operators.yaml"
 
 
-def variant_fields(ev, oplist_path: str, package_targets: list) -> dict:
-    """The selective-build fields of one shipped variant (``ev``: its outcome's evidence)."""
-    operators = dict(ev.export.operators if ev.export else {})
+def variant_fields(program, oplist_path: str, package_targets: list) -> dict:
+    """The selective-build fields of one shipped variant (``program``: its export's result)."""
+    operators = dict(program.operators)
     _, unresolved = kernels.kernel_components(operators)
     return {
         "operators": sorted(operators),

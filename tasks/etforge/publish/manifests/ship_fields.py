@@ -1,49 +1,52 @@
 """What an app needs to decide whether a variant can ship to a device: its costs and its runtime.
 
-    costs(ev) -> {"size_breakdown", "planned_bytes", "planned_peak_bytes", "planned_note",
-                  "delegate_subgraphs", "program_bytes"}
-    runtime(ev) -> {"executorch_version", "schema_version", "load_window": [first, last] | None}
-    capabilities(cell, ev) -> {"min_ram_bytes", "delegates_required", recipe capability options...}
+    costs(program) -> {"size_breakdown", "planned_bytes", "planned_peak_bytes", "planned_note",
+                       "delegate_subgraphs", "program_bytes"}
+    runtime(program) -> {"executorch_version", "schema_version", "load_window": [first, last] | None}
+    capabilities(cell, program) -> {"min_ram_bytes", "delegates_required", recipe capability options...}
     platform_defaults(fallback, latency) -> platform -> {"variant", "ranked_by", "reason"}
 
-Both read the outcome's evidence (the export's current record; etforge.builders.lowering.program_costs
+All read the export's result of the outcome (its current record; etforge.builders.lowering.program_costs
 measured the figures), so every manifest and the report show one set of numbers.
 """
 
 from __future__ import annotations
 
 from etforge.program.compat import load_window
-from etforge.program.costs import min_ram_bytes, planned_peak, program_bytes
+from etforge.program.costs import min_ram_bytes, program_bytes
 
 
-def costs(ev) -> dict:
+def costs(program) -> dict:
+    c = program.costs
     return {
-        "size_breakdown": dict(ev.size_breakdown) or None,
-        "planned_bytes": {m: list(v) for m, v in ev.planned_bytes.items()} or None,
-        "planned_peak_bytes": planned_peak(ev.planned_bytes),
-        "planned_note": ev.planned_note,
-        "delegate_subgraphs": dict(ev.delegate_subgraphs),
-        "program_bytes": program_bytes(ev.size_bytes, ev.data_size),
+        "size_breakdown": dict(c.size_breakdown) or None,
+        "planned_bytes": {m: list(v) for m, v in c.planned_bytes.items()} or None,
+        "planned_peak_bytes": c.planned_peak,
+        "planned_note": c.planned_note,
+        "delegate_subgraphs": dict(c.delegate_subgraphs),
+        "program_bytes": program_bytes(program.size_bytes, program.data_size_bytes),
     }
 
 
-def runtime(ev, fallback_version: str = "") -> dict:
-    version = ev.executorch_version or fallback_version
+def runtime(program, fallback_version: str = "") -> dict:
+    version = program.executorch_version or fallback_version
     window = load_window(version)
     return {
         "executorch_version": version,
-        "schema_version": ev.schema_version,
+        "schema_version": program.schema_version,
         "load_window": list(window) if window else None,
     }
 
 
-def capabilities(cell, ev) -> dict:
+def capabilities(cell, program) -> dict:
     """What a device must have to load the variant: RAM (planned memory plus constants, a lower
     bound), the delegates the program calls, and the recipe options its backend names as
     capabilities (``manifest.capabilities``: Core ML's minimum deployment target, QNN's SoC)."""
+    c = program.costs
     out: dict = {
-        "min_ram_bytes": min_ram_bytes(ev.planned_bytes, ev.size_breakdown, ev.data_size),
-        "delegates_required": sorted(ev.delegate_subgraphs) or [str(d) for d in ev.delegates],
+        "min_ram_bytes": min_ram_bytes(c.planned_bytes, c.size_breakdown, program.data_size_bytes),
+        "delegates_required": sorted(c.delegate_subgraphs)
+        or [str(d) for d in program.delegates or cell.backend.delegates],
     }
     for member in cell.backend.members:
         for name, option in (member.manifest.get("capabilities") or {}).items():

@@ -217,12 +217,12 @@ def _overlaps(a: tuple, b: tuple) -> bool:
 
 
 def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
-    """SQNR (dB) against program size, one labelled point per quantized cell."""
+    """Accuracy (the figure a check charts: SQNR in dB) against program size, one labelled point per quantized cell."""
     width, height = 760, 400
     left, right, top, bottom = 62, 24, 20, 48
     plot_w, plot_h = width - left - right, height - top - bottom
     candidates = [r for r in rows if r["quantized"] and r["status"] != "rejected"]
-    points = [r for r in candidates if r["sqnr_db"] is not None and r["size_bytes"] is not None]
+    points = [r for r in candidates if r["accuracy"] is not None and r["size_bytes"] is not None]
     chart: dict = {
         "width": width,
         "height": height,
@@ -231,7 +231,7 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
         "xticks": [],
         "yticks": [],
         "xlabel": "",
-        "ylabel": "SQNR vs eager (dB)",
+        "ylabel": next((r["accuracy_label"] for r in points), ""),
         "empty": not points,
         "omitted": [r["cell"] for r in candidates if r not in points],
         "unlabelled": [],  # points whose label found no place clear of the others
@@ -266,7 +266,7 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
         for i in range(int(round((x_hi - x_lo) / step)) + 1):
             v = x_lo + i * step
             chart["xticks"].append({"x": _r(left + (v - x_lo) / (x_hi - x_lo) * plot_w), "text": _tick_text(v, step)})
-    ys = [r["sqnr_db"] for r in points]
+    ys = [r["accuracy"] for r in points]
     yspan = max(ys) - min(ys) or 10.0
     ystep = nice_step(yspan * 1.3, 5)
     y_lo = ystep * math.floor((min(ys) - yspan * 0.15) / ystep)
@@ -279,7 +279,7 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
         v = y_lo + i * ystep
         chart["yticks"].append({"y": _r(sy(v)), "text": _tick_text(v, ystep)})
     placed: list = []
-    marks = [(sx(r["size_bytes"]), sy(r["sqnr_db"])) for r in points]
+    marks = [(sx(r["size_bytes"]), sy(r["accuracy"])) for r in points]
     for px, py in marks:
         placed.append((px - 7, py - 7, px + 7, py + 7))
     for r, (px, py) in sorted(zip(points, marks), key=lambda item: (item[1][1], item[1][0])):
@@ -314,7 +314,8 @@ def scatter_chart(rows: list, colours: dict, markers: dict) -> dict:
                 "label": text,
                 "lx": _r(px + dx),
                 "ly": _r(py + dy),
-                "title": f"{r['cell']}: SQNR {r['sqnr_text']} dB, {r['size_text']} ({r['status']})",
+                "title": f"{r['cell']}: {r['accuracy_label'] or 'accuracy'} {r['accuracy_text']}, {r['size_text']} "
+                f"({r['status']})",
             }
         )
     chart["points"].sort(key=lambda p: p["cell"])

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from etforge.checks.base import finite as _num
 from etforge.core.atomic import atomic_write_text
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import BuildResult
 from etforge.pipeline.stage_results import ReportResult
 from etforge.publish import baseline, diff_section, outcome, summary, templates
-from etforge.publish.outcome import finite as _num
 from etforge.publish.outcome_memo import RunOutcomes
 from etforge.publish.report.charts import BACKEND_MARKERS, bar_chart, marker_path, scatter_chart, scheme_colours
 from etforge.publish.report.cost_charts import planned_chart, size_breakdown_chart
@@ -134,31 +134,30 @@ def _bench_title(result: dict) -> str:
     return "; ".join(parts)
 
 
+def check_cells(result: outcome.CellOutcome) -> dict:
+    """heading -> {"text", "title", "meter"} of each of the cell's checks (the first of a heading wins)."""
+    out: dict = {}
+    for check in result.facts.checks:
+        meter = _num(check.meter())
+        out.setdefault(check.heading(), {"text": check.text(), "title": check.detail(), "meter": meter})
+    return out
+
+
+def charted(result: outcome.CellOutcome) -> tuple:
+    """(value, text, axis label) of the figure the accuracy-against-size chart plots, or (None, "-", "")."""
+    for check in result.facts.checks:
+        for figure in check.figures():
+            if figure.chart and _num(figure.value) is not None:
+                return figure.value, check.text(), figure.chart
+    return None, "-", ""
+
+
 def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict) -> dict:
     """One table row of ``cell`` from its outcome; latency from ``bench``."""
-    ev = result.evidence
-    size = _num(ev.size_bytes)
-    coverage = ev.compute_coverage if ev.compute_coverage is not None else ev.coverage
-    sqnr = _num(ev.metrics.get("sqnr_db"))
-    top1, top5 = _num(ev.metrics.get("top1_agreement")), _num(ev.metrics.get("top5_agreement"))
-    accuracy_title = "; ".join(
-        f"{k}: {v:.6g}"
-        for k, v in (
-            ("cosine", _num(ev.metrics.get("cosine"))),
-            ("max abs error", _num(ev.metrics.get("max_abs_error"))),
-        )
-        if v is not None
-    )
-    if ev.validated_on:
-        accuracy_title = "; ".join(
-            filter(
-                None,
-                [
-                    f"validated on {ev.validated_on}" + (f" ({ev.samples} samples)" if ev.samples else ""),
-                    accuracy_title,
-                ],
-            )
-        )
+    facts = result.facts
+    program = facts.program
+    size = _num(program.size_bytes) if program is not None else None
+    accuracy, accuracy_text, accuracy_label = charted(result)
     timing = bench.get(cell.name)
     timing = timing if isinstance(timing, dict) else {}
     p50 = baseline.p50_of(timing)
@@ -172,37 +171,18 @@ def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict)
         "note": summary.outcome_row(result, layout_of(plan).shown)["note"],
         "size_bytes": size,
         "size_text": summary.human_size(size),
-        "sqnr_db": sqnr,
-        "sqnr_text": summary.sqnr_text(result),
-        "accuracy_title": accuracy_title,
-        "top1": top1,
-        "top1_text": format_fraction(top1),
-        "top5_text": format_fraction(top5),
-        "random_inputs": bool(ev.metrics) and str(ev.validated_on or "").startswith("random"),
+        "checks": check_cells(result),
+        "accuracy": accuracy,
+        "accuracy_text": accuracy_text,
+        "accuracy_label": accuracy_label,
+        "random_inputs": facts.provisional,
         "p50_ms": p50,
         "fastest_ms": baseline.fastest_of(timing),  # what ranks a platform's default (overview.py)
         "latency_text": format_ms(p50),
         "bench_title": _bench_title(timing),
         "regression": flags.get(cell.name),
-        "coverage": coverage,
-        "coverage_text": format_fraction(coverage),
-        "coverage_title": coverage_title(ev) if coverage is not None else "",
-        **cost_fields(ev),  # size breakdown, planned memory (etforge.publish.report.cost_fields)
+        **cost_fields(program),  # size breakdown, planned memory (etforge.publish.report.cost_fields)
     }
-
-
-def coverage_title(ev) -> str:
-    """What the delegation column's percentage is: the compute share (the gate's), and the op counts."""
-    parts = []
-    if ev.compute_coverage is not None:
-        parts.append(f"{format_fraction(ev.compute_coverage)} of the compute (FLOPs) delegated")
-    if ev.compute_ops is not None and ev.delegated_compute_ops is not None:
-        parts.append(
-            f"{ev.delegated_compute_ops} of {ev.compute_ops} compute ops delegated ({format_fraction(ev.op_coverage)})"
-        )
-    elif ev.delegated_ops is not None and ev.non_delegated_ops is not None:
-        parts.append(f"{ev.delegated_ops} delegated, {ev.non_delegated_ops} not delegated")
-    return "; ".join(parts)
 
 
 def rejected_data(rejected) -> dict:
@@ -222,21 +202,16 @@ def rejected_data(rejected) -> dict:
         "note": row.get("note", ""),
         "size_bytes": None,
         "size_text": "-",
-        "sqnr_db": None,
-        "sqnr_text": "-",
-        "accuracy_title": "",
-        "top1": None,
-        "top1_text": "-",
-        "top5_text": "-",
+        "checks": {},
+        "accuracy": None,
+        "accuracy_text": "-",
+        "accuracy_label": "",
         "random_inputs": None,
         "p50_ms": None,
         "fastest_ms": None,
         "latency_text": "-",
         "bench_title": "",
         "regression": None,
-        "coverage": None,
-        "coverage_text": "-",
-        "coverage_title": "",
         **COST_EMPTY,
     }
 
@@ -344,6 +319,8 @@ def build_context(
         "provisional_cells": [r["cell"] for r in rows if r["status"] == "provisional"],
         "unexpected_cells": [r["cell"] for r in rows if r["status"] == "unexpectedly-passing"],
         "badges": BADGES,
+        # one column per check heading, in the order the cells' checks first name them
+        "check_headings": list(dict.fromkeys(h for r in rows for h in r["checks"])),
         "regressions": [{"cell": c, "text": t} for c, t in sorted(flags.items())],
         "unknown_regressions": sorted(set(flags) - known),
         "toolchain": sorted((plan.toolchain or {}).items()),
@@ -352,9 +329,16 @@ def build_context(
 
 
 def render_report(
-    plan, cells, rejected, bench: dict | None = None, baseline_flags: list | None = None, host: dict | None = None
+    plan,
+    cells,
+    rejected,
+    bench: dict | None = None,
+    baseline_flags: list | None = None,
+    host: dict | None = None,
+    results: dict | None = None,
 ) -> str:
-    return templates.render(TEMPLATE, **build_context(plan, cells, rejected, bench, baseline_flags, host))
+    """The page (``results``: the cells' outcomes, cell name -> CellOutcome, when the caller has them)."""
+    return templates.render(TEMPLATE, **build_context(plan, cells, rejected, bench, baseline_flags, host, results))
 
 
 def write_report(
@@ -384,7 +368,7 @@ def write_report(
 def benchmark_results(plan, cells, host: dict, outcomes: RunOutcomes | None = None) -> dict:
     """Cell name -> benchmark info of the cells benchmarked here (their outcomes' evidence)."""
     run = outcomes or RunOutcomes(plan, host)
-    return {o.cell: o.evidence.benchmark.to_json() for o in run.outcomes(cells) if o.evidence.benchmark}
+    return {o.cell: o.facts.benchmark.to_json() for o in run.outcomes(cells) if o.facts.benchmark}
 
 
 def report_content(plan, cells, host: dict, outcomes: RunOutcomes | None = None) -> dict:
