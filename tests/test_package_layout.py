@@ -133,3 +133,37 @@ def test_the_type_checker_sees_a_type_error_across_modules(tmp_path):
     )
     assert run.returncode == 1, run.stdout + run.stderr
     assert '_planted_b.py:5: error: Incompatible return value type (got "str", expected "int")' in run.stdout
+
+
+BUILTIN_RAISES = {"RuntimeError", "ValueError", "TypeError", "KeyError", "ImportError", "NotImplementedError", "Exception"}
+
+
+def test_every_error_etforge_raises_on_purpose_derives_from_one_base():
+    """Every exception class the package defines is an EtforgeError (one line, one handler), and no
+    module raises a bare builtin error of its own (only re-raises of what the OS or a protocol gave)."""
+    import importlib
+    import inspect
+
+    from etforge.core.errors import EtforgeError
+
+    defined = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "__main__.py":  # runs the command when imported
+            continue
+        module = importlib.import_module(_module_name(path))
+        defined += [
+            f"{module.__name__}.{name}"
+            for name, obj in vars(module).items()
+            if inspect.isclass(obj)
+            and issubclass(obj, BaseException)
+            and obj.__module__ == module.__name__
+            and not issubclass(obj, EtforgeError)
+        ]
+    assert not defined, f"exception classes outside EtforgeError: {defined}"
+    raised = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name):
+                if node.exc.func.id in BUILTIN_RAISES:
+                    raised.append(f"{path.relative_to(ROOT)}:{node.lineno}: raise {node.exc.func.id}")
+    assert not raised, "\n".join(raised)

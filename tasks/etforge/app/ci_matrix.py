@@ -22,6 +22,7 @@ from doit.cmd_base import Command
 from etforge.app.loader import SELECTION_OPTIONS, request_from
 from etforge.cache.store import reading_store
 from etforge.core.console import say
+from etforge.core.errors import BadValue
 from etforge.engine import ci_plan
 from etforge.engine.entry import load_selection
 
@@ -101,9 +102,9 @@ def _durations(path: str | None) -> dict:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ValueError(f"--durations {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        raise BadValue(f"--durations {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if not isinstance(data, dict) or not all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in data.values()
     ):
-        raise ValueError(f"--durations {path}: expected a JSON object of task name -> seconds (>= 0)")
+        raise BadValue(f"--durations {path}: expected a JSON object of task name -> seconds (>= 0)")
     return {str(k): float(v) for k, v in data.items()}

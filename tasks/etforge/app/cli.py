@@ -24,6 +24,9 @@ import sys
 from doit.doit_cmd import DoitMain
 
 from etforge.app.loader import SELECTION_OPTIONS, PipelineLoader
+from etforge.core.console import say
+from etforge.core.errors import EtforgeError
+from etforge.core.text import first_line
 from etforge.engine.run_command import Run
 from etforge.pipeline.stages import DEFAULT_TABLE, StageTable
 
@@ -52,11 +55,16 @@ class EtforgeMain(DoitMain):
 
 
 def main(argv: list | None = None, table: StageTable = DEFAULT_TABLE) -> int:
-    """Run ``etforge ARGS``; its tasks run the builders of ``table`` (a test hands in fakes)."""
+    """Run ``etforge ARGS``; its tasks run the builders of ``table`` (a test hands in fakes). An error
+    etforge raises on purpose that reaches here is one line and its exit code (the one handler)."""
     args = list(sys.argv[1:] if argv is None else argv)
     app = EtforgeMain(PipelineLoader(table), config_filenames=(), extra_config=DOIT_PLUGINS)
-    # the names only: loading every command would import explain's, diff's and ci-matrix's modules
-    return app.run(options_first(args, set(app.get_cmds())))
+    try:
+        # the names only: loading every command would import explain's, diff's and ci-matrix's modules
+        return app.run(options_first(args, set(app.get_cmds())))
+    except EtforgeError as exc:
+        say(f"etforge: error: {first_line(exc)}")
+        return exc.exit_code
 
 
 def _option_table() -> dict:

@@ -19,6 +19,7 @@ import stat
 from pathlib import Path
 
 from etforge.core.digest import sha256_file
+from etforge.core.errors import EtforgeError
 
 ENTRY_MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.hmac"  # hex HMAC-SHA256 of the manifest's bytes under the shared secret
@@ -26,7 +27,7 @@ KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{3,128}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
-class CorruptEntry(Exception):
+class CorruptEntry(EtforgeError):
     """An entry that must not be used; the message (one line) says what is wrong with it."""
 
 

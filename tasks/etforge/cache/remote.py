@@ -52,6 +52,7 @@ from etforge.cache.remote_dir import (
     write_into,
 )
 from etforge.config.remote_url import EXTERNAL, LOCAL, SCHEME
+from etforge.core.errors import BadValue, EtforgeError
 from etforge.core.text import one_line
 
 # What each protocol needs: EXTERNAL (etforge.config.remote_url; the plan is checked against it too).
@@ -59,15 +60,15 @@ MANIFEST_LIMIT = 4 << 20  # a manifest is a few KB; one this large is damage and
 SIGNATURE_LIMIT = 4 << 10  # 64 hex digits
 
 
-class RemoteError(Exception):
+class RemoteError(EtforgeError):
     """The remote is unreachable, misconfigured or read-only; the message is one line."""
 
 
-class UntrustedEntry(Exception):
+class UntrustedEntry(EtforgeError):
     """A remote entry that is unsigned, or signed with another secret (only with a secret set)."""
 
 
-class DamagedEntry(Exception):
+class DamagedEntry(EtforgeError):
     """A remote entry no reader can use (a link or special file in it, an oversized or malformed
     manifest, a blob of another size than its manifest says); the message is one line naming it."""
 
@@ -302,10 +303,10 @@ class RemoteStore:
             raw = (entry / ENTRY_MANIFEST).read_bytes()
             files = parse_manifest(raw)["files"]
         except (OSError, CorruptEntry) as exc:
-            raise ValueError(f"not a cache entry: {entry}: {_one_line(exc)}") from exc
+            raise BadValue(f"not a cache entry: {entry}: {_one_line(exc)}") from exc
         for name in files:
             if not (entry / name).is_file():
-                raise ValueError(f"not a cache entry: {entry}: missing blob {name!r}")
+                raise BadValue(f"not a cache entry: {entry}: missing blob {name!r}")
         try:
             if self._complete(key, files):
                 return
@@ -380,7 +381,7 @@ class RemoteStore:
 
 def _check_key(key) -> None:
     if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
-        raise ValueError(f"not a cache key: {key!r}")
+        raise BadValue(f"not a cache key: {key!r}")
 
 
 class _ObjectEntry:
@@ -411,7 +412,7 @@ class _ObjectEntry:
         self.fs.get_file(f"{self.path}/{name}", str(target))
 
 
-class _Refused(Exception):
+class _Refused(EtforgeError):
     """A blob would be written over something already in the target directory."""
 
 

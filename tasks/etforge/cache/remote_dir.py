@@ -19,13 +19,15 @@ import stat
 import uuid
 from pathlib import Path
 
+from etforge.core.errors import EtforgeError
+
 _CHUNK = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class UnsafePath(Exception):
+class UnsafePath(EtforgeError):
     """A path of an entry that is a link or not what etforge writes there (also: too large)."""
 
 

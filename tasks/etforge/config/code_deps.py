@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from etforge.core.digest import digest, sha256_file
+from etforge.core.errors import BadValue
 from etforge.core.paths import PACKAGE_DIR, PACKAGE_NAME
 
 
@@ -228,7 +229,7 @@ class CodeDigests:
         for module in modules:
             found = self._graph.files_of(module)
             if not found:
-                raise ValueError(f"module {module!r} is not under {self.root}")
+                raise BadValue(f"module {module!r} is not under {self.root}")
             entries += found
         return entries
 

@@ -13,10 +13,12 @@ import struct
 import zipfile
 from pathlib import Path
 
+from etforge.core.errors import BadValue
+
 MAGIC = b"\x93NUMPY"
 
 
-class NpzError(ValueError):
+class NpzError(BadValue):
     """The file is not an ``.npz`` numpy could read; the message says why in one line."""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from etforge.core.errors import EtforgeError
+
 
 def one_line(text, limit: int = 200) -> str:
     """``text`` on one line (whitespace runs become one space), cut to ``limit`` characters with '...'."""
@@ -10,7 +12,10 @@ def one_line(text, limit: int = 200) -> str:
 
 
 def first_line(exc: BaseException) -> str:
-    """'TypeName: first line of the message'; an OSError names its path ("No space left on device: /x")."""
+    """'TypeName: first line of the message'; an OSError names its path ("No space left on device: /x");
+    an error etforge raised on purpose is its own line (``file:line: key: message``)."""
+    if isinstance(exc, EtforgeError):
+        return one_line(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, 10_000)
     if isinstance(exc, OSError) and exc.filename:
         return f"{type(exc).__name__}: {exc.strerror}: {exc.filename}"
     if isinstance(exc, SystemExit):  # str() is only the code: "0" says nothing

@@ -17,6 +17,8 @@ import typing
 from dataclasses import fields, is_dataclass
 from functools import cache
 
+from etforge.core.errors import BadValue
+
 
 @cache
 def _type_hints(cls: typing.Any) -> dict:
@@ -100,5 +102,5 @@ def to_json_value(value):
     if isinstance(value, tuple):
         return [to_json_value(v) for v in value]
     if is_dataclass(value) and not isinstance(value, type):
-        raise TypeError(f"{type(value).__name__} is a dataclass without a JSON form")
+        raise BadValue(f"{type(value).__name__} is a dataclass without a JSON form")
     return value

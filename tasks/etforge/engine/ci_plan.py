@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from etforge.cache.records import read_state
 from etforge.config.model import ModelKind
+from etforge.core.errors import BadValue
 from etforge.pipeline.stages import STAGE, STAGES, task_name, upstream_of
 
 # Seconds of a task never built (measured on this project's small models: capture 4 s, export 10 s).
@@ -151,7 +152,7 @@ def parse_runs_on(text: str | None) -> dict:
             continue
         labels, sep, runner = part.partition(":")
         if not sep or not runner.strip():
-            raise ValueError(f"--runs-on: expected LABELS:RUNNER[/RUNNER...], got {part.strip()!r}")
+            raise BadValue(f"--runs-on: expected LABELS:RUNNER[/RUNNER...], got {part.strip()!r}")
         key = frozenset(label.strip() for label in labels.split("+") if label.strip() and label.strip() != "linux")
         table[key] = tuple(r.strip() for r in runner.split("/") if r.strip())
     return table
@@ -190,7 +191,7 @@ def entries(jobs: list, table: Mapping) -> list:
 def github(rows: list) -> dict:
     """``strategy: {matrix: ${{ fromJSON(needs.plan.outputs.matrix) }}}``."""
     if len(rows) > GITHUB_MAX_JOBS:
-        raise ValueError(f"{len(rows)} jobs: a GitHub Actions matrix holds at most {GITHUB_MAX_JOBS}; use fewer --jobs")
+        raise BadValue(f"{len(rows)} jobs: a GitHub Actions matrix holds at most {GITHUB_MAX_JOBS}; use fewer --jobs")
     return {"include": rows}
 
 

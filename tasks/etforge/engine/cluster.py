@@ -35,6 +35,7 @@ from doit.runner import ERROR
 
 from etforge.config import labels as worker_labels
 from etforge.core.console import say
+from etforge.core.errors import EtforgeError
 from etforge.engine.cluster_job import code_fingerprint, run_job, write_if_changed
 from etforge.engine.runners import HOLD, LifecycleMixin, WorkerRunner
 
@@ -43,11 +44,11 @@ MEMORY = "mem_gb"  # the Dask resource of a memory class: mem_gb=64 offers mem64
 WATCH_S = 10.0  # how often the driver checks that the workers its tasks wait for still exist
 
 
-class Unreachable(Exception):
+class Unreachable(EtforgeError):
     """The cluster cannot be used (one line)."""
 
 
-class ClusterLost(Exception):
+class ClusterLost(EtforgeError):
     """The driver lost the scheduler: running tasks fail with this reason, later ones are not run."""
 
 

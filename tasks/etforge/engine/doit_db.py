@@ -24,6 +24,8 @@ from pathlib import Path
 
 from doit.dependency import SqliteDB
 
+from etforge.core.errors import BadValue, EtforgeError
+
 BACKEND = "etforge"  # the name EtforgeDB is registered under as a doit BACKEND plugin
 FILE_NAME = ".doit.sqlite3"  # a new name: the JSON file of earlier versions is not SQLite
 LEGACY_FILE_NAME = ".doit.db"
@@ -49,7 +51,7 @@ def database_path(artifacts_dir: Path) -> Path:
     return artifacts_dir / FILE_NAME
 
 
-class DatabaseUnwritable(Exception):
+class DatabaseUnwritable(EtforgeError):
     """doit's database cannot be created (a full disk, a file-size limit): one line naming it."""
 
 
@@ -128,7 +130,7 @@ def _problem(conn: sqlite3.Connection) -> str | None:
     for task_id, data in conn.execute("SELECT task_id, task_data FROM doit"):
         try:
             if not isinstance(json.loads(data), dict):
-                raise ValueError("not an object")
+                raise BadValue("not an object")
         except (TypeError, ValueError) as exc:  # (UnicodeDecodeError is a ValueError)
             return f"the row of {task_id!r} is not a JSON object: {type(exc).__name__}"
     return None

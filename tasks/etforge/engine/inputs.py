@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from etforge.cache.records import PROGRAM, current
 from etforge.cache.store import Store
+from etforge.core.errors import BuildError
 from etforge.pipeline.results import Blocked, Entry, Rejected, Skip, TaskStatus, task_status
 from etforge.pipeline.specs import TaskSpec, spec_of
 from etforge.pipeline.stage_results import Judgement
@@ -59,7 +60,7 @@ def stored(store: Store, upstream: TaskSpec, rebuild: Callable[[], bool]) -> Ent
                 require(upstream)
                 hit = store.get(upstream.store_key)
     if hit is None:
-        raise RuntimeError(f"{upstream.name} left nothing in the cache (log: {upstream.log_file})")
+        raise BuildError(f"{upstream.name} left nothing in the cache (log: {upstream.log_file})")
     files, info = hit
     return Entry(task=upstream.name, files=files, info=info)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from etforge.core.digest import digest, sha256_file
 from etforge.core.dotted_path import module_of
+from etforge.core.errors import BadValue
 from etforge.core.paths import PACKAGE_NAME, TEMPLATE_DIR
 from etforge.pipeline.stages import Stage, code_of, kind_of, task_name, upstream_of
 
@@ -104,7 +105,7 @@ FACTS = {
 
 def _required_host(host):
     if host is None:
-        raise ValueError("a benchmark key needs the host fingerprint (etforge.config.machine.host_fingerprint())")
+        raise BadValue("a benchmark key needs the host fingerprint (etforge.config.machine.host_fingerprint())")
     return host
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from etforge.config.model import Cell, ModelSpec, Plan
+from etforge.core.errors import BadValue, EtforgeError
 from etforge.pipeline.stage_results import StageResult
 
 R = TypeVar("R", bound=StageResult)
@@ -65,16 +66,16 @@ class BuildResult:
         return {**found, "status": str(self.status), "reason": self.reason}
 
 
-class Skip(Exception):
+class Skip(EtforgeError):
     """Raised by a builder when the host cannot do this task; the message says why."""
 
 
-class Rejected(Exception):
+class Rejected(EtforgeError):
     """Raised by a builder when the cell's scheme cannot apply to this model (e.g. it takes no layer
     of it); the message says why. Recorded as ``rejected``: the cell's outcome, never a failure."""
 
 
-class Blocked(Exception):
+class Blocked(EtforgeError):
     """Raised when an upstream task failed: recorded, never up to date, not a failure itself."""
 
 
@@ -104,7 +105,7 @@ class BuildRequest:
     def cell(self) -> Cell:
         """The subject of a graph or cell stage."""
         if not isinstance(self.subject, Cell):
-            raise TypeError(f"a model stage's builder asked for a cell (its subject is model {self.subject.name!r})")
+            raise BadValue(f"a model stage's builder asked for a cell (its subject is model {self.subject.name!r})")
         return self.subject
 
     @property

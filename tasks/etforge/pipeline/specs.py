@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from etforge.core.errors import BadValue, BuildError
 from etforge.pipeline.keys import inputs_of, key_of
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.stages import STAGE, STAGES, Stage, holds, subject_of, task_name, upstream_of
@@ -35,7 +36,7 @@ class TaskSpec:
     def store_key(self) -> str:
         """The key its store entry is under (a matrix-wide task has one once its content is known)."""
         if self.key is None:
-            raise ValueError(f"{self.name} has no key before its content is known")
+            raise BadValue(f"{self.name} has no key before its content is known")
         return self.key
 
 
@@ -120,7 +121,7 @@ def subjects(plan, stage, cells) -> list:
             and first is not subject
             and key_of(plan, stage, first, fresh=True) != key_of(plan, stage, subject, fresh=True)
         ):
-            raise RuntimeError(f"{task_name(stage, subject)} names two quantizer configs ({first.name}, {cell.name})")
+            raise BuildError(f"{task_name(stage, subject)} names two quantizer configs ({first.name}, {cell.name})")
     return list(unique.values())
 
 

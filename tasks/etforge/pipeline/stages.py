@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from etforge.config.model import ModelKind
+from etforge.core.errors import BadValue
 
 # Verdicts, gates and benchmarks: what a matrix-wide task waits for, in pipeline order.
 CELL_VERDICTS = ("export", "sizegate", "validate", "benchmark")
@@ -113,11 +114,11 @@ class StageTable:
         own; a matrix-wide stage has no kind)."""
         if stage.part is not None:
             if kind is None:
-                raise ValueError(f"stage {stage.name} is built by each model kind's {stage.part}: name the kind")
+                raise BadValue(f"stage {stage.name} is built by each model kind's {stage.part}: name the kind")
             return getattr(self.kinds[kind], stage.part)
         builder = self.builders.get(stage.name, stage.builder)
         if builder is None:
-            raise ValueError(f"stage {stage.name} names neither a part nor a builder")
+            raise BadValue(f"stage {stage.name} names neither a part nor a builder")
         return builder
 
 

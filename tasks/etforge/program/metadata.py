@@ -30,6 +30,7 @@ from importlib import metadata
 
 import etforge
 from etforge.config.io_spec import describe_io
+from etforge.core.errors import EtforgeError
 
 META_METHOD = "etforge_meta_json"
 VERSION_METHOD = "etforge_meta_version"
@@ -38,7 +39,7 @@ DATA_SHA256_PLACEHOLDER = "0" * 64  # stamped with the .ptd's sha256 once the .p
 MARKER = b'{"etforge_meta_version": '
 
 
-class ProgramMetaError(Exception):
+class ProgramMetaError(EtforgeError):
     """A program's metadata is missing, unreadable or disagrees with what etforge expects."""
 
 

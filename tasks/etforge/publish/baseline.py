@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from etforge.core.atomic import atomic_write_text
+from etforge.core.errors import BadValue
 
 BASELINE_FORMAT = "etforge-bench-baseline/1"
 
@@ -93,7 +94,7 @@ def compare_with_baseline(current: dict, baseline: dict, threshold_pct: float) -
     ``threshold_pct`` and ``regression: True``.
     """
     if isinstance(threshold_pct, bool) or not isinstance(threshold_pct, (int, float)) or threshold_pct < 0:
-        raise ValueError(f"threshold_pct: expected a number >= 0, got {threshold_pct!r}")
+        raise BadValue(f"threshold_pct: expected a number >= 0, got {threshold_pct!r}")
     return [
         {**row, "threshold_pct": threshold_pct, "regression": True}
         for row in baseline_deltas(current, baseline)
@@ -127,25 +128,25 @@ def load_baseline(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ValueError(f"cannot read baseline {path}: {exc.strerror}") from None
+        raise BadValue(f"cannot read baseline {path}: {exc.strerror}") from None
     except ValueError as exc:
-        raise ValueError(f"baseline {path} is not JSON: {exc}") from None
+        raise BadValue(f"baseline {path} is not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"baseline {path}: expected a JSON object, got {type(data).__name__}")
+        raise BadValue(f"baseline {path}: expected a JSON object, got {type(data).__name__}")
     if "format" in data:
         if data["format"] != BASELINE_FORMAT:
-            raise ValueError(f"baseline {path}: format {data['format']!r}, expected {BASELINE_FORMAT!r}")
+            raise BadValue(f"baseline {path}: format {data['format']!r}, expected {BASELINE_FORMAT!r}")
         cells = data.get("cells")
         if not isinstance(cells, dict):
-            raise ValueError(f"baseline {path}: 'cells' must map cell names to bench results")
+            raise BadValue(f"baseline {path}: 'cells' must map cell names to bench results")
     else:
         cells = data
     for name, entry in cells.items():
         if not isinstance(entry, dict):
-            raise ValueError(f"baseline {path}: cell {name!r}: expected an object, got {type(entry).__name__}")
+            raise BadValue(f"baseline {path}: cell {name!r}: expected an object, got {type(entry).__name__}")
         raw = entry.get("latency_p50_ms")
         if raw is None and isinstance(entry.get("latency_ms"), dict):
             raw = entry["latency_ms"].get("p50")
         if raw is not None and p50_of(entry) is None:
-            raise ValueError(f"baseline {path}: cell {name!r}: p50 must be a positive number of ms, got {raw!r}")
+            raise BadValue(f"baseline {path}: cell {name!r}: p50 must be a positive number of ms, got {raw!r}")
     return dict(cells)

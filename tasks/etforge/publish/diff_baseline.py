@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from etforge.checks.base import finite
+from etforge.core.errors import EtforgeError
 from etforge.pipeline.layout import layout_of
 from etforge.publish.cell_metrics import PROVENANCE_FORMAT
 
@@ -31,8 +32,10 @@ FORMAT = re.compile(r"^etforge-provenance/(\d+)$")
 KNOWN_FORMAT = int(PROVENANCE_FORMAT.rsplit("/", 1)[1])  # the newest format this etforge reads
 
 
-class BaselineError(Exception):
+class BaselineError(EtforgeError):
     """A baseline that cannot be compared with: one line, exit status 2."""
+
+    exit_code = 2
 
 
 @dataclass(frozen=True)

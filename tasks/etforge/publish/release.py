@@ -54,6 +54,7 @@ import etforge
 from etforge.cache.records import read_state, write_state
 from etforge.core.atomic import atomic_write_bytes, atomic_write_text
 from etforge.core.digest import canonical_json, sha256_file
+from etforge.core.errors import EtforgeError
 from etforge.core.text import first_line
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import TaskStatus
@@ -67,7 +68,7 @@ FIXED_MTIME = 946684800  # 2000-01-01: tar and zip tools choke on 0
 NOT_MEASURED = "not measured: this backend does not lower where etforge is tested"
 
 
-class ReleaseRefused(Exception):
+class ReleaseRefused(EtforgeError):
     pass
 
 

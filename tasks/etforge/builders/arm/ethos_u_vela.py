@@ -31,6 +31,7 @@ from pathlib import Path
 
 from etforge.builders.arm.tosa_reference import TOSA_DELEGATES
 from etforge.checks.vela import Vela
+from etforge.core.errors import BuildError
 
 KIB = 1024
 # Vela's summary CSV: memory used per area in KiB; the Vela check's field of each
@@ -81,7 +82,7 @@ def _compile_again(lowered) -> tuple:
         with contextlib.redirect_stdout(printed):  # Vela prints its network summary
             result = vela_compile(tosa, list(spec.compiler_flags), intermediate_path=tmp)
         if result.processed_bytes != lowered.processed_bytes:
-            raise RuntimeError(
+            raise BuildError(
                 "Vela compiled the rebuilt TOSA graph to other bytes than the program's Ethos-U payload: "
                 "its TOSA form cannot stand for it"
             )
@@ -90,7 +91,7 @@ def _compile_again(lowered) -> tuple:
             row = {k.strip(): _number(v.strip()) for k, v in next(csv.DictReader(f)).items()}
     ops = {kind.lower(): int(n) for kind, n in _OPS.findall(printed.getvalue())}
     if set(ops) != {"cpu", "npu"}:
-        raise RuntimeError("Vela's output has no 'CPU operators' / 'NPU operators' lines")
+        raise BuildError("Vela's output has no 'CPU operators' / 'NPU operators' lines")
     return tosa, {**row, "npu_ops": ops["npu"], "cpu_ops": ops["cpu"], "tosa_bytes": len(tosa)}
 
 

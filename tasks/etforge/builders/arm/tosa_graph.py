@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+from etforge.core.errors import BuildError
+
 
 def tosa_io(tosa: bytes) -> tuple:
     """([(name, shape, dtype)] of the inputs, the same of the outputs, operator count) of a TOSA 1.0 graph."""
@@ -39,5 +41,5 @@ def run_tosa(tosa: bytes, inputs: list) -> list:
         os.close(saved)
         os.close(null)
     if status != ref.GraphStatus.TOSA_VALID:
-        raise RuntimeError(f"TOSA reference model: {status}")
+        raise BuildError(f"TOSA reference model: {status}")
     return list(outputs)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from etforge.core.errors import BuildError, Unsupported
+
 TOSA_DELEGATES = "delegates.tosa.npz"  # the export's TOSA form of each Ethos-U delegate
 
 
@@ -27,7 +29,7 @@ def tosa_program(pte: Path, samples: list, export_files: dict, method: str = "fo
 
     def delegate(backend_id: str, payload: bytes) -> bytes:
         if backend_id != "TOSABackend":
-            raise NotImplementedError(f"a {backend_id} delegate in a TOSA program")
+            raise Unsupported(f"a {backend_id} delegate in a TOSA program")
         return payload
 
     return run_samples(pte, samples, delegate, method)
@@ -42,14 +44,14 @@ def ethos_u_via_tosa(pte: Path, samples: list, export_files: dict, method: str =
 
     stored = export_files.get(TOSA_DELEGATES)
     if stored is None:
-        raise RuntimeError(f"the export kept no {TOSA_DELEGATES}: no TOSA form of the Ethos-U delegates")
+        raise BuildError(f"the export kept no {TOSA_DELEGATES}: no TOSA form of the Ethos-U delegates")
     with np.load(stored) as data:
         by_payload = {name: data[name].tobytes() for name in data.files}
 
     def delegate(backend_id: str, payload: bytes) -> bytes:
         digest = hashlib.sha256(payload).hexdigest()
         if digest not in by_payload:
-            raise RuntimeError(f"no TOSA form of the {backend_id} delegate with payload sha256 {digest[:12]}")
+            raise BuildError(f"no TOSA form of the {backend_id} delegate with payload sha256 {digest[:12]}")
         return by_payload[digest]
 
     return run_samples(pte, samples, delegate, method)

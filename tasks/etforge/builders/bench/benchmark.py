@@ -38,6 +38,7 @@ from etforge.builders.capture.reference import REFERENCE
 from etforge.builders.runtime.proc_status import proc_status_bytes
 from etforge.builders.runtime.timing_stats import NS_PER_MS, summarize
 from etforge.config import defaults
+from etforge.core.errors import BadValue
 from etforge.pipeline.results import BuildRequest, BuildResult
 from etforge.pipeline.stage_results import BenchmarkResult, ExportResult
 
@@ -61,13 +62,13 @@ def resolve_options(options: dict | None) -> dict:
     options = dict(options or {})
     unknown = sorted(set(options) - set(DEFAULTS))
     if unknown:
-        raise ValueError(f"unknown benchmark option(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
+        raise BadValue(f"unknown benchmark option(s) {', '.join(unknown)}; known: {', '.join(DEFAULTS)}")
     out = {**DEFAULTS, **options}
 
     def integer(name: str, minimum: int) -> None:
         value = out[name]
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"benchmark option {name}: expected an integer >= {minimum}, got {value!r}")
+            raise BadValue(f"benchmark option {name}: expected an integer >= {minimum}, got {value!r}")
 
     integer("warmup", 0)
     integer("iterations", 1)
@@ -77,9 +78,9 @@ def resolve_options(options: dict | None) -> dict:
     if budget is not None and (
         isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0 or not math.isfinite(budget)
     ):
-        raise ValueError(f"benchmark option max_seconds: expected a positive number or null, got {budget!r}")
+        raise BadValue(f"benchmark option max_seconds: expected a positive number or null, got {budget!r}")
     if not isinstance(out["method"], str) or not out["method"]:
-        raise ValueError(f"benchmark option method: expected a method name, got {out['method']!r}")
+        raise BadValue(f"benchmark option method: expected a method name, got {out['method']!r}")
     return out
 
 

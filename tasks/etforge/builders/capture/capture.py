@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from etforge.builders.capture.reference import RANDOM_SOURCE, REFERENCE, write_reference
+from etforge.core.errors import BadValue
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
 from etforge.pipeline.stage_results import CaptureResult
 
@@ -67,7 +68,7 @@ def reference_samples(model_spec, root: Path, seed: int, inputs=None) -> tuple[l
     inputs = model_spec.inputs if inputs is None else inputs
     if any(i.dims for i in inputs):
         if model_spec.validation is not None:
-            raise ValueError(
+            raise BadValue(
                 "validation data for a model with dynamic dims is not supported yet: "
                 "drop `validation` (random samples at min, an interior size and max are used)"
             )
@@ -99,7 +100,7 @@ def method_module(model, name: str):
             return getattr(self.core, name)(*args)
 
     if not callable(getattr(model, name, None)):
-        raise AttributeError(f"the model has no method {name!r} (pipeline.yaml declares it under methods)")
+        raise BadValue(f"the model has no method {name!r} (pipeline.yaml declares it under methods)")
     return Method()
 
 

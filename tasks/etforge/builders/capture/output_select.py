@@ -21,6 +21,8 @@ outputs. One that matches no output fails the capture, naming the model's output
 
 from __future__ import annotations
 
+from etforge.core.errors import BadValue
+
 CORE = "core"  # the wrapped model's attribute: its layers' names in the captured graph start with "core."
 
 
@@ -35,14 +37,14 @@ def resolve(selection, names: list) -> list:
     for item in selection:
         if isinstance(item, int) and not isinstance(item, bool):
             if not 0 <= item < len(names):
-                raise ValueError(
+                raise BadValue(
                     f"outputs: index {item} is out of range; the model has {len(names)} outputs: {', '.join(names)}"
                 )
             out.append(item)
             continue
         found = [i for i, name in enumerate(names) if item in (name, _plain(name))]
         if not found:
-            raise ValueError(f"outputs: no output {item!r}; the model's outputs are {', '.join(names) or 'none'}")
+            raise BadValue(f"outputs: no output {item!r}; the model's outputs are {', '.join(names) or 'none'}")
         out.append(found[0])
     return out
 

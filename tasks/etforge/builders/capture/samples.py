@@ -37,6 +37,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from etforge.config.defaults import IMAGE_SUFFIXES, SAMPLES
+from etforge.core.errors import BadValue
 
 
 def load_samples(
@@ -156,11 +157,11 @@ def _from_npz(model_spec, path: Path, samples: int) -> list:
         for i, item in enumerate(model_spec.inputs):
             name = item.name if item.name in data.files else f"input_{i}"
             if name not in data.files:
-                raise KeyError(f"{path.name} has no array {item.name!r} or 'input_{i}' (has: {', '.join(data.files)})")
+                raise BadValue(f"{path.name} has no array {item.name!r} or 'input_{i}' (has: {', '.join(data.files)})")
             arrays.append(data[name])
     count = min((len(a) if a.ndim else 0) for a in arrays)
     if count == 0:  # (planning refuses such a file; it may have changed since)
-        raise ValueError(f"{path.name} holds no samples for {model_spec.name} (an empty first axis)")
+        raise BadValue(f"{path.name} holds no samples for {model_spec.name} (an empty first axis)")
     batches = []
     for n in range(min(count, samples)):
         batch = []
@@ -175,12 +176,12 @@ def _from_npz(model_spec, path: Path, samples: int) -> list:
 
 def _from_images(model_spec, folder: Path, spec: dict, samples: int) -> list:
     if len(model_spec.inputs) != 1 or len(model_spec.inputs[0].shape) != 4:
-        raise ValueError("an image folder feeds a model with one NCHW image input")
+        raise BadValue("an image folder feeds a model with one NCHW image input")
     item = model_spec.inputs[0]
     _, channels, height, width = item.shape
     files = image_files(folder)
     if not files:
-        raise ValueError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}")
+        raise BadValue(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {folder}")
     batches = []
     for path in files[:samples]:
         array = preprocess_image(path, channels, height, width, spec)[None]

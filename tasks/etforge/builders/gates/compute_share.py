@@ -20,6 +20,8 @@ nothing looks like compute outside the delegates.
 
 from __future__ import annotations
 
+from etforge.core.errors import BadValue
+
 COMPUTE_UNIT = "FLOPs"  # matmul-like ops by formula; every other compute op one per output element
 
 
@@ -82,7 +84,7 @@ def _flops(node) -> int:
         if isinstance(value, torch.fx.Node):
             meta = _tensor_meta(value.meta.get("val"))
             if meta is None:
-                raise ValueError(f"no tensor metadata on {value.name}")
+                raise BadValue(f"no tensor metadata on {value.name}")
             return torch.empty(_dims(meta.shape), dtype=meta.dtype)
         return value
 

@@ -15,6 +15,7 @@ from etforge.builders.gates.compute_share import compute_coverage
 from etforge.builders.quantization.layer_filter import describe_kept
 from etforge.checks.size import SizeGate
 from etforge.config.defaults import SIZE_GATE_OVERHEAD_BYTES
+from etforge.core.errors import BuildError
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
 from etforge.pipeline.stage_results import CaptureResult, ExportResult, GateResult, QuantizeResult
 
@@ -172,7 +173,7 @@ def size_gate_stage(request: BuildRequest) -> BuildResult:
     """The sizegate stage's builder: the cell's program against its fp32 sibling's."""
     cell, up = request.cell, request.upstream
     if any(up[r].info.get("status") != TaskStatus.OK for r in ("export", "fp32_export")):
-        raise RuntimeError(f"needs both {up['export'].task} and {up['fp32_export'].task} ok")
+        raise BuildError(f"needs both {up['export'].task} and {up['fp32_export'].task} ok")
     weights = up["capture"].result(CaptureResult).weight_bytes
     layers = up["graph"].result(QuantizeResult).layers if "graph" in up else {}
     check = size_gate(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from etforge.config.hf_seq2seq import ENCODER_INPUTS
 from etforge.config.hf_source import TASKS
+from etforge.core.errors import BadValue
 
 # The task's Auto class when the source names no model_class.
 AUTO_CLASSES = {task: auto for task, (auto, _) in TASKS.items()}
@@ -40,7 +41,7 @@ def build_config(source: dict):
     known = set(type(config)().to_dict()) | {"num_labels", "torch_dtype"}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown {source['config']['model_type']} config key {unknown[0]!r}")
+        raise BadValue(f"unknown {source['config']['model_type']} config key {unknown[0]!r}")
     return config
 
 
@@ -49,7 +50,7 @@ def model_class(source: dict):
     name = source.get("model_class") or AUTO_CLASSES[source["task"]]
     cls = getattr(tf, name, None)
     if cls is None:
-        raise ValueError(f"transformers has no model class {name!r}")
+        raise BadValue(f"transformers has no model class {name!r}")
     return cls
 
 

@@ -7,6 +7,8 @@ import inspect
 import sys
 from pathlib import Path
 
+from etforge.core.errors import BadValue
+
 # Random-init BatchNorm statistics make deep nets (MobileNet) collapse their
 # outputs to ~1e-9, which makes numeric comparison meaningless.
 BN_CALIBRATION_BATCHES = 4
@@ -28,7 +30,7 @@ def build_model(spec, root: Path):
     else:
         model = torchvision_model(spec.source["torchvision"], spec.kwargs)
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model factory returned {type(model).__name__}, not torch.nn.Module")
+        raise BadValue(f"model factory returned {type(model).__name__}, not torch.nn.Module")
     if spec.weights:
         state = torch.load(root / spec.weights["path"], map_location="cpu", weights_only=True)
         if isinstance(state, dict) and "state_dict" in state:
@@ -53,7 +55,7 @@ def torchvision_model(name: str, kwargs: dict):
         hint = (
             f"; did you mean {close[0]!r}?" if close else f" (it lists {len(known)}: torchvision.models.list_models())"
         )
-        raise ValueError(f"torchvision's model registry has no model {name!r}{hint}")
+        raise BadValue(f"torchvision's model registry has no model {name!r}{hint}")
     weights = {"weights": None}
     if "weights_backbone" in inspect.signature(torchvision.models.get_model_builder(name)).parameters:
         weights["weights_backbone"] = None  # segmentation/detection builders default to downloading one
@@ -66,7 +68,7 @@ def _from_factory(ref: str, kwargs: dict, root: Path):
     module = _import_from_project(module_name, root)
     factory = getattr(module, func_name, None)
     if factory is None:
-        raise AttributeError(f"{module_name} has no factory {func_name!r}")
+        raise BadValue(f"{module_name} has no factory {func_name!r}")
     return factory(**kwargs)
 
 
@@ -98,7 +100,7 @@ def _import_from_project(module_name: str, root: Path):
             del sys.modules[name]
     module = importlib.import_module(module_name)
     if not _is_inside(module.__file__, root):
-        raise ImportError(f"{module_name} resolved to {module.__file__}, outside the project {root}")
+        raise BadValue(f"{module_name} resolved to {module.__file__}, outside the project {root}")
     return module
 
 

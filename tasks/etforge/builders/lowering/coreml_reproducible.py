@@ -52,6 +52,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from etforge.core.errors import BuildError
+
 # Name-based (uuid5) UUIDs live in this namespace: uuid5(NAMESPACE_URL, "https://etforge/coreml").
 NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://etforge/coreml")
 CONVERSION_DATE_KEY = "com.github.apple.coremltools.conversion_date"
@@ -118,12 +120,12 @@ def check_model(root: Path) -> None:
     metadata = json.loads((root / METADATA).read_text(encoding="utf-8"))
     packages = sorted(root.glob("*.mlpackage"))
     if not packages:
-        raise RuntimeError(f"Core ML blob holds no .mlpackage: {sorted(p.name for p in root.iterdir())}")
+        raise BuildError(f"Core ML blob holds no .mlpackage: {sorted(p.name for p in root.iterdir())}")
     for package in packages:
         description = ct.models.MLModel(str(package), skip_model_load=True).get_spec().description
         names = ([i.name for i in description.input], [o.name for o in description.output])
         if names != (metadata["inputNames"], metadata["outputNames"]):
-            raise RuntimeError(
+            raise BuildError(
                 f"Core ML model {package.name} has inputs/outputs {names}, "
                 f"its metadata.json says {metadata['inputNames']}/{metadata['outputNames']}"
             )
@@ -160,7 +162,7 @@ def _rename_manifest_items(package: Path) -> None:
         content = tree_digest(package / "Data" / item["path"])
         renamed[old] = str(uuid.uuid5(NAMESPACE, f"item:{item['path']}:{content}"))
     if len(set(renamed.values())) != len(renamed):
-        raise RuntimeError(f"{manifest_path}: two items share a path; cannot name them by content")
+        raise BuildError(f"{manifest_path}: two items share a path; cannot name them by content")
     manifest["itemInfoEntries"] = {renamed[k]: v for k, v in manifest["itemInfoEntries"].items()}
     manifest["rootModelIdentifier"] = renamed[manifest["rootModelIdentifier"]]
     # The layout coremltools writes (4-space indent, sorted keys, trailing newline).
@@ -245,7 +247,7 @@ def _check_round_trip(blob: bytes, expected: Path, scratch: Path) -> None:
     """Unpack ``blob`` with executorchcoreml's reader and demand exactly the tree it was packed from."""
     unpacked = read_blob(blob, scratch)
     if unpacked.name != expected.name or tree_digest(unpacked) != tree_digest(expected):
-        raise RuntimeError(
+        raise BuildError(
             "the re-packed Core ML blob does not unpack to the tree it was packed from: "
             "executorchcoreml's flattened-directory format changed; update etforge's builders/coreml_reproducible.py"
         )

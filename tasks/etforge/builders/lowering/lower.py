@@ -23,6 +23,7 @@ from etforge.builders.lowering.oplist import program_operators, write_selected_o
 from etforge.builders.lowering.program_costs import program_costs
 from etforge.builders.runtime.program_io import check_loads
 from etforge.checks.delegation import Delegation
+from etforge.core.errors import BuildError
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
 from etforge.pipeline.stage_results import CaptureResult, ExportResult
 from etforge.program.metadata import constant_methods, program_meta, stamp_data_sha256, without_meta
@@ -232,7 +233,7 @@ def _build_in_fresh_process(cell, program_path: Path, workdir: Path, capture: Ca
     request.unlink()
     if proc.returncode != 0 or not result.is_file():
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"lowering in a fresh process failed (exit {proc.returncode}): {last}")
+        raise BuildError(f"lowering in a fresh process failed (exit {proc.returncode}): {last}")
     built = pickle.loads(result.read_bytes())
     result.unlink()
     return built
@@ -261,13 +262,13 @@ def write_external_data(executorch_program, ptd: Path, constant_bytes: int) -> d
         executorch_program.write_tensor_data_to_file(out)
         written = sorted(Path(out).glob("*.ptd"))
         if len(written) > 1:
-            raise RuntimeError(
+            raise BuildError(
                 f"external_weights: the program needs {len(written)} data files "
                 f"({', '.join(p.name for p in written)}); etforge ships one per program"
             )
         data = written[0].read_bytes() if written else b""
     if len(data) < MIN_EXTERNAL_FRACTION * constant_bytes:
-        raise RuntimeError(
+        raise BuildError(
             f"external_weights: only {len(data)} of the graph's {constant_bytes} constant bytes "
             "went to the .ptd; the backend kept its weights inside the program"
         )

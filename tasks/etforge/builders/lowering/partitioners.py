@@ -17,6 +17,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from etforge.core.errors import BuildError, Unsupported
+
 # --------------------------------------------------------------------------- CPU
 
 
@@ -164,7 +166,7 @@ def qnn(options: dict) -> list:
     """Qualcomm AI Engine Direct (HTP). Call only with QNN_SDK_ROOT set: without it
     executorch's QNN setup downloads the SDK from the internet."""
     if "QNN_SDK_ROOT" not in os.environ:
-        raise RuntimeError("QNN_SDK_ROOT is not set; refusing to let executorch download the QNN SDK")
+        raise BuildError("QNN_SDK_ROOT is not set; refusing to let executorch download the QNN SDK")
     from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
     from executorch.backends.qualcomm.utils.utils import (
         generate_htp_compiler_spec,
@@ -208,7 +210,7 @@ def samsung_exynos(options: dict) -> list:
 def cadence(options: dict) -> list:
     """Cadence/Xtensa DSPs are not a partitioner backend: executorch compiles the
     whole graph to Cadence kernels with its own entry point."""
-    raise NotImplementedError(
+    raise Unsupported(
         "the Cadence backend has no partitioner: use executorch.backends.cadence.aot.compiler."
         "export_to_executorch_gen_etrecord (Python >= 3.12) and build the runtime with the Xtensa toolchain"
     )

@@ -35,6 +35,7 @@ from pathlib import Path
 from etforge.builders.runtime.program_io import METHOD
 from etforge.checks.numerics import OnDevice
 from etforge.config.defaults import BUNDLE_ATOL_PER_PEAK, BUNDLE_RTOL
+from etforge.core.errors import BadValue
 from etforge.pipeline.results import BuildResult, TaskStatus
 from etforge.pipeline.stage_results import Verdict
 
@@ -139,9 +140,9 @@ def _method_suite(cell, method: str, pte_bytes: bytes, reference: Path, input_dt
         in_dtypes = list(input_dtypes or []) if method == METHOD else []
         out_dtypes = []
     if len(in_dtypes) not in (0, len(ref.inputs)):
-        raise ValueError(f"{method}: the program takes {len(in_dtypes)} inputs, the reference has {len(ref.inputs)}")
+        raise BadValue(f"{method}: the program takes {len(in_dtypes)} inputs, the reference has {len(ref.inputs)}")
     if out_dtypes and len(out_dtypes) != len(ref.outputs):
-        raise ValueError(f"{method}: the program returns {len(out_dtypes)} outputs, eager returned {len(ref.outputs)}")
+        raise BadValue(f"{method}: the program returns {len(out_dtypes)} outputs, eager returned {len(ref.outputs)}")
     cases = []
     for n in range(ref.count):
         inputs = cast_inputs(ref.sample_inputs(n), in_dtypes)

@@ -20,6 +20,8 @@ import math
 
 import numpy as np
 
+from etforge.core.errors import BadValue
+
 TOP_K = 5
 # Threshold name -> (metric key in an output's metrics, "min" if the metric must be at least
 # the threshold, "max" if at most).
@@ -89,7 +91,7 @@ def compare(reference: np.ndarray, actual: np.ndarray) -> dict:
     ref = np.asarray(reference, dtype=np.float64).ravel()
     act = np.asarray(actual, dtype=np.float64).ravel()
     if ref.shape != act.shape:
-        raise ValueError(f"output shape mismatch: eager {np.shape(reference)} vs program {np.shape(actual)}")
+        raise BadValue(f"output shape mismatch: eager {np.shape(reference)} vs program {np.shape(actual)}")
     bad = nonfinite(actual)
     if bad["nan"] or bad["inf"]:
         return {
@@ -146,7 +148,7 @@ def compare_samples(reference: np.ndarray, actual: np.ndarray, classification: b
     reference = np.asarray(reference)
     actual = np.asarray(actual)
     if reference.shape != actual.shape:
-        raise ValueError(
+        raise BadValue(
             f"output shape mismatch: eager {reference.shape[1:]} vs program {actual.shape[1:]} "
             f"(over {reference.shape[0]} samples)"
         )

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from etforge.builders.capture.reference import REFERENCE
 from etforge.checks.numerics import Numerics
+from etforge.core.errors import BadValue
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
 from etforge.pipeline.stage_results import ExportResult, Verdict
 
@@ -103,7 +104,7 @@ def build_validate(
     samples = [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)]
     results = runner.run(pte, samples) if runner is not None else run_program_samples(pte, samples)
     if any(len(r) != len(ref.outputs) for r in results):
-        raise ValueError(f"program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}")
+        raise BadValue(f"program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}")
     classification = getattr(cell.model, "task", "other") == "classification"
     labels = output_labels(ref.output_names) if ref.output_names else []
     if ref.ragged:  # dynamic dims: each sample is one size, judged on its own
@@ -209,7 +210,7 @@ def _validate_methods(
         samples = [cast_inputs(ref.sample_inputs(n), None) for n in range(ref.count)]
         results = runner.run(pte, samples, method) if runner else run_program_samples(pte, samples, method)
         if any(len(r) != len(ref.outputs) for r in results):
-            raise ValueError(
+            raise BadValue(
                 f"method {method}: program returned {len(results[0])} outputs, eager returned {len(ref.outputs)}"
             )
         labels = output_labels(ref.output_names) if ref.output_names else [""] * len(ref.outputs)

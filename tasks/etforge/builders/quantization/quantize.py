@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from etforge.builders.capture.reference import REFERENCE
+from etforge.core.errors import BadValue
 from etforge.pipeline.results import BuildRequest, BuildResult, Rejected
 from etforge.pipeline.stage_results import QuantizeResult
 
@@ -220,7 +221,7 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
         model = build_model(cell.model, root).to(dtype)
         inputs = tuple(x.to(dtype) if x.is_floating_point() else x for x in inputs)
     else:
-        raise ValueError(f"unknown quantization method {transform.method!r}")
+        raise BadValue(f"unknown quantization method {transform.method!r}")
     return model, inputs, facts
 
 
@@ -242,7 +243,7 @@ def keep_float(cell, model, reference) -> tuple[dict, dict | None]:
         return matching(taken, list(option)), None
     threshold = cell.thresholds.get("sqnr_db")
     if threshold is None:
-        raise ValueError(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
+        raise BadValue(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
 
     def measure(kept: tuple) -> float:
         trial = copy.deepcopy(model)
@@ -280,7 +281,7 @@ def pt2e_keep_float(cell, program, convert, reference) -> tuple[dict, dict | Non
     else:
         threshold = cell.thresholds.get("sqnr_db")
         if threshold is None:
-            raise ValueError(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
+            raise BadValue(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
         limit = cell.transform.options.get("keep_float_limit")
         rescue = auto_keep(
             list(layers),

@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 import re
 
+from etforge.core.errors import BadValue
+
 AUTO = "auto"
 LIMIT_SHARE = 0.25  # of the layers the scheme takes: the default limit of ``auto``
 # The captured graph's weight layers (the capture's weight_bytes kinds): op -> kind
@@ -56,7 +58,7 @@ def without_layers(quantizer, layers):
     if not layers:
         return quantizer
     if not hasattr(quantizer, "set_filter_function"):
-        raise ValueError(f"keep_float: {type(quantizer).__name__} cannot leave layers out of its quantization")
+        raise BadValue(f"keep_float: {type(quantizer).__name__} cannot leave layers out of its quantization")
     from torchao.quantization.pt2e.quantizer.utils import get_module_name_filter
 
     hits = [get_module_name_filter(name) for name in layers]
@@ -70,7 +72,7 @@ def matching(names, patterns) -> dict:
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise ValueError(f"keep_float: {pattern!r} is not a regular expression ({exc})") from None
+            raise BadValue(f"keep_float: {pattern!r} is not a regular expression ({exc})") from None
     out = {}
     for name in names:
         hit = next((p for p in patterns if re.fullmatch(p, name)), None)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from etforge.core.errors import BadValue
+
 METHOD = "forward"
 
 
@@ -136,7 +138,7 @@ def program_io_dtypes(pte_bytes: bytes, method: str = METHOD) -> tuple[list, lis
     program = deserialize_pte_binary(pte_bytes).program
     plan = next((p for p in program.execution_plan if p.name == method), None)
     if plan is None:
-        raise ValueError(
+        raise BadValue(
             f"the program has no {method!r} method (has: {', '.join(p.name for p in program.execution_plan)})"
         )
 

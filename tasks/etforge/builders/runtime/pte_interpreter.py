@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from etforge.core.errors import BadValue, Unsupported
+
 # ExecuTorch ScalarType codes (executorch/exir/scalar_type.py) -> torch dtype names
 SCALAR_TYPES = {
     0: "uint8",
@@ -46,10 +48,10 @@ class PteInterpreter:
         self.program = deserialize_pte_binary(pte).program  # delegate segments restored inline
         plans = {p.name: p for p in self.program.execution_plan}
         if method not in plans:
-            raise ValueError(f"the program has no {method!r} method (has: {', '.join(plans)})")
+            raise BadValue(f"the program has no {method!r} method (has: {', '.join(plans)})")
         self.plan = plans[method]
         if len(self.plan.chains) != 1:
-            raise NotImplementedError(f"{method} has {len(self.plan.chains)} chains; only one is interpreted")
+            raise Unsupported(f"{method} has {len(self.plan.chains)} chains; only one is interpreted")
         self.delegate = delegate
         self.trace: list = []  # what ran, in order: "aten::mean.out", "delegate:TOSABackend"
 
@@ -65,7 +67,7 @@ class PteInterpreter:
             elif isinstance(args, schema.DelegateCall):
                 self._delegate(args, env)
             else:
-                raise NotImplementedError(f"instruction {type(args).__name__} is not interpreted")
+                raise Unsupported(f"instruction {type(args).__name__} is not interpreted")
         return [env[i] for i in self.plan.outputs]
 
     # ------------------------------------------------------------------ values
@@ -109,7 +111,7 @@ class PteInterpreter:
             return list(value.items)
         if isinstance(value, schema.OptionalTensorList):
             return [None if j == -1 else self._value(j, env) for j in value.items]
-        raise NotImplementedError(f"value {type(value).__name__} is not interpreted")
+        raise Unsupported(f"value {type(value).__name__} is not interpreted")
 
     # ------------------------------------------------------------------ instructions
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import statistics
 
+from etforge.core.errors import BadValue
+
 TRIM = 0.10  # trimmed mean drops this share of samples from each end (middle 80%)
 NS_PER_MS = 1e6
 
@@ -12,7 +14,7 @@ NS_PER_MS = 1e6
 def percentile(sorted_values: list, q: float) -> float:
     """Linear interpolation between closest ranks (numpy's default), ``q`` in [0, 100]."""
     if not sorted_values:
-        raise ValueError("percentile of no samples")
+        raise BadValue("percentile of no samples")
     pos = (len(sorted_values) - 1) * q / 100.0
     lo = math.floor(pos)
     hi = min(lo + 1, len(sorted_values) - 1)

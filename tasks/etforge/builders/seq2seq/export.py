@@ -19,6 +19,8 @@ position, which etforge.builders.seq2seq.numerics compares the program with step
 
 from __future__ import annotations
 
+from etforge.core.errors import BadValue
+
 INPUT_SEED_OFFSET = 1  # the encoder input's generator seed = plan seed + this (weights use the plan seed)
 REFERENCE_SOURCE = "seeded encoder input (seq2seq)"
 
@@ -113,7 +115,7 @@ def start_token(model) -> int:
         token = getattr(config, "pad_token_id", None)
     vocab = config.get_text_config(decoder=True).vocab_size
     if not isinstance(token, int) or not 0 <= token < vocab:
-        raise ValueError(
+        raise BadValue(
             f"the config's decoder_start_token_id {token!r} is not a token of its vocabulary ({vocab}): "
             "set decoder_start_token_id in the config"
         )

@@ -45,6 +45,7 @@ import re
 from etforge.config import defaults
 from etforge.config.manifest_options import check_options
 from etforge.config.model import Plan
+from etforge.core.errors import EtforgeError
 from etforge.core.text import one_line
 from etforge.pipeline.layout import layout_of
 from etforge.publish import outcome, outcome_views
@@ -64,7 +65,7 @@ from etforge.publish.manifests.selective import pipeline_fields, variant_fields
 from etforge.publish.outcome_memo import RunOutcomes
 
 
-class ManifestError(Exception):
+class ManifestError(EtforgeError):
     """A manifest cannot be written (bad option, two variants with one file name)."""
 
 

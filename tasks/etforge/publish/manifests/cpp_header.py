@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 
 from etforge.core.atomic import atomic_write_text
+from etforge.core.errors import EtforgeError
 from etforge.core.text import one_line
 from etforge.pipeline.layout import layout_of
 from etforge.publish import outcome, outcome_views, templates
@@ -47,7 +48,7 @@ DEFAULT_ORDER = None
 LAYOUTS = ("tree", "flat")  # tree: <model>/<stem>.pte as under artifacts/<pipeline>/; flat: <stem>.pte
 
 
-class HeaderError(Exception):
+class HeaderError(EtforgeError):
     """The header cannot be written (bad order entry, unknown layout)."""
 
 
