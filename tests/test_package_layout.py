@@ -135,7 +135,15 @@ def test_the_type_checker_sees_a_type_error_across_modules(tmp_path):
     assert '_planted_b.py:5: error: Incompatible return value type (got "str", expected "int")' in run.stdout
 
 
-BUILTIN_RAISES = {"RuntimeError", "ValueError", "TypeError", "KeyError", "ImportError", "NotImplementedError", "Exception"}
+BUILTIN_RAISES = {
+    "RuntimeError",
+    "ValueError",
+    "TypeError",
+    "KeyError",
+    "ImportError",
+    "NotImplementedError",
+    "Exception",
+}
 
 
 def test_every_error_etforge_raises_on_purpose_derives_from_one_base():
