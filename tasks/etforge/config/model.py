@@ -392,20 +392,18 @@ class Plan:
         return next((e for e in self.expected_failures if e.matches(cell)), None)
 
     def fp32_sibling(self, cell: Cell) -> Cell | None:
-        """The same model and backend in fp32, for the size gate of a cell whose scheme declares one."""
+        """The same model and backend in fp32, for the size gate of a cell whose scheme declares one
+        (looked up in an index of the plan's fp32 cells, made once: planning stays linear in cells)."""
         if cell.size_gate is None:
             return None
-        return next(
-            (
-                c
-                for c in self.cells
-                if c.transform is None
-                and c.model.name == cell.model.name
-                and c.backend.name == cell.backend.name
-                and c.quant.name == "fp32"
-            ),
-            None,
-        )
+        index = self.memo.get("fp32_cells")
+        if index is None:
+            index = self.memo["fp32_cells"] = {
+                (c.model.name, c.backend.name): c
+                for c in reversed(self.cells)
+                if c.transform is None and c.quant.name == "fp32"
+            }
+        return index.get((cell.model.name, cell.backend.name))
 
 
 def cell_dim(cell: Cell, dim: str) -> str:

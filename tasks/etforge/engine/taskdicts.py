@@ -84,9 +84,14 @@ def declared_failure(plan, stage: Stage, subject) -> bool:
         return False
     if stage.subject == "cell":
         return plan.expected_failure(subject) is not None
-    name = task_name(stage, subject)
-    served = [c for c in plan.cells if stage.subject == "model" or c.transform is not None]
-    mine = [c for c in served if task_name(stage, subject_of(stage, c)) == name]
+    served = plan.memo.get(("served", stage.name))
+    if served is None:  # task name -> the cells it serves, made once per stage (linear in cells)
+        found: dict[str, list] = {}
+        for c in plan.cells:
+            if stage.subject == "model" or c.transform is not None:
+                found.setdefault(task_name(stage, subject_of(stage, c)), []).append(c)
+        served = plan.memo[("served", stage.name)] = found
+    mine = served.get(task_name(stage, subject), [])
     return bool(mine) and all(plan.expected_failure(c) is not None for c in mine)
 
 

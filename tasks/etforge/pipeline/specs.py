@@ -96,8 +96,8 @@ def _spec(plan, stage: Stage, subject, host, name: str, layout) -> TaskSpec:
     )
 
 
-def applies(plan, stage, cell, selected=None) -> bool:
-    """Whether ``stage`` has a task for ``cell`` (``selected``: the cells of this run, None: any)."""
+def applies(plan, stage, cell, selected: frozenset | None = None) -> bool:
+    """Whether ``stage`` has a task for ``cell`` (``selected``: the names of this run's cells, None: any)."""
     return holds(_stage(stage).applies, plan, cell, selected)
 
 
@@ -110,9 +110,10 @@ def subjects(plan, stage, cells) -> list:
     if stage.subject == "pipeline":
         return [None]
     cells = tuple(cells)
+    names = frozenset(c.name for c in cells)
     unique: dict = {}
     for cell in cells:
-        if not applies(plan, stage, cell, cells):
+        if not applies(plan, stage, cell, names):
             continue
         subject = subject_of(stage, cell)
         first = unique.setdefault(task_name(stage, subject), subject)

@@ -303,10 +303,10 @@ def missing_here(cell) -> str | None:
 
 def _size_gated(plan, cell, selected) -> bool:
     sibling = plan.fp32_sibling(cell)
-    return sibling is not None and (selected is None or sibling in selected) and _lowerable(cell)
+    return sibling is not None and (selected is None or sibling.name in selected) and _lowerable(cell)
 
 
-# Predicate -> (plan, cell, selected cells or None for "any selection") -> bool.
+# Predicate -> (plan, cell, the names of the selected cells or None for "any selection") -> bool.
 PREDICATES = {
     "always": lambda plan, cell, selected: True,
     "quantized": lambda plan, cell, selected: cell.transform is not None and _lowerable(cell),
