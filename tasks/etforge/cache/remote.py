@@ -99,8 +99,8 @@ class RemoteStore:
         # A shared directory is handled with plain os calls (no links, no special files), never fsspec.
         self._dir = _local_path(url) if self.protocol in LOCAL else None
         self._fs = None
-        self._root = None
-        self._pid = None
+        self._root: str | None = None
+        self._pid: int | None = None
         pkg = EXTERNAL.get(self.protocol)
         if pkg and importlib.util.find_spec(pkg[0]) is None:  # no import, just a lookup
             raise RemoteError(f"remote cache {self._name()}: {self.protocol}:// needs {pkg[0]}: pip install {pkg[1]}")

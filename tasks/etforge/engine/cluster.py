@@ -5,7 +5,7 @@
 
 The driver keeps everything doit owns: the dispatcher (order, ``task_dep``), the ``uptodate``
 checks (a no-op run never contacts the cluster: it connects when the first task must run),
-doit's database, the reporter and, through LifecycleMixin (etforge.engine.runners), the run
+doit's database, the reporter and, through the dispatch loop (etforge.engine.runners), the run
 lock, records, summary and exit status, exactly as with ``-n 2 -P process``. Only a task's
 actions run on a worker (etforge.engine.cluster_job); the remote cache is the data plane.
 
@@ -30,14 +30,13 @@ import time
 from dataclasses import dataclass
 
 import cloudpickle
-from doit.exceptions import TaskFailed
 from doit.runner import ERROR
 
 from etforge.config import labels as worker_labels
 from etforge.core.console import say
 from etforge.core.errors import EtforgeError
 from etforge.engine.cluster_job import code_fingerprint, run_job, write_if_changed
-from etforge.engine.runners import HOLD, LifecycleMixin, WorkerRunner
+from etforge.engine.runners import DispatchRunner
 
 CONNECT_TIMEOUT_S = 3.0  # a TCP check first: Dask's own client waits 30 s by default
 MEMORY = "mem_gb"  # the Dask resource of a memory class: mem_gb=64 offers mem64
@@ -124,7 +123,7 @@ class DaskEngine:
                 resources=resources_of(offers),
             )
             self.client = Client(self.cluster)
-        self.address = self.client.scheduler.address
+        self.address = self.client.scheduler.address if self.client.scheduler is not None else str(address)
         # A worker's death fails its task (the default re-runs it on 3 more workers: an export
         # that runs out of memory would take them down one after the other).
         self.client.run_on_scheduler(_no_reruns)
@@ -177,99 +176,87 @@ def _no_reruns(dask_scheduler=None):
     dask_scheduler.allowed_failures = 0
 
 
-class DaskRunner(WorkerRunner):
-    """WorkerRunner's loop, with cluster tasks instead of forked workers."""
+class DaskPlacement:
+    """A cluster's workers as the dispatch loop's placement (etforge.engine.runners DispatchRunner):
+    one task per worker at a time, on a free worker offering its labels; a task whose capable
+    workers are all busy waits here while other tasks go to the other workers."""
 
-    scheduler: str | None = None  # bound by runner_class (--scheduler); None: a local cluster
-    engine_class = DaskEngine
-
-    def run_tasks(self, task_dispatcher):
-        self._run_tasks_init(task_dispatcher)
-        self.engine = None
+    def __init__(self, runner: DaskRunner):
+        self.runner = runner
+        self.engine: DaskEngine | None = None
         self.pool: list = []
         self.running: dict = {}  # future -> Running
         self.waiting: list = []  # ready tasks whose capable workers are all busy
+        self.ended: list = []  # (node, failure) decided without running (no capable worker, lost cluster)
         self.lost: str | None = None
         self.gone: dict = {}  # worker name -> when it was first seen missing
         self.stats: dict = {"connect_s": 0.0, "tasks": []}
-        completed: list = []
-        exhausted = False
-        try:
-            while True:
-                if self.waiting and not self._stop_running:
-                    self._place_waiting(completed)
-                if not exhausted and not self._stop_running:
-                    exhausted = self._hand_out(self.pool, completed)
-                if not self.running:
-                    for node in self.waiting:  # every worker is free: what still waits never can run
-                        self._failed(node, "every worker of the cluster that could run it has left")
-                        completed.append(node)
-                    self.waiting = []
-                    if completed and not exhausted and not self._stop_running:
-                        continue  # tell the dispatcher: it may release more tasks
-                    break
-                try:
-                    finished = self.engine.wait_any(list(self.running), WATCH_S)
-                    if not finished:
-                        self._fail_orphans(completed)
-                except ClusterLost as lost:
-                    self.lost = str(lost)
-                    for future in list(self.running):
-                        run = self.running.pop(future)
-                        self._failed(run.node, f"{lost} while running it (worker {run.slot.name})")
-                        completed.append(run.node)
-                    continue
-                for future in finished:
-                    self._collect(future, completed)
-        finally:
-            self._write_stats()
-            if self.engine is not None:
-                self.engine.close()
 
-    def _hand_out(self, workers: list, completed: list) -> bool:
-        """Tell the dispatcher what finished and give every free worker a task; True once all are handed out."""
-        while True:
-            if self.engine is not None and not self.lost:
-                self._place_waiting(completed)
-                if all(s.busy for s in self.pool) or len(self.waiting) >= len(self.pool):
-                    return False
-            node = self._next_node(completed.pop() if completed else None)
-            if node is None:
-                return True
-            if node == HOLD:
-                if completed:
-                    continue
-                return False
-            if self._done_here(node, completed):
-                continue
-            if self.lost:
-                self._failed(node, f"not run: {self.lost}")
-                completed.append(node)
-                continue
-            try:
-                self._connect()
-            except Unreachable as exc:
-                say(f"etforge: error: {exc} (to run {node.task.name})")
-                self.final_result = ERROR
-                self._stop_running = True
-                return True
-            self._place(node, completed)
+    def has_room(self) -> bool:
+        if self.engine is None or self.lost:
+            return True
+        self._place_waiting()
+        return not (all(s.busy for s in self.pool) or len(self.waiting) >= len(self.pool))
+
+    def busy(self) -> bool:
+        return bool(self.running or self.waiting or self.ended)
+
+    def start(self, node) -> None:
+        if self.lost:
+            self.ended.append(self.runner.lost(node, f"not run: {self.lost}"))
+            return
+        try:
+            self._connect()
+        except Unreachable as exc:
+            say(f"etforge: error: {exc} (to run {node.task.name})")
+            self.runner.halt(ERROR)
+            return
+        self._place(node)
+
+    def finished(self) -> list:
+        out, self.ended = self.ended, []
+        if out:
+            return out
+        if not self.running:  # every worker is free: what still waits never can run
+            out = [self.runner.lost(n, "every worker of the cluster that could run it has left") for n in self.waiting]
+            self.waiting = []
+            return out
+        assert self.engine is not None  # (something runs: the cluster was reached)
+        try:
+            done = self.engine.wait_any(list(self.running), WATCH_S)
+        except ClusterLost as lost:
+            self.lost = str(lost)
+            for future in list(self.running):
+                run = self.running.pop(future)
+                out.append(self.runner.lost(run.node, f"{lost} while running it (worker {run.slot.name})"))
+            return out
+        if not done:
+            return self._fail_orphans()
+        return [self._collect(future) for future in done]
+
+    def close(self) -> None:
+        self._write_stats()
+        if self.engine is not None:
+            self.engine.close()
 
     def _connect(self) -> None:
         if self.engine is not None:
             return
         start = time.perf_counter()
-        self.engine = self.engine_class(self.scheduler, max(1, self.num_process), worker_labels.declared_or_detected())
+        runner = self.runner
+        self.engine = runner.engine_class(runner.scheduler, runner.num_process, worker_labels.declared_or_detected())
         self.pool = self.engine.slots()
         self.stats["connect_s"] = time.perf_counter() - start
         if not self.pool:
             raise Unreachable(f"the cluster at {self.engine.address} has no workers")
 
-    def _fail_orphans(self, completed: list) -> None:
+    def _fail_orphans(self) -> list:
         """Fail the tasks pinned to a worker that has left the cluster (a machine lost, a worker
         stopped) and did not come back within WATCH_S: Dask would keep them waiting for it."""
+        assert self.engine is not None
         names = self.engine.worker_names()
         now = time.monotonic()
+        out = []
         for future, run in list(self.running.items()):
             if run.slot.name in names:
                 self.gone.pop(run.slot.name, None)
@@ -279,25 +266,24 @@ class DaskRunner(WorkerRunner):
                 del self.running[future]
                 future.cancel()
                 self.pool = [s for s in self.pool if s.name in names]
-                self._failed(run.node, f"its worker {run.slot.name} left the cluster")
-                completed.append(run.node)
+                out.append(self.runner.lost(run.node, f"its worker {run.slot.name} left the cluster"))
+        return out
 
     def _needs(self, node) -> frozenset:
         return frozenset(((node.task.meta or {}).get("etforge") or {}).get("needs") or ())
 
-    def _place(self, node, completed: list) -> None:
+    def _place(self, node) -> None:
         """Start ``node`` on a free worker that offers its labels, else park it until one is free
         (other tasks go on meanwhile); fail it when no worker of the cluster ever could take it."""
         if self.lost:
-            self._failed(node, f"not run: {self.lost}")
-            completed.append(node)
+            self.ended.append(self.runner.lost(node, f"not run: {self.lost}"))
             return
         needs = self._needs(node)
         capable = [s for s in self.pool if not worker_labels.lacking(needs, s.labels)]
         if not capable:
             have = ", ".join(f"{s.name}[{','.join(sorted(s.labels)) or '-'}]" for s in self.pool)
-            self._failed(node, f"no worker of the cluster offers {', '.join(sorted(needs))} (workers: {have})")
-            completed.append(node)
+            reason = f"no worker of the cluster offers {', '.join(sorted(needs))} (workers: {have})"
+            self.ended.append(self.runner.lost(node, reason))
             return
         free = [s for s in capable if not s.busy]
         if not free:
@@ -305,20 +291,21 @@ class DaskRunner(WorkerRunner):
             return
         self._submit(node, min(free, key=lambda s: len(s.labels)))  # keep special workers for special tasks
 
-    def _place_waiting(self, completed: list) -> None:
+    def _place_waiting(self) -> None:
         waiting, self.waiting = self.waiting, []
         for node in waiting:
-            self._place(node, completed)
+            self._place(node)
 
     def _submit(self, node, slot: Slot) -> None:
-        task = node.task
-        self.reporter.execute_task(task)
+        task, runner = node.task, self.runner
+        assert self.engine is not None
+        runner.reporter.execute_task(task)
         if task.teardown:
-            self.teardown_list.append(task)
-        spec = self.lifecycle.specs.get(task.name)
+            runner.teardown_list.append(task)
+        spec = runner.lifecycle.specs.get(task.name)
         files = {"state_file": str(spec.state_file), "log_file": str(spec.log_file)} if spec else {}
         future = self.engine.submit(
-            slot, cloudpickle.dumps(task), self._upstream_records(task), self.stream, code_fingerprint(), files
+            slot, cloudpickle.dumps(task), self._upstream_records(task), runner.stream, code_fingerprint(), files
         )
         slot.busy = True
         self.running[future] = Running(node, slot, time.time())
@@ -326,7 +313,7 @@ class DaskRunner(WorkerRunner):
     def _upstream_records(self, task) -> dict:
         records = {}
         for dep in task.task_dep:
-            spec = self.lifecycle.specs.get(dep)
+            spec = self.runner.lifecycle.specs.get(dep)
             if spec is None:
                 continue
             try:
@@ -335,21 +322,19 @@ class DaskRunner(WorkerRunner):
                 pass
         return records
 
-    def _collect(self, future, completed: list) -> None:
+    def _collect(self, future) -> tuple:
+        """(node, failure) of a finished cluster task, its result applied to the driver's Task."""
+        assert self.engine is not None
         run = self.running.pop(future)
         run.slot.busy = False
         node, task = run.node, run.node.task
         try:
             result = self.engine.outcome(future)
         except ClusterLost as lost:
-            self._failed(node, f"{lost}")
-            completed.append(node)
-            return
+            return self.runner.lost(node, f"{lost}")
         except Exception as exc:  # noqa: BLE001  (a task that cannot unpickle there, a missing module...)
             detail = str(exc).splitlines()[0] if str(exc) else ""
-            self._failed(node, f"could not run on worker {run.slot.name}: {type(exc).__name__}: {detail}")
-            completed.append(node)
-            return
+            return self.runner.lost(node, f"could not run on worker {run.slot.name}: {type(exc).__name__}: {detail}")
         self.stats["tasks"].append(
             {"task": task.name, "worker": run.slot.name, "submitted": run.submitted, "seen": time.time()}
             | {k: result[k] for k in ("started", "ended")}
@@ -359,24 +344,16 @@ class DaskRunner(WorkerRunner):
         task.result = result["result"]
         for action, out, err in zip(task.actions, result["out"], result["err"]):
             action.out, action.err = out, err
-        self.process_task_result(node, result["failure"])
-        completed.append(node)
+        return node, result["failure"]
 
     def _adopt(self, task, result: dict) -> None:
         """The worker's record (and its log, when this disk has none) in this checkout."""
-        spec = self.lifecycle.specs.get(task.name)
+        spec = self.runner.lifecycle.specs.get(task.name)
         if spec is None or result.get("record") is None:
             return
         write_if_changed(str(spec.state_file), result["record"])
         if result.get("log") is not None and not spec.log_file.exists():
             write_if_changed(str(spec.log_file), result["log"])
-
-    def _failed(self, node, reason: str) -> None:
-        task = node.task
-        if self.lifecycle.record_worker_death(task.name, reason):
-            self.process_task_result(node, None)  # failed in its record; dependents say blocked
-        else:
-            self.process_task_result(node, TaskFailed(f"{task.name}: {reason}"))
 
     def _write_stats(self) -> None:
         """Per-task timings for benchmarks/ (ETFORGE_CLUSTER_STATS=<file>)."""
@@ -388,6 +365,16 @@ class DaskRunner(WorkerRunner):
                 json.dump(self.stats, f)
 
 
+class DaskRunner(DispatchRunner):
+    """The dispatch loop, with cluster tasks instead of forked workers."""
+
+    scheduler: str | None = None  # bound by runner_class (--scheduler); None: a local cluster
+    engine_class = DaskEngine
+
+    def make_placement(self) -> DaskPlacement:
+        return DaskPlacement(self)
+
+
 def bound_runner(lifecycle, scheduler: str | None):
     """The ``-P dask`` runner class, bound to this run's lifecycle and scheduler address."""
-    return type("EtforgeDaskRunner", (LifecycleMixin, DaskRunner), {"lifecycle": lifecycle, "scheduler": scheduler})
+    return type("EtforgeDaskRunner", (DaskRunner,), {"lifecycle": lifecycle, "scheduler": scheduler})

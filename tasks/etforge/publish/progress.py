@@ -31,7 +31,7 @@ class RunView:
     task name -> Cell, the host fingerprint (benchmark rows) and the run's outcomes (each cell
     decided once per run; default: decided for the table)."""
 
-    plan: object
+    plan: Plan
     specs: dict
     cells_by_task: dict
     host: dict

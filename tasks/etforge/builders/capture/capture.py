@@ -223,7 +223,7 @@ def export_dynamic_shapes(inputs):
 
     if not any(i.dims for i in inputs):
         return None
-    named = {}
+    named: dict = {}
     for item in inputs:
         for _, lo, hi, name in item.dims:
             named.setdefault(name, torch.export.Dim(name, min=lo, max=hi))
