@@ -31,8 +31,9 @@ class CorruptEntry(EtforgeError):
     """An entry that must not be used; the message (one line) says what is wrong with it."""
 
 
-def read_entry(entry: Path) -> tuple[dict, dict]:
-    """(blob name -> path, info) of a complete entry whose blobs all match; raises otherwise."""
+def read_entry(entry: Path) -> tuple[dict, dict, dict]:
+    """(blob name -> path, info, blob name -> sha256) of a complete entry whose blobs all match;
+    raises otherwise."""
     if not stat.S_ISREG((entry / ENTRY_MANIFEST).lstat().st_mode):  # a FIFO would block the read
         raise CorruptEntry(f"{ENTRY_MANIFEST} is not a regular file")
     manifest = parse_manifest((entry / ENTRY_MANIFEST).read_bytes())
@@ -47,7 +48,7 @@ def read_entry(entry: Path) -> tuple[dict, dict]:
         if sha256_file(blob) != meta["sha256"]:
             raise CorruptEntry(f"{name} does not match its sha256")
         files[name] = blob
-    return files, manifest.get("info", {})
+    return files, manifest.get("info", {}), {name: meta["sha256"] for name, meta in manifest["files"].items()}
 
 
 def parse_manifest(raw: bytes) -> dict:

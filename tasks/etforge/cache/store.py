@@ -31,6 +31,7 @@ import uuid
 from pathlib import Path
 
 from etforge.cache.entries import ENTRY_MANIFEST, CorruptEntry, read_entry
+from etforge.cache.records import signature, trusted
 from etforge.cache.remote import DamagedEntry, RemoteError, UntrustedEntry
 from etforge.core.atomic import atomic_copy
 from etforge.core.digest import canonical_json, sha256_file
@@ -50,6 +51,11 @@ class Store:
         # One store per doit invocation, made before process workers fork: they share this id.
         self.run_id = uuid.uuid4().hex
         self._remote_ok = True  # False once this process saw the remote fail (or was told so)
+        # Entries this process verified (or stored) in this run: key -> (stat signatures of the
+        # manifest and every blob, blob -> path, info, blob -> sha256). A second read of an entry
+        # whose files kept their signatures is not hashed again (a capture every cell of a model reads).
+        self._verified: dict = {}
+        self._sha256: dict = {}  # key -> blob -> sha256 of the entry last verified or stored under it
 
     def entry_dir(self, key: str) -> Path:
         return self.root / key[:2] / key
@@ -129,11 +135,30 @@ class Store:
             seen = entry.stat().st_ino
         except OSError:
             return None
+        kept = self._verified.get(key)
+        if kept is not None and kept[0] == _signatures(entry, kept[1]):
+            self._sha256[key] = kept[3]
+            return kept[1], kept[2]
         try:
-            return read_entry(entry)
+            files, info, shas = read_entry(entry)
         except (CorruptEntry, ValueError, KeyError, OSError):
             self.discard(key, only=seen)
             return None
+        self._keep(key, entry, files, info, shas)
+        return files, info
+
+    def _keep(self, key: str, entry: Path, files: dict, info: dict, shas: dict) -> None:
+        """Remember a verified entry while none of its files is too fresh to vouch for its bytes."""
+        self._sha256[key] = shas
+        signatures = _signatures(entry, files)
+        if all(trusted(sig) for _, sig in signatures):
+            self._verified[key] = (signatures, files, info, shas)
+        else:
+            self._verified.pop(key, None)
+
+    def sha256_of(self, key: str) -> dict:
+        """blob name -> sha256 of the entry this process last verified or stored under ``key`` ({}: none)."""
+        return dict(self._sha256.get(key) or {})
 
     def _fetch(self, key: str) -> bool:
         staging = self.new_workdir()
@@ -152,7 +177,7 @@ class Store:
                 self._remote_damaged(key, str(exc))
                 return False
             try:
-                read_entry(staging)
+                read_entry(staging)  # (verified again once installed: its paths change)
             except (CorruptEntry, ValueError, KeyError, OSError) as exc:
                 self._remote_damaged(
                     key,
@@ -208,12 +233,17 @@ class Store:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         self._share(key)
-        stored = self.manifest(key)
-        return {name: entry / name for name in files}, (stored or manifest).get("info", info)
+        stored = self.manifest(key) or manifest
+        paths = {name: entry / name for name in files}
+        shas = {n: m["sha256"] for n, m in (stored.get("files") or {}).items() if isinstance(m, dict)}
+        self._keep(key, entry, paths, stored.get("info", info), shas)
+        return paths, stored.get("info", info)
 
     def discard(self, key: str, only: int | None = None) -> None:
         """Remove the local entry; ``only``: the inode of the entry directory that failed
         verification, so that an entry another worker has just reinstalled is left alone."""
+        self._verified.pop(key, None)
+        self._sha256.pop(key, None)
         entry = self.entry_dir(key)
         try:
             if only is not None and entry.stat().st_ino != only:
@@ -356,6 +386,12 @@ def _fsync_dir_files(directory: Path) -> None:
     for path in directory.iterdir():
         with open(path, "rb") as f:
             os.fsync(f.fileno())
+
+
+def _signatures(entry: Path, files: dict) -> tuple:
+    """(name, stat signature) of an entry's manifest and of each of its blobs."""
+    names = (ENTRY_MANIFEST, *sorted(files))
+    return tuple((name, signature(entry / name)) for name in names)
 
 
 def materialize(blob: Path, target: Path) -> None:

@@ -62,15 +62,19 @@ def stored(store: Store, upstream: TaskSpec, rebuild: Callable[[], bool]) -> Ent
     if hit is None:
         raise BuildError(f"{upstream.name} left nothing in the cache (log: {upstream.log_file})")
     files, info = hit
-    return Entry(task=upstream.name, files=files, info=info)
+    return Entry(task=upstream.name, files=files, info=info, sha256=store.sha256_of(upstream.store_key))
 
 
 def upstream_entries(plan, stage, subject, store: Store, host, rebuild: Rebuild) -> dict:
-    """relation -> Entry of every upstream relation of ``stage`` (etforge.pipeline.stages), in order."""
-    entries = {}
+    """relation -> Entry of every upstream relation of ``stage`` (etforge.pipeline.stages), in order;
+    two relations that name one task (an fp32 cell's graph is its capture) share its entry, fetched once."""
+    entries: dict = {}
+    by_task: dict = {}
     for relation, up, up_subject in upstream_of(plan, stage, subject):
         spec = spec_of(plan, up, up_subject, host)
-        entries[relation] = stored(store, spec, functools.partial(rebuild, up, up_subject))
+        if spec.name not in by_task:
+            by_task[spec.name] = stored(store, spec, functools.partial(rebuild, up, up_subject))
+        entries[relation] = by_task[spec.name]
     return entries
 
 

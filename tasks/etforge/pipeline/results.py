@@ -86,6 +86,7 @@ class Entry:
     task: str  # its task name, for messages
     files: dict  # blob name -> path in the store
     info: dict  # its result's JSON form (read it with the stage's result class)
+    sha256: dict = field(default_factory=dict)  # blob name -> sha256, as the store verified it (not hashed again)
 
     def result(self, kind: type[R]) -> R:
         """The entry's result as ``kind`` (a StageResult class)."""

@@ -264,11 +264,19 @@ def benchmark_stage(request: BuildRequest, llm_timing=None) -> BuildResult:
         request.plan.benchmark,
         request.workdir,
         llm_timing=llm_timing,
+        program_sha256=export.sha256.get("program.pte"),  # as the store verified it
     )
 
 
 def build_benchmark(
-    cell, pte: Path, reference: Path, input_dtypes: list, options: dict, workdir: Path, llm_timing=None
+    cell,
+    pte: Path,
+    reference: Path,
+    input_dtypes: list,
+    options: dict,
+    workdir: Path,
+    llm_timing=None,
+    program_sha256: str | None = None,
 ) -> BuildResult:
     """Benchmark ``pte`` on the capture's example inputs; writes ``workdir/bench.json``.
 
@@ -352,7 +360,7 @@ def build_benchmark(
     record = {
         "format": FORMAT,
         "cell": _cell_record(cell, pte),
-        "program": {"file": pte.name, "size_bytes": pte.stat().st_size, "sha256": sha256_file(pte)},
+        "program": {"file": pte.name, "size_bytes": pte.stat().st_size, "sha256": program_sha256 or sha256_file(pte)},
         "inputs": [{"shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch.")} for x in inputs],
         "options": opts,
         "threads": {"requested": opts["threads"], "used": threads_used, "runtime_default": default_threads},

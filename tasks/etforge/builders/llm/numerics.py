@@ -184,7 +184,9 @@ def compare_same_scheme(same_logits, eager_tokens: list, prompt_len: int, run: d
     }
 
 
-def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_scheme: Path | None = None) -> BuildResult:
+def build_llm_validate(
+    cell, pte: Path, reference: Path, workdir: Path, same_scheme: Path | None = None, program_sha256: str | None = None
+) -> BuildResult:
     """Validate an LLM program against the capture's reference (see the module doc)."""
     import numpy as np
     import torch
@@ -211,7 +213,7 @@ def build_llm_validate(cell, pte: Path, reference: Path, workdir: Path, same_sch
     misses = llm_verdict(metrics, thresholds)
     report = {
         "cell": cell.canonical(),
-        "program_sha256": sha256_file(pte),
+        "program_sha256": program_sha256 or sha256_file(pte),
         "inputs": REFERENCE_SOURCE,
         "task": "text-generation",
         "thresholds": thresholds,
@@ -260,7 +262,9 @@ def generative_verdict(workdir: Path, report: dict, own: tuple, **extra) -> Buil
     return BuildResult(files={NUMERICS: out}, result=verdict)
 
 
-def build_llm_bundled(cell, pte: Path, reference: Path, workdir: Path) -> BuildResult:
+def build_llm_bundled(
+    cell, pte: Path, reference: Path, workdir: Path, program_sha256: str | None = None
+) -> BuildResult:
     """A .bpte for an LLM this host cannot run (Core ML): its static ``forward`` ([1,1] ids at one
     position) gets one test case per prompt token, in order (test case i feeds token i at position i
     after cases 0..i-1 filled the cache; every case attends only to positions <= i), each expecting
@@ -307,7 +311,7 @@ def build_llm_bundled(cell, pte: Path, reference: Path, workdir: Path) -> BuildR
         "not_checked_on_device": sorted(k for k in thresholds if k != "sqnr_db"),
         "delegates": list(cell.backend.delegates),
         "size_bytes": out.stat().st_size,
-        "program_sha256": hashlib.sha256(pte_bytes).hexdigest(),
+        "program_sha256": program_sha256 or hashlib.sha256(pte_bytes).hexdigest(),
     }
     (workdir / INFO).write_text(
         json.dumps({"cell": cell.canonical(), **info}, indent=2, sort_keys=True) + "\n", encoding="utf-8"

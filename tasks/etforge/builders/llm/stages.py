@@ -110,10 +110,11 @@ def validate_stage(request: BuildRequest) -> BuildResult:
     from etforge.builders.llm.numerics import build_llm_bundled, build_llm_validate
 
     cell, export, capture = request.cell, request.upstream["export"], request.upstream["capture"]
+    sha256 = export.sha256.get(PTE)  # as the store verified it
     if not cell.backend.host_runnable:  # the prompt token by token through the static program
-        return build_llm_bundled(cell, export.files[PTE], capture.files[REFERENCE], request.workdir)
+        return build_llm_bundled(cell, export.files[PTE], capture.files[REFERENCE], request.workdir, sha256)
     return build_llm_validate(
-        cell, export.files[PTE], capture.files[REFERENCE], request.workdir, same_scheme=export.files.get(SAME_SCHEME)
+        cell, export.files[PTE], capture.files[REFERENCE], request.workdir, export.files.get(SAME_SCHEME), sha256
     )
 
 

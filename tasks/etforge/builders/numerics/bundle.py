@@ -72,7 +72,9 @@ def _finite_peak(values) -> float:
     return float(np.max(arr)) if arr.size else 0.0
 
 
-def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path) -> BuildResult:
+def build_bundled(
+    cell, pte: Path, reference: Path, input_dtypes: list, workdir: Path, program_sha256: str | None = None
+) -> BuildResult:
     """Write program.bpte (the .pte plus one test case per validation sample) and bundled.json.
 
     ``input_dtypes``: from the export info, used when the program's own cannot be read.
@@ -104,7 +106,8 @@ def build_bundled(cell, pte: Path, reference: Path, input_dtypes: list, workdir:
         ),
         "delegates": list(cell.backend.delegates),
         "size_bytes": out.stat().st_size,
-        "program_sha256": hashlib.sha256(pte_bytes).hexdigest(),  # the program bundled and judged
+        # the program bundled and judged (as the store verified it, else hashed)
+        "program_sha256": program_sha256 or hashlib.sha256(pte_bytes).hexdigest(),
     }
     if len(per_method) > 1:
         info["methods"] = per_method

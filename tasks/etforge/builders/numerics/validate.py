@@ -30,10 +30,13 @@ def validate_stage(request: BuildRequest) -> BuildResult:
     program here, or bundles it for the device to check."""
     cell, export, capture = request.cell, request.upstream["export"], request.upstream["capture"]
     input_dtypes = list(export.result(ExportResult).input_dtypes)
+    program_sha256 = export.sha256.get(PROGRAM)  # as the store verified it
     if not cell.backend.validated_here:
         from etforge.builders.numerics.bundle import build_bundled
 
-        bundled = build_bundled(cell, export.files[PROGRAM], capture.files[REFERENCE], input_dtypes, request.workdir)
+        bundled = build_bundled(
+            cell, export.files[PROGRAM], capture.files[REFERENCE], input_dtypes, request.workdir, program_sha256
+        )
         if cell.backend.probe:  # measured: what this host lacks to run it (e.g. etforge.builders.arm.vgf_probe)
             from etforge.core.dotted_path import load_callable
 
@@ -49,6 +52,7 @@ def validate_stage(request: BuildRequest) -> BuildResult:
         request.workdir,
         program=capture.files["model.pt2"] if here else None,
         runner=None if here else stand_in_runner(cell.backend, export.files),
+        program_sha256=program_sha256,
     )
 
 
@@ -84,6 +88,7 @@ def build_validate(
     workdir: Path,
     program: Path | None = None,
     runner: Runner | None = None,
+    program_sha256: str | None = None,
 ) -> BuildResult:
     """Validate ``pte`` against the capture's ``reference``; ``program``: the capture's model.pt2,
     used to find the first divergent node when an fp32 cell misses a threshold; ``runner``: what
@@ -96,10 +101,11 @@ def build_validate(
     from etforge.config.io_spec import output_labels
     from etforge.core.digest import sha256_file
 
-    program_sha256 = sha256_file(pte)  # the bytes this verdict is about (it counts only for them)
+    # the bytes this verdict is about (it counts only for them): as the store verified them, else hashed
+    program_sha256 = program_sha256 or sha256_file(pte)
     methods = reference_methods(reference)
     if methods != ["forward"]:
-        return _validate_methods(cell, pte, reference, methods, workdir, runner)
+        return _validate_methods(cell, pte, reference, methods, workdir, runner, program_sha256)
     ref = load_reference_samples(reference)
     samples = [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)]
     results = runner.run(pte, samples) if runner is not None else run_program_samples(pte, samples)
@@ -192,7 +198,7 @@ def _verdict(numerics: Path, program_sha256: str, check: Numerics) -> BuildResul
 
 
 def _validate_methods(
-    cell, pte: Path, reference: Path, methods: list, workdir: Path, runner: Runner | None = None
+    cell, pte: Path, reference: Path, methods: list, workdir: Path, runner: Runner | None, program_sha256: str
 ) -> BuildResult:
     """A program with several methods: each method's samples through that method, every output of
     every method judged (labels name the method); one numerics.json, one verdict."""
@@ -202,7 +208,6 @@ def _validate_methods(
     from etforge.builders.numerics.compare import compare_samples, finite_json, verdict
     from etforge.builders.runtime.program_io import cast_inputs, run_program_samples
     from etforge.config.io_spec import output_labels
-    from etforge.core.digest import sha256_file
 
     metrics, full, sources, counts = [], [], set(), {}
     for method in methods:
@@ -231,7 +236,7 @@ def _validate_methods(
     source = "; ".join(sorted(sources))
     report = {
         "cell": cell.canonical(),
-        "program_sha256": sha256_file(pte),
+        "program_sha256": program_sha256,
         "inputs": source,
         "samples": counts,
         "methods": methods,

@@ -45,7 +45,7 @@ def run_seq2seq(program, encoder_input, tokens: list) -> dict:
 
 
 def build_seq2seq_validate(
-    cell, pte: Path, reference: Path, workdir: Path, same_scheme: Path | None = None
+    cell, pte: Path, reference: Path, workdir: Path, same_scheme: Path | None = None, program_sha256: str | None = None
 ) -> BuildResult:
     """Validate an encoder-decoder program against the capture's reference (see the module doc)."""
     import numpy as np
@@ -93,7 +93,7 @@ def build_seq2seq_validate(
     misses = llm_verdict(metrics, thresholds)
     report = {
         "cell": cell.canonical(),
-        "program_sha256": _sha256(pte),
+        "program_sha256": program_sha256 or _sha256(pte),
         "inputs": REFERENCE_SOURCE,
         "task": cell.model.source["transformers"]["task"],
         "methods": [ENCODER, DECODER],

@@ -127,7 +127,12 @@ def validate_stage(request: BuildRequest) -> BuildResult:
             "encoder-decoder programs yet",
         )
     return build_seq2seq_validate(
-        cell, export.files[PTE], capture.files[REFERENCE], request.workdir, same_scheme=export.files.get(SAME_SCHEME)
+        cell,
+        export.files[PTE],
+        capture.files[REFERENCE],
+        request.workdir,
+        same_scheme=export.files.get(SAME_SCHEME),
+        program_sha256=export.sha256.get(PTE),  # as the store verified it
     )
 
 
