@@ -248,7 +248,7 @@ def test_a_doctored_program_fails_doit_manifest_naming_the_cell_and_field(built,
     run = project.doit("manifest")
     assert run.returncode != 0
     assert (
-        "etforge: error: manifest: ManifestError: mlp_a/portable/fp32: forward.inputs[x].dtype: the program says "
+        "etforge: error: manifest: mlp_a/portable/fp32: forward.inputs[x].dtype: the program says "
         "'float64', the manifest 'float32'"
     ) in run.stderr.splitlines(), run.stderr
 

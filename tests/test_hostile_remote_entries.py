@@ -33,8 +33,9 @@ from conftest import LINREG_PIPELINE, copy_project, make_project, state
 
 from etforge.cache.entries import ENTRY_MANIFEST as MANIFEST
 from etforge.cache.entries import SIGNATURE, read_entry
+from etforge.cache.opening import signing_key
 from etforge.cache.remote import MANIFEST_LIMIT, RemoteStore
-from etforge.cache.store import Store, signing_key
+from etforge.cache.store import Store
 
 OUTSIDE_BYTES = b"etforge test: bytes that live outside the remote cache\n"
 WARNING = "etforge: warning: "

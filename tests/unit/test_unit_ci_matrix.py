@@ -9,7 +9,7 @@ import pytest
 
 from etforge.app.cli import main
 from etforge.app.loader import request_from
-from etforge.cache.store import reading_store
+from etforge.cache.opening import reading_store
 from etforge.engine.ci_plan import CellCost, plan_jobs, recorded_durations
 from etforge.engine.entry import load_selection
 from unit.support import make_unit_project

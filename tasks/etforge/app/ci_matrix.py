@@ -20,7 +20,7 @@ from pathlib import Path
 from doit.cmd_base import Command
 
 from etforge.app.loader import SELECTION_OPTIONS, request_from
-from etforge.cache.store import reading_store
+from etforge.cache.opening import reading_store
 from etforge.core.console import say
 from etforge.core.errors import BadValue
 from etforge.engine import ci_plan

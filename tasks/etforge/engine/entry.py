@@ -13,8 +13,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from etforge.cache.opening import open_store
 from etforge.cache.remote import RemoteError
-from etforge.cache.store import Store, open_store
+from etforge.cache.store import Store
 from etforge.config.digest_cache import digest_cache_for
 from etforge.config.machine import host_fingerprint
 from etforge.config.model import Plan
