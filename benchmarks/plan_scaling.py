@@ -12,7 +12,7 @@ memo (artifacts/.etforge/digests.json, as a team's first run does), the second i
 script prints the wall time and the peak RSS of that process per size, and each size's time
 against the previous one with its cell ratio; it exits 1 when the largest size took more
 than ``--max-ratio`` times the one before it for 4x the cells (planning must be linear in cells:
-issue 29 asks for at most 4.5x from 1,500 to 6,000). Nothing is built: no torch is imported.
+at most 4.5x from 1,500 to 6,000 cells). Nothing is built: no torch is imported.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Accuracy rescue (issue 21 point 6): keep_float auto keeps the most sensitive layer in float.
+"""Accuracy rescue: keep_float auto keeps the most sensitive layer in float.
 
 One tiny model, five linears, one of them deliberately fragile (an outlier weight per row on a nearly
 dead input channel: its 4-bit groups round everything else away). Under 8da4w it misses a 22 dB

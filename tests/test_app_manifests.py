@@ -8,7 +8,6 @@ real CMake project that is configured, built, run and installed.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -25,7 +24,6 @@ from conftest import SMALL_PIPELINE, Project, copy_project, make_project
 from etforge.cache.store import Store
 from etforge.config.machine import host_fingerprint
 from etforge.config.manifest_options import check_options
-from etforge.config.model import Plan
 from etforge.config.resolve import resolve
 from etforge.engine.actions import matrix_up_to_date, run_matrix_stage
 from etforge.pipeline.keys import content_key
@@ -681,8 +679,6 @@ def test_pipeline_options_set_fallback_order_urls_and_model_metadata(copy):
 
 
 def test_manifests_section_of_pipeline_yaml_reaches_the_files(copy):
-    if "manifests" not in {f.name for f in dataclasses.fields(Plan)}:
-        pytest.skip("the plan does not carry pipeline.yaml's `manifests:` section yet")
     copy.write_pipeline(
         SMALL_PIPELINE + "manifests:\n  base_url: https://example.com/v1\n  platforms: {ios: [portable, xnnpack]}\n"
     )

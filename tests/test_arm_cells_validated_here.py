@@ -1,4 +1,4 @@
-"""Arm cells checked on this host, through the real doit pipeline (issue 20, points 1 and 2).
+"""Arm cells checked on this host, through the real doit pipeline.
 
 One project built once (module fixture, ~45 s on 2 cores): a tiny CNN on arm_tosa fp32
 (TOSA-1.0+FP) and int8 (TOSA-1.0+INT), ethos_u55 int8 and arm_vgf fp32. The TOSA cells run on

@@ -89,6 +89,20 @@ def test_the_backends_page_lists_every_recipe(site):
         assert not missing, f"recipes/{kind} not on the backends page: {missing}"
 
 
+def test_the_backends_table_says_where_each_backends_programs_are_checked(site):
+    """From each recipe's runtime: the ExecuTorch runtime here, what ``runtime.validated_by`` names
+    (the TOSA reference model, through a proxy for Ethos-U), or the device."""
+    html = page(site, "backends")
+    table = html[html.index('id="backends"') : html.index('id="which-scheme-on-which-backend"')]
+    rows = {
+        m.group(1): m.group(2) for m in re.finditer(r'<tr>\s*<td><a href="#([\w-]+)">.*?</td>(.*?)</tr>', table, re.S)
+    }
+    assert "<td>yes</td>" in rows["xnnpack"]
+    assert "on the TOSA reference model, not the ExecuTorch runtime" in rows["arm_tosa"]
+    assert "on the TOSA reference model" in rows["ethos_u55"] and "proxy" in rows["ethos_u55"]
+    assert "on-device" in rows["vulkan"]
+
+
 def test_the_design_page_has_the_stage_table(site):
     html = page(site, "design")
     for stage in ("capture", "quantize", "export", "sizegate", "validate", "benchmark", "manifest", "release"):

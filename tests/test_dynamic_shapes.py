@@ -1,4 +1,4 @@
-"""Stream IO, point 4: dynamic shapes. A shared `seq` dim exported with torch.export.Dim, validated
+"""Dynamic shapes: a shared `seq` dim exported with torch.export.Dim, validated
 at min, an interior non-power-of-two size and max on XNNPACK and portable, in fp32 and quantized
 (int8 static, 8da8w: the quantized graph keeps the capture's Dims); backends without
 `dynamic_shapes: true` are rejected at plan time with the reason."""

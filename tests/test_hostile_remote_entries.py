@@ -1,4 +1,4 @@
-"""Hostile remote cache entries (issue 18) and what a run says about its remote.
+"""Hostile remote cache entries and what a run says about its remote.
 
 A reader never follows a link out of a shared-directory remote, never opens a FIFO or
 device, never reads an oversized manifest whole and never trusts a malformed one: such

@@ -1,4 +1,4 @@
-"""Stream IO, points 4 and 5 in the generated files: the Dart, the C++ header and the CMake carry
+"""Dynamic shapes and several methods in the generated files: the Dart, the C++ header and the CMake carry
 what index.json carries (per variant its methods, per method its inputs with dtypes, shapes, each
 dynamic dim's min, max and name, value ranges, and its outputs).
 

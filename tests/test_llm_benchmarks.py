@@ -1,4 +1,4 @@
-"""LLM benchmarks and LLM manifests (issue 13 points 5 and 6) on one tiny LLM cell.
+"""LLM benchmarks and LLM manifests on one tiny LLM cell.
 
 One project is built once for the module: the tiny untied Llama of tests/test_llm_export_and_decode.py
 (vocab 512, hidden 64, 2 layers) on portable fp32 (the cheapest lowering), through benchmark,
@@ -77,7 +77,7 @@ def test_report_shows_the_llm_figures(built):
     assert "tok/s" in html and "time to first token" in html
 
 
-# ---------------------------------------------------------------- manifests (point 6)
+# ---------------------------------------------------------------- manifests
 
 
 def _ints(value) -> list:

@@ -1,4 +1,4 @@
-"""Stream IO, point 1: integer and bounded inputs sampled by one generator (etforge.builders.capture.samples).
+"""Integer and bounded inputs sampled by one generator (etforge.builders.capture.samples).
 
 The built project: a model with an nn.Embedding on int64 ids plus an image, lowered to XNNPACK in
 fp32 and in PT2E static int8. Static int8 calibration used to draw normal samples cast to int64
@@ -135,7 +135,7 @@ def test_a_bad_range_is_one_line_with_file_line_key(item, message, tmp_path, mon
     assert message in text and "\n" not in text
 
 
-# ---------------------------------------------------------------- point 2: any output structure
+# ---------------------------------------------------------------- any output structure
 
 PATHS = ["['logits']", "['features'][0]", "['features'][1]"]
 NAMES = ["logits", "features_0", "features_1"]

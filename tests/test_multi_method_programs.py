@@ -1,4 +1,4 @@
-"""Stream IO, point 5: several methods in one program (encode and decode), each validated and
+"""Several methods in one program (encode and decode), each validated and
 benchmarked, in fp32 and with a weight scheme (8da8w: one quantized model, each method exported from
 it); PT2E schemes and on-device cells of such a model are rejected at plan time."""
 

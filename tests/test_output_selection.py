@@ -1,4 +1,4 @@
-"""``outputs:`` on a model (issue 21 point 5): the program returns, and is judged on, only what the app reads.
+"""``outputs:`` on a model: the program returns, and is judged on, only what the app reads.
 
 A YOLO-like detector returns its predictions, two feature maps and an auxiliary head whose eager
 values overflow (inf). Without a selection the capture fails on that auxiliary output; with

@@ -1,4 +1,4 @@
-"""Weight-group schemes on real architectures, through the real pipeline (issue 12 point 3).
+"""Weight-group schemes on real architectures, through the real pipeline.
 
 One project, built once: a transformer-ish model whose layers 8da4w/8da8w cannot all
 take (a 24-wide linear, MultiheadAttention.out_proj), models they cannot take at all

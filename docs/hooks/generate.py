@@ -393,6 +393,19 @@ def llm_schemes(backend) -> tuple[list | None, dict]:
     return (sorted(schemes) if schemes is not None else None), rejected
 
 
+def runs_here(runtime: dict) -> str:
+    """Where a backend's programs are checked on the host that builds them: in the ExecuTorch runtime,
+    on what its recipe's ``runtime.validated_by`` names (the TOSA reference model), or on the device."""
+    validated_by = runtime.get("validated_by") or {}
+    if runtime.get("host_runnable"):
+        return "yes"
+    if validated_by:
+        return f"on the {validated_by.get('name')}, not the ExecuTorch runtime" + (
+            f" (proxy: {prose(validated_by['proxy'])})" if validated_by.get("proxy") else ""
+        )
+    return "no: cells end `on-device`"
+
+
 def backends_page() -> str:
     backends, schemes = load_all("backend"), load_all("quantization")
     out = [BACKENDS_INTRO]
@@ -400,7 +413,7 @@ def backends_page() -> str:
     for b in backends:
         runtime = b.data.get("runtime") or {}
         delegates = ", ".join(code(d) for d in runtime.get("delegates") or ()) or "none (portable kernels)"
-        runs = "yes" if runtime.get("host_runnable") else "no: `on-device`"
+        runs = runs_here(runtime)
         out.append(
             f"| [`{b.name}`](#{b.name}) | {cell(b.description)} | {needs_text(b.data.get('needs'))} "
             f"| {runs} | {delegates} |\n"
@@ -491,16 +504,7 @@ def backend_section(b, schemes) -> str:
     hint = (data.get("needs") or {}).get("hint")
     if hint:
         facts.append(f"**When it is missing:** {prose(hint)}")
-    validated_by = runtime.get("validated_by") or {}
-    if runtime.get("host_runnable"):
-        runs = "yes"
-    elif validated_by:
-        runs = f"on the {validated_by.get('name')}, not the ExecuTorch runtime" + (
-            f" (proxy: {prose(validated_by['proxy'])})" if validated_by.get("proxy") else ""
-        )
-    else:
-        runs = "no: cells end `on-device`"
-    facts.append(f"**Runs here:** {runs}")
+    facts.append(f"**Runs here:** {runs_here(runtime)}")
     facts.append("**Delegates:** " + (", ".join(code(d) for d in runtime.get("delegates") or ()) or "none"))
     targets = runtime.get("cmake_targets")
     if isinstance(targets, dict) and targets:

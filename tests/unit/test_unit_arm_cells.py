@@ -1,5 +1,5 @@
 """Arm cells in the plan and in their outcome: what recipes' runtime.validated_by and
-runtime.probe change (issue 20 points 1-2), from records, without torch.
+runtime.probe change, from records, without torch.
 
 The end-to-end checks (the reference model, Vela, the VGF probe on this host) are in
 tests/test_arm_cells_validated_here.py.

@@ -1,4 +1,4 @@
-"""Keys of issue 21's options: keep_float (and the thresholds auto aims at) and outputs."""
+"""What keep_float (and the thresholds auto aims at) and a model's outputs change in the keys."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ carries (inputs: name, dtype, shape, range, dynamic dims; outputs: name, pytree 
 shape, dtype).
 
 An app reads them by executing the method (``load_method("etforge_meta_json").execute([])``);
-that works without the .ptd and off-Apple (research 7). etforge itself reads the string
+that works without the .ptd and off-Apple. etforge itself reads the string
 straight from the file (:func:`read_meta`), so that the manifests (etforge.publish, which must
 not import ExecuTorch) and the pre-load check of etforge.builders.runtime.program_io share one reader:
 a flatbuffer string is a little-endian uint32 length, the bytes and a NUL, and the JSON

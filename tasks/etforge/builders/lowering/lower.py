@@ -246,7 +246,7 @@ def external_weights(backend) -> bool:
 
 def tag_delegate_constants(program) -> None:
     """Tag every constant placeholder so that delegates (XNNPACK) put its bytes in the named data
-    file; ``external_constants`` alone moves only the constants left outside delegates (research 6)."""
+    file; ``external_constants`` alone moves only the constants left outside delegates (measured)."""
     user = set(program.graph_signature.user_inputs)
     for node in program.graph.nodes:
         if node.op == "placeholder" and node.name not in user:

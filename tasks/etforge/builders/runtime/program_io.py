@@ -53,7 +53,7 @@ def checked_data_path(pte: Path | bytes, data_path: Path | None = None) -> Path 
     """The data file to load ``pte`` with (default: the .ptd beside a .pte path), or None when its
     weights are inline. Refuses, in one line, a program without the .ptd its metadata names or
     with another one: XNNPACK segfaults in load_method without it, and portable kernels run
-    silently with the wrong weights given another (research 6)."""
+    silently with the wrong weights given another (measured with executorch 1.5.1)."""
     from etforge.core.digest import sha256_file
     from etforge.program.metadata import ProgramMetaError, read_meta, required_data_sha256
 
