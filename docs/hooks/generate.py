@@ -605,10 +605,10 @@ def stage_table() -> str:
     rows = ["| stage | one task per | does | key inputs | reads | in a plain `etforge` |\n|---|---|---|---|---|---|\n"]
     for s in stages:
         reads = ", ".join(code(r) for r in s.upstream) or (
-            "waits for " + ", ".join(code(a) for a in s.after) if s.after else "-"
+            "waits for " + ", ".join(code(a) for a in s.matrix.after) if s.matrix.after else "-"
         )
-        keys = ", ".join(code(k) for k in s.key_inputs) or ("what it renders" if s.content else "-")
-        if not s.cached:
+        keys = ", ".join(code(k) for k in s.key_inputs) or ("what it renders" if s.matrix.content else "-")
+        if not s.matrix.cached:
             keys = "not cached: it runs every time"
         run = "yes" if s.default else "as a dependency" if s.subject != "pipeline" else "no: name it"
         rows.append(f"| `{s.name}` | {s.subject} | {cell(s.doc)} | {keys} | {reads} | {run} |\n")

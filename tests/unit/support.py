@@ -109,7 +109,7 @@ def _warm_memo() -> str:
         task_keys(plan)
         for stage in STAGES:
             for kind in ModelKind:
-                plan.code.of(code_of(stage, kind))
+                plan.code.etforge.of(code_of(stage, kind))
         digests.save()
         memo = json.loads(project.root.joinpath(PROJECT_MEMO).read_text())
     memo["files"] = {path: v for path, v in memo["files"].items() if not path.startswith(str(Path(tmp).resolve()))}

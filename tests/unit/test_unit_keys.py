@@ -155,8 +155,8 @@ def test_each_kind_builds_its_parts_and_their_code_joins_the_key(unit_project):
             DEFAULT_TABLE.builder_for(stage, ModelKind.MODULE),
             DEFAULT_TABLE.builder_for(stage, ModelKind.LLM),
         )
-        module_code = plan.code.files(code_of(stage, ModelKind.MODULE))
-        llm_code = plan.code.files(code_of(stage, ModelKind.LLM))
+        module_code = plan.code.etforge.files(code_of(stage, ModelKind.MODULE))
+        llm_code = plan.code.etforge.files(code_of(stage, ModelKind.LLM))
         if stage.part is None:  # one builder for every kind (the size gate)
             assert module == llm == stage.builder and module_code == llm_code
             continue
@@ -203,8 +203,8 @@ def test_an_llm_models_keys_differ_from_the_same_tasks_of_a_module(llm_project):
     plan = llm_project.plan()
     llm = next(c for c in plan.cells if c.model.kind == ModelKind.LLM)
     for stage in ("capture", "export", "validate", "benchmark"):
-        code = plan.code.of(code_of(STAGE[stage], ModelKind.LLM))
-        assert code != plan.code.of(code_of(STAGE[stage], ModelKind.MODULE))
+        code = plan.code.etforge.of(code_of(STAGE[stage], ModelKind.LLM))
+        assert code != plan.code.etforge.of(code_of(STAGE[stage], ModelKind.MODULE))
     # Its capture's key is made with the LLM code: treating it as a module gives another key.
     as_module = replace(llm.model, kind=ModelKind.MODULE)
     assert spec_of(plan, "capture", llm).key != spec_of(replace(plan, memo={}), "capture", as_module).key

@@ -90,7 +90,7 @@ def count_content_builds(monkeypatch) -> Counter:
     """Stage name -> how many times its content (the manifests', the report's) was built."""
     built: Counter = Counter()
     for name in ("manifest", "report"):
-        module, function = STAGE[name].content.split(":")
+        module, function = STAGE[name].matrix.content.split(":")
         real = getattr(importlib.import_module(module), function)
 
         def counting(*args, _real=real, _name=name, **kwargs):

@@ -134,7 +134,7 @@ def request_from(options: dict, workdir: str | None = None) -> tuple[Request, di
                 values[flag] = values[flag] or value
     defaults = {}
     for stage in STAGES:
-        for name, _ in stage.options:
+        for name, _ in stage.matrix.options:
             value = get_var(name, None)
             if value is not None:
                 _deprecated(f"{name}={value}", f"{stage.name} --{name.replace('_', '-')}")

@@ -37,11 +37,11 @@ def open_store(plan) -> Store:
     """
     layout = layout_of(plan)
     remote = None
-    if plan.cache_remote:
+    if plan.storage.remote:
         from etforge.cache.remote import remote_from_url
 
         secret, unsigned = signing_key(os.environ)
-        remote = remote_from_url(plan.cache_remote, read_only=plan.cache_read_only, secret=secret)
+        remote = remote_from_url(plan.storage.remote, read_only=plan.storage.read_only, secret=secret)
     store = Store(layout.cache_dir, remote=remote, state_dir=layout.etforge_dir)
     if remote is None:
         return store
@@ -65,9 +65,9 @@ def reading_store(plan) -> Store:
     only, with no uploads owed and no warnings (unlike ``open_store``, nothing runs)."""
     layout = layout_of(plan)
     remote = None
-    if plan.cache_remote:
+    if plan.storage.remote:
         from etforge.cache.remote import remote_from_url
 
         secret, _ = signing_key(os.environ)
-        remote = remote_from_url(plan.cache_remote, read_only=True, secret=secret)
+        remote = remote_from_url(plan.storage.remote, read_only=True, secret=secret)
     return Store(layout.cache_dir, remote=remote, state_dir=layout.etforge_dir)

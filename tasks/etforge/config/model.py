@@ -356,10 +356,44 @@ class ExpectedFailure:
 
 
 @dataclass(frozen=True)
-class Plan:
-    file: Path
+class PlanFile:
+    """The pipeline file a plan was resolved from."""
+
+    path: Path
     display: str  # the file as errors name it
     section_lines: dict  # matrix dimension -> line of its section in the file
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where a run's outputs go besides the working tree."""
+
+    remote: str | None = None  # fsspec URL of the shared cache
+    read_only: bool = False
+    allow_outside: bool = False  # `artifacts: {allow_outside: true}`: follow links out of the project
+
+
+@dataclass(frozen=True)
+class Benchmarking:
+    """How cells are timed and against what."""
+
+    options: dict  # the builder's options (etforge.builders.bench.benchmark), every default filled in
+    baseline: str | None = None  # a results file to flag regressions against (relative to root)
+    regression_pct: float = 0.0  # slower than the baseline by more than this is flagged
+
+
+@dataclass(frozen=True)
+class PlanCode:
+    """Digests of the code that keys cover: etforge's own, and the project's that its recipes name by
+    dotted path (a partitioner, a quantizer)."""
+
+    etforge: CodeDigests
+    project: CodeDigests | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    source: PlanFile
     root: Path
     name: str
     version: str
@@ -369,18 +403,12 @@ class Plan:
     cells: tuple
     rejected: tuple  # of RejectedCell
     gates: dict
-    cache_remote: str | None  # fsspec URL of the shared cache
-    cache_read_only: bool
-    benchmark: dict  # the builder's options (etforge.builders.bench.benchmark), every default filled in
-    benchmark_baseline: str | None  # a results file to flag regressions against (relative to root)
-    regression_pct: float  # slower than the baseline by more than this is flagged
+    storage: Storage
+    benchmark: Benchmarking
     seed: int
     toolchain: dict
-    code: CodeDigests = field(repr=False, compare=False)  # digests of etforge's own code, for keys
-    # digests of the project's own code that its recipes name by dotted path (a partitioner, a quantizer)
-    project_code: CodeDigests | None = field(default=None, repr=False, compare=False)
+    code: PlanCode = field(repr=False, compare=False)
     manifests: dict = field(default_factory=dict)  # the `manifests:` section (etforge.config.manifest_options)
-    artifacts_allow_outside: bool = False  # `artifacts: {allow_outside: true}`: follow links out of the project
     recipe_path: recipes.RecipePath = field(default_factory=recipes.RecipePath)  # a project's recipes/ first
     expected_failures: tuple = ()  # of ExpectedFailure; never part of a key (they change no output)
     diff: dict = field(default_factory=dict)  # `diff:` tolerances, every default filled in (etforge diff)

@@ -29,11 +29,15 @@ from etforge.config.model import (
     SECTIONS,
     BackendMember,
     BackendSpec,
+    Benchmarking,
     InputSpec,
     ModelKind,
     ModelSpec,
     Plan,
+    PlanCode,
+    PlanFile,
     QuantSpec,
+    Storage,
 )
 from etforge.config.remote_url import check_remote_setting
 from etforge.config.selection import cache_settings
@@ -409,10 +413,12 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     benchmark = dict(data.get("benchmark") or {})
     baseline, regression_pct = benchmark.pop("baseline", None), benchmark.pop("regression_pct", defaults.REGRESSION_PCT)
     return Plan(
-        file=pipeline_file,
-        display=doc.file,
+        source=PlanFile(
+            path=pipeline_file,
+            display=doc.file,
+            section_lines={dim: doc.line_of((section,)) for dim, section in SECTIONS.items()},
+        ),
         recipe_path=r.recipes,
-        section_lines={dim: doc.line_of((section,)) for dim, section in SECTIONS.items()},
         root=root,
         name=data["name"],
         version=data.get("version", "0.0.0"),
@@ -422,18 +428,17 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
         cells=cells,
         rejected=rejected,
         gates=data.get("gates") or {},
-        cache_remote=cache_remote,
-        cache_read_only=cache_read_only,
-        benchmark={**defaults.BENCHMARK, **benchmark},
-        benchmark_baseline=baseline,
-        regression_pct=regression_pct,
+        storage=Storage(
+            remote=cache_remote,
+            read_only=cache_read_only,
+            allow_outside=(data.get("artifacts") or {}).get("allow_outside", False),
+        ),
+        benchmark=Benchmarking({**defaults.BENCHMARK, **benchmark}, baseline, regression_pct),
         seed=(data.get("validation") or {}).get("seed", defaults.SEED),
         toolchain=toolchain_versions(versions.distribution),
-        code=code,
-        project_code=CodeDigests(digests, root=root, package=None),
+        code=PlanCode(code, CodeDigests(digests, root=root, package=None)),
         manifests=data.get("manifests") or {},
         expected_failures=expected_failures,
-        artifacts_allow_outside=(data.get("artifacts") or {}).get("allow_outside", False),
         diff={**defaults.DIFF_TOLERANCES, **(data.get("diff") or {})},
     )
 

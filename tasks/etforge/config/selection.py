@@ -36,8 +36,8 @@ def select(plan: Plan, model=None, backend=None, quantization=None) -> tuple:
             if n not in known[dim]:
                 raise PipelineError(
                     f"unknown {dim} {n!r} on the command line; known: {', '.join(known[dim])}",
-                    file=plan.display,
-                    line=plan.section_lines[dim],
+                    file=plan.source.display,
+                    line=plan.source.section_lines[dim],
                     key=SECTIONS[dim],
                 )
         filters[dim] = set(names)
@@ -51,7 +51,9 @@ def shard(plan: Plan, cells: tuple, spec: str) -> tuple:
         if not 1 <= k <= n:
             raise ValueError
     except ValueError:
-        raise PipelineError(f"--shard {spec!r}: expected k/n with 1 <= k <= n, e.g. 2/4", file=plan.display) from None
+        raise PipelineError(
+            f"--shard {spec!r}: expected k/n with 1 <= k <= n, e.g. 2/4", file=plan.source.display
+        ) from None
     return tuple(c for c in cells if int(digest(c.name)[:8], 16) % n == k - 1)
 
 
@@ -64,7 +66,7 @@ def named(plan: Plan, cells: tuple, names: str) -> tuple:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise PipelineError(f"--cells: {name!r} is no cell of the matrix{hint}", file=plan.display)
+            raise PipelineError(f"--cells: {name!r} is no cell of the matrix{hint}", file=plan.source.display)
     return tuple(c for c in cells if c.name in set(wanted))
 
 

@@ -61,7 +61,7 @@ def run_stage(plan, table: StageTable, stage_name: str, subject, store: Store, h
 
 def _matrix_spec(plan, stage, cells, host, outcomes=None):
     """(content, spec with its content key) of a matrix-wide stage."""
-    content = load_callable(stage.content)(plan, cells, host, outcomes=outcomes)
+    content = load_callable(stage.matrix.content)(plan, cells, host, outcomes=outcomes)
     return content, spec_of(plan, stage, key=content_key(plan, stage, content))
 
 
@@ -83,8 +83,8 @@ def _content_inputs(plan, stage, cells, host) -> str:
         {
             "shared": shared,
             "stage": stage.name,
-            "content": stage.content,
-            "code": plan.code.of(stage.code),
+            "content": stage.matrix.content,
+            "code": plan.code.etforge.of(stage.code),
             "templates": template_digests(stage),
             "cells": [c.name for c in cells],
             "host": host,
@@ -98,13 +98,13 @@ def matrix_up_to_date(plan, stage_name: str, cells, store: Store, host: dict | N
     not build the content again."""
     stage = STAGE[stage_name]
     try:
-        if not stage.content_reads:  # no file set to watch: no memo
+        if not stage.matrix.content_reads:  # no file set to watch: no memo
             return is_up_to_date(_matrix_spec(plan, stage, cells, host, outcomes)[1], store)
         layout = layout_of(plan)
         memo = ContentKeys(layout.etforge_dir / CONTENT_KEYS_FILE)
         name = f"{layout.out_dir.name}:{stage.name}"
         inputs = _content_inputs(plan, stage, cells, host)
-        files, trusted = load_callable(stage.content_reads)(plan).signature()
+        files, trusted = load_callable(stage.matrix.content_reads)(plan).signature()
         key = memo.get(name, inputs, files)
         if key is not None:
             return is_up_to_date(spec_of(plan, stage, key=key), store)

@@ -79,7 +79,7 @@ def load_selection(request: Request, table: StageTable = DEFAULT_TABLE) -> Selec
         ensure_writable(plan)
         specs, cells_by_task = run_specs(plan, cells, host)  # every key, so the digest memo holds their code
         for stage in STAGES:  # matrix-wide keys are computed later, after the memo is saved
-            plan.code.of(stage.code)
+            plan.code.etforge.of(stage.code)
         digests.save()  # only once everything checked out: a bad input writes nothing
     except PipelineError as exc:
         sys.stderr.write(f"etforge: error: {exc}\n")
@@ -146,11 +146,11 @@ def check_links(plan: Plan) -> None:
         try:
             link.resolve().relative_to(root)
         except ValueError:
-            if not plan.artifacts_allow_outside:
+            if not plan.storage.allow_outside:
                 raise PipelineError(
                     f"{link} is a symlink to {target}, outside the project directory {root}: "
                     "etforge does not write through it (set `artifacts: {allow_outside: true}` "
-                    f"in {plan.display} to follow it)"
+                    f"in {plan.source.display} to follow it)"
                 ) from None
 
 

@@ -63,7 +63,7 @@ def _named(template: str) -> tuple:
 def matrix_task_deps(plan, stage: Stage, cells) -> list:
     """The tasks a matrix-wide stage waits for: every task of its ``after`` stages for ``cells``."""
     deps = []
-    for name in stage.after:
+    for name in stage.matrix.after:
         after = STAGE[name]
         for subject in subjects(plan, after, cells):
             deps.append(task_name(after, subject))
@@ -148,7 +148,7 @@ def _matrix_task(plan, table: StageTable, stage: Stage, cells, store, host: dict
         "task_dep": matrix_task_deps(plan, stage, cells),
         "verbosity": 2,
     }
-    if stage.cached:
+    if stage.matrix.cached:
         task["actions"] = [(run_matrix_stage, [plan, table, stage.name, cells, store, host], {"outcomes": outcomes})]
         task["uptodate"] = [(matrix_up_to_date, [plan, stage.name, cells, store, host], {"outcomes": outcomes})]
     else:  # it re-checks its gates every time
@@ -163,6 +163,6 @@ def _matrix_task(plan, table: StageTable, stage: Stage, cells, store, host: dict
                 "default": bool(options.get(name, False)),
                 "help": text,
             }
-            for name, text in stage.options
+            for name, text in stage.matrix.options
         ]
     return task

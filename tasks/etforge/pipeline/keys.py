@@ -36,9 +36,9 @@ def _named_code(plan, refs) -> dict:
     for ref in refs:
         module = module_of(ref)
         if module.split(".")[0] == PACKAGE_NAME:
-            out[module] = plan.code.of((module,))
-        elif plan.project_code is not None and plan.project_code.has(module):
-            out[module] = plan.project_code.of((module,))
+            out[module] = plan.code.etforge.of((module,))
+        elif plan.code.project is not None and plan.code.project.has(module):
+            out[module] = plan.code.project.of((module,))
     return out
 
 
@@ -98,7 +98,7 @@ FACTS = {
     "thresholds": lambda plan, cell, host: cell.thresholds,
     "host_runnable": lambda plan, cell, host: cell.backend.host_runnable,
     "runtime_tools": _runtime_tools,
-    "benchmark_options": lambda plan, cell, host: plan.benchmark,
+    "benchmark_options": lambda plan, cell, host: plan.benchmark.options,
     "host": lambda plan, cell, host: _required_host(host),
 }
 
@@ -154,7 +154,7 @@ def _inputs(plan, stage: Stage, subject, host: dict | None) -> dict:
             relation: {"task": task_name(up, up_subject), "key": key_of(plan, up, up_subject, host)}
             for relation, up, up_subject in upstream_of(plan, stage, subject)
         },
-        "code": plan.code.file_digests(code_of(stage, kind_of(subject))),
+        "code": plan.code.etforge.file_digests(code_of(stage, kind_of(subject))),
     }
 
 
@@ -173,7 +173,7 @@ def key_from(inputs: dict) -> str:
 
 def template_digests(stage: Stage) -> dict:
     """{template: sha256} of a matrix-wide stage's templates (templates/)."""
-    return {t: sha256_file(TEMPLATE_DIR / t) for t in stage.templates}
+    return {t: sha256_file(TEMPLATE_DIR / t) for t in stage.matrix.templates}
 
 
 def content_key(plan, stage: Stage, content) -> str:
@@ -183,6 +183,6 @@ def content_key(plan, stage: Stage, content) -> str:
             "stage": stage.name,
             "content": content,
             "templates": template_digests(stage),
-            "code": plan.code.of(stage.code),
+            "code": plan.code.etforge.of(stage.code),
         }
     )

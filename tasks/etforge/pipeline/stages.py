@@ -72,6 +72,18 @@ KINDS: dict[ModelKind, Kind] = {
 
 
 @dataclass(frozen=True)
+class MatrixWide:
+    """What a matrix-wide stage (subject ``pipeline``) adds: what it waits for, what it renders."""
+
+    after: tuple = ()  # the stages whose tasks (of the selected cells) it waits for
+    content: str | None = None  # "module:function" (plan, cells, host) -> what it renders
+    content_reads: str | None = None  # "module:function" (plan) -> the FileSet the content may read (its key's memo)
+    templates: tuple = ()  # templates/ files whose bytes join the key
+    cached: bool = True  # False: no store entry, never up to date (it decides itself what to refuse)
+    options: tuple = ()  # (name, help) of boolean flags handed to the builder (doit task parameters)
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str  # the doit basename; its tasks are <name>:<subject> (task_name)
     subject: str  # model | graph | cell | pipeline
@@ -87,13 +99,7 @@ class Stage:
     skip_if: tuple = ()  # (PREDICATE, reason): skipped at once, reading nothing, waiting for nothing
     keep_entry: bool = False  # downstream tasks read its store entry
     judges: str | None = None  # a verdict on this relation's program.pte: it counts only for those bytes
-    after: tuple = ()  # matrix-wide: the stages whose tasks (of the selected cells) it waits for
-    content: str | None = None  # matrix-wide: "module:function" (plan, cells, host) -> what it renders
-    # matrix-wide: "module:function" (plan) -> the FileSet the content may read (its key's memo watches it)
-    content_reads: str | None = None
-    templates: tuple = ()  # matrix-wide: templates/ files whose bytes join the key
-    cached: bool = True  # False: no store entry, never up to date (it decides itself what to refuse)
-    options: tuple = ()  # (name, help) of boolean flags handed to the builder (doit task parameters)
+    matrix: MatrixWide = field(default_factory=lambda: MatrixWide())  # a matrix-wide stage's own facts
     default: bool = True  # run by a plain `doit`
 
 
@@ -229,18 +235,20 @@ STAGES = (
         doc="write Dart, pubspec, CMake and JSON manifests of the built cells",
         task_doc="write {files} of the shippable cells to {manifest_dir}/",
         builder="etforge.publish.manifests.render:manifest_stage",
-        content="etforge.publish.manifests.context:manifest_content",
-        content_reads="etforge.publish.content_reads:content_reads",
         code=("etforge.publish.manifests.context", "etforge.publish.manifests.render"),
-        templates=(
-            "models.g.dart.j2",
-            "pubspec_assets.yaml.j2",
-            "models.cmake.j2",
-            "selective_build.cmake.j2",
-            "etforge_models.h.j2",
-        ),
         outputs=tuple((f, "manifest_dir") for f in MANIFEST_FILES),
-        after=CELL_VERDICTS,
+        matrix=MatrixWide(
+            content="etforge.publish.manifests.context:manifest_content",
+            content_reads="etforge.publish.content_reads:content_reads",
+            templates=(
+                "models.g.dart.j2",
+                "pubspec_assets.yaml.j2",
+                "models.cmake.j2",
+                "selective_build.cmake.j2",
+                "etforge_models.h.j2",
+            ),
+            after=CELL_VERDICTS,
+        ),
     ),
     Stage(
         "report",
@@ -248,12 +256,14 @@ STAGES = (
         doc="write the self-contained HTML report of the selected cells",
         task_doc="write {report}: matrix, charts, numerics and latency",
         builder="etforge.publish.report.page:report_stage",
-        content="etforge.publish.report.page:report_content",
-        content_reads="etforge.publish.content_reads:content_reads",
         code=("etforge.publish.report.page",),
-        templates=("report.html.j2",),
         outputs=(("report.html", "out_dir"),),
-        after=CELL_VERDICTS,
+        matrix=MatrixWide(
+            content="etforge.publish.report.page:report_content",
+            content_reads="etforge.publish.content_reads:content_reads",
+            templates=("report.html.j2",),
+            after=CELL_VERDICTS,
+        ),
     ),
     Stage(
         "release",
@@ -263,16 +273,18 @@ STAGES = (
         task_doc="pack {archive} (refuses when a cell failed; --allow-failures; --strict also refuses "
         "provisional cells)",
         builder="etforge.publish.release:run_release",
-        cached=False,
-        options=(
-            (
-                "allow_failures",
-                "pack the cells that passed although others failed, list the failures in the release and exit 0",
-            ),
-            ("strict", "also refuse cells validated on random inputs only (provisional)"),
-        ),
-        after=CELL_VERDICTS + ("manifest",),
         default=False,
+        matrix=MatrixWide(
+            cached=False,
+            options=(
+                (
+                    "allow_failures",
+                    "pack the cells that passed although others failed, list the failures in the release and exit 0",
+                ),
+                ("strict", "also refuse cells validated on random inputs only (provisional)"),
+            ),
+            after=CELL_VERDICTS + ("manifest",),
+        ),
     ),
 )
 STAGE = {s.name: s for s in STAGES}

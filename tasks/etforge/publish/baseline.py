@@ -22,10 +22,10 @@ BASELINE_FORMAT = "etforge-bench-baseline/1"
 
 def regressions(plan, bench: dict) -> list:
     """Rows of :func:`compare_with_baseline` against the pipeline's baseline file, if it names one."""
-    baseline = plan.benchmark_baseline
+    baseline = plan.benchmark.baseline
     if not baseline or not (plan.root / baseline).is_file():
         return []
-    return compare_with_baseline(bench, load_baseline(plan.root / baseline), plan.regression_pct)
+    return compare_with_baseline(bench, load_baseline(plan.root / baseline), plan.benchmark.regression_pct)
 
 
 def _latency(entry: dict, stat: str) -> float | None:

@@ -20,7 +20,7 @@ from etforge.publish import diff_pointer
 
 def content_reads(plan) -> FileSet:
     layout = layout_of(plan)
-    files = [plan.root / plan.benchmark_baseline] if plan.benchmark_baseline else []
+    files = [plan.root / plan.benchmark.baseline] if plan.benchmark.baseline else []
     source = diff_pointer.remembered_source(plan)
     if source is not None:
         files.append(source)

@@ -175,7 +175,7 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
         "etforge_version": etforge.__version__,
         "git_revision": git_revision(plan.root),
         "toolchain": plan.toolchain,
-        "pipeline": {"file": plan.file.name, "sha256": sha256_file(plan.file), "name": plan.name},
+        "pipeline": {"file": plan.source.path.name, "sha256": sha256_file(plan.source.path), "name": plan.name},
         "files": {name: {"sha256": meta["sha256"], "size": meta["size"]} for name, meta in sorted(files.items())},
         "cells": [
             {

@@ -67,7 +67,7 @@ def rows(plan: Plan, outcomes: list) -> list:
 
 def add_baseline_flags(plan: Plan, outcomes: list, rows: list) -> None:
     """Flag cells slower than the pipeline's benchmark baseline, if it names one."""
-    if not plan.benchmark_baseline or not rows:
+    if not plan.benchmark.baseline or not rows:
         return
     bench = {o.cell: o.facts.benchmark.to_json() for o in outcomes if o.facts.benchmark}
     try:

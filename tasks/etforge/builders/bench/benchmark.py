@@ -261,7 +261,7 @@ def benchmark_stage(request: BuildRequest, llm_timing=None) -> BuildResult:
         export.files["program.pte"],
         capture.files[REFERENCE],
         list(export.result(ExportResult).input_dtypes),
-        request.plan.benchmark,
+        request.plan.benchmark.options,
         request.workdir,
         llm_timing=llm_timing,
         program_sha256=export.sha256.get("program.pte"),  # as the store verified it

@@ -291,7 +291,7 @@ def build_context(
     return {
         "pipeline": plan.name,
         "version": plan.version,
-        "source": plan.file.name,
+        "source": plan.source.path.name,
         "executorch_version": plan.toolchain.get("executorch") or "",
         "options": {k: options[k] for k in defaults.MANIFEST_OPTIONS},
         "platforms": sorted({p for m in models for p in m["fallback"]}),

@@ -188,7 +188,7 @@ def header_context(
         "format": FORMAT_VERSION,
         "pipeline": plan.name,
         "version": plan.version,
-        "source": plan.file.name,
+        "source": plan.source.path.name,
         "executorch_version": plan.toolchain.get("executorch") or "",
         "order": order,
         "layout": layout,
