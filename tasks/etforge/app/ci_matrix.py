@@ -4,7 +4,7 @@
     etforge ci-matrix --format gitlab          a child pipeline (JSON, which GitLab reads as YAML)
     etforge ci-matrix --format table           for people
     --jobs 4                                   at most this many jobs per group of labels
-    --durations FILE                           {task: seconds} beside the recorded ones
+    --durations FILE                           {task: seconds (0 to a week)} beside the recorded ones
     --runs-on 'qnn_sdk:self-hosted/qnn'        runner labels of a group (default: etforge.engine.ci_plan)
 
 Planning reads the pipeline, the state records and stats; it imports no torch and needs no SDK
@@ -20,9 +20,11 @@ from pathlib import Path
 from doit.cmd_base import Command
 
 from etforge.app.loader import SELECTION_OPTIONS, request_from
+from etforge.cache.entries import MAX_SECONDS, load_json, seconds_of
 from etforge.cache.opening import reading_store
 from etforge.core.console import say
 from etforge.core.errors import BadValue
+from etforge.core.text import one_line
 from etforge.engine import ci_plan
 from etforge.engine.entry import load_selection
 
@@ -97,14 +99,29 @@ class CiMatrix(Command):
 
 
 def _durations(path: str | None) -> dict:
+    """{task name: seconds} of a durations file; BadValue naming the file for anything else (a number
+    that is not finite, negative or beyond a week, JSON nested too deep): no sum of them can overflow."""
     if not path:
         return {}
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise BadValue(f"--durations {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if not isinstance(data, dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in data.values()
-    ):
-        raise BadValue(f"--durations {path}: expected a JSON object of task name -> seconds (>= 0)")
-    return {str(k): float(v) for k, v in data.items()}
+        data = load_json(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BadValue(f"--durations: {exc.strerror or exc}", file=path) from None
+    except ValueError as exc:  # not JSON, or JSON nested too deep (UnusableJson)
+        raise BadValue(f"--durations: not a JSON object of task name -> seconds: {one_line(exc)}", file=path) from None
+    if not isinstance(data, dict):
+        raise BadValue("--durations: expected a JSON object of task name -> seconds", file=path)
+    out = {}
+    for task, value in data.items():
+        seconds = seconds_of(value)
+        if seconds is None:
+            shown = (
+                "an object" if isinstance(value, dict) else "an array" if isinstance(value, list) else json.dumps(value)
+            )
+            raise BadValue(
+                f"--durations: {one_line(repr(task), 80)}: {one_line(shown, 80)} is not a number of seconds "
+                f"from 0 to {MAX_SECONDS} (a week)",
+                file=path,
+            )
+        out[task] = seconds
+    return out

@@ -25,7 +25,7 @@ from doit.doit_cmd import DoitMain
 
 from etforge.app.loader import SELECTION_OPTIONS, PipelineLoader
 from etforge.core.console import say
-from etforge.core.errors import EtforgeError
+from etforge.core.errors import BadValue, EtforgeError
 from etforge.core.text import first_line
 from etforge.engine.run_command import Run
 from etforge.pipeline.stages import DEFAULT_TABLE, StageTable
@@ -60,6 +60,8 @@ def main(argv: list | None = None, table: StageTable = DEFAULT_TABLE) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     app = EtforgeMain(PipelineLoader(table), config_filenames=(), extra_config=DOIT_PLUGINS)
     try:
+        if "" in args:  # doit reads each argument's first character: an empty one is an IndexError there
+            raise BadValue(f"argument {args.index('') + 1} is empty: leave it out or give it a value")
         # the names only: loading every command would import explain's, diff's and ci-matrix's modules
         return app.run(options_first(args, set(app.get_cmds())))
     except EtforgeError as exc:

@@ -14,6 +14,7 @@ from doit.cmd_base import Command
 from etforge.app.loader import SELECTION_OPTIONS, request_from
 from etforge.cache.why import why
 from etforge.core.console import say
+from etforge.core.text import one_line
 from etforge.engine.cached_run import is_up_to_date
 from etforge.engine.entry import load_selection
 from etforge.pipeline.stages import STAGE
@@ -38,15 +39,13 @@ class Explain(Command):
         specs = selection.specs
         names: list = []
         for arg in args:
-            if arg in specs:
-                names.append(arg)
-            elif arg in STAGE:
-                names += [n for n in specs if n == arg or n.startswith(arg + ":")]
-            else:
-                say(
-                    f"etforge: error: explain: no task named {arg!r} in this selection; `etforge list --all` lists them"
-                )
+            found = [arg] if arg in specs else [n for n in specs if arg in STAGE and n.startswith(arg + ":")]
+            if not found:  # any argument is one line: its repr (a newline shown as \n), cut to 80 characters
+                shown = one_line(repr(arg), 80)
+                what = f"stage {shown} has no task" if arg in STAGE else f"no task named {shown}"
+                say(f"etforge: error: explain: {what} in this selection; `etforge list --all` lists them")
                 return 3
+            names += found
 
         def current_inputs(task: str):
             spec = specs.get(task)

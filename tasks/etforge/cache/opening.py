@@ -16,13 +16,15 @@ from etforge.pipeline.layout import layout_of
 
 def signing_key(environ) -> tuple[bytes | None, str | None]:
     """(the shared secret, None), or (None, why there is none) from ETFORGE_CACHE_KEY: a blank
-    value is no key (what ``${{ secrets.X }}`` gives a GitHub fork's pull request)."""
+    value is no key (what ``${{ secrets.X }}`` gives a GitHub fork's pull request). The secret is
+    the variable's bytes: os.environ holds bytes that are not UTF-8 as surrogate escapes, which
+    os.fsencode turns back into those bytes (``str.encode`` would raise UnicodeEncodeError)."""
     value = environ.get("ETFORGE_CACHE_KEY")
     if value is None:
         return None, "ETFORGE_CACHE_KEY is not set"
     if not value.strip():
         return None, "ETFORGE_CACHE_KEY is set but empty"
-    return value.encode("utf-8"), None
+    return os.fsencode(value), None
 
 
 def open_store(plan) -> Store:

@@ -18,30 +18,138 @@ A record made under the spec's own key also keeps the named inputs of that key
 inputs_of), and each key's inputs are kept once more by key (``.state/keys/<key>.json``,
 :func:`inputs_by_key`), so that ``etforge explain`` can say what changed, upstream too,
 after the upstream task ran again.
+
+Records are read through one guarded reader (:func:`read_state`, :func:`inputs_by_key`): a file
+that is not JSON, nests too deep, or whose fields the readers use have other types (RECORD_FIELDS,
+INPUT_FIELDS) is no record, as doit treats a damaged database: its task runs again, and the file
+is named in one warning per process. No reader meets a RecursionError, AttributeError or TypeError.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
+from etforge.cache.entries import load_json
 from etforge.config.digest_cache import RACY_NS
 from etforge.core.atomic import atomic_write_text
+from etforge.core.console import say
 from etforge.core.digest import canonical_json
+from etforge.core.text import first_line
 from etforge.pipeline.results import TaskStatus, task_status
 from etforge.pipeline.specs import TaskSpec
 
 PROGRAM = "program.pte"  # the export's blob a verdict judges
 
 
-def read_state(path: Path) -> dict | None:
-    """The record at ``path`` as written, or None (missing, unreadable, not JSON)."""
+NONE = type(None)
+# The fields of a record its readers use: (the JSON types it may hold, what the warning calls them).
+# A record must have "key" (null: a matrix-wide task's record made before its key was known) and "status".
+RECORD_FIELDS: dict = {
+    "task": ((str,), "a string"),
+    "key": ((str, NONE), "a string or null"),
+    "status": ((str,), "a string"),
+    "reason": ((str,), "a string"),
+    "cached": ((bool,), "true or false"),
+    "retry": ((bool,), "true or false"),
+    "elapsed_s": ((int, float), "a number"),
+    "info": ((dict,), "an object"),
+    "outputs": ((dict,), "an object"),  # file name -> {path, size, mtime_ns, sha256}
+    "entry": ((dict,), "an object"),  # blob name -> {sha256, size, mtime_ns}
+    "log": ((str, NONE), "a string or null"),
+    "inputs": ((dict,), "an object"),  # checked by inputs_problem
+}
+REQUIRED = ("key", "status")
+# The named inputs of a key (etforge.pipeline.keys inputs_of), as etforge explain reads them.
+INPUT_FIELDS: dict = {
+    "stage": ((str,), "a string"),
+    "facts": ((dict,), "an object"),
+    "upstream": ((dict,), "an object"),  # relation -> {"task": name, "key": key}
+    "code": ((dict,), "an object"),
+}
+UPSTREAM_FIELDS: dict = {"task": ((str,), "a string"), "key": ((str, NONE), "a string or null")}
+_warned: set = set()  # (path, stat signature) of the damaged files this process has named
+
+
+def _fields_problem(data: dict, table: dict, where: str = "") -> str | None:
+    """The first field of ``table`` that ``data`` holds with another JSON type (a bool is no number)."""
+    for name, (kinds, what) in table.items():
+        if name not in data:
+            continue
+        value = data[name]
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            return f'"{where}{name}" is not {what}'
+    return None
+
+
+def record_problem(record) -> str | None:
+    """Why ``record`` (parsed JSON) is no task record for its readers, or None when it is one."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    for name in REQUIRED:
+        if name not in record:
+            return f'no "{name}"'
+    problem = _fields_problem(record, RECORD_FIELDS)
+    if problem:
+        return problem
+    for name in ("outputs", "entry"):
+        if not all(isinstance(meta, dict) for meta in record.get(name, {}).values()):
+            return f'"{name}" holds a file whose facts are not an object'
+    return inputs_problem(record["inputs"], "inputs.") if "inputs" in record else None
+
+
+def inputs_problem(inputs, where: str = "") -> str | None:
+    """Why ``inputs`` (parsed JSON) are no key inputs for etforge explain, or None when they are."""
+    if not isinstance(inputs, dict):
+        return f'"{where.rstrip(".") or "inputs"}" is not an object'
+    problem = _fields_problem(inputs, INPUT_FIELDS, where)
+    if problem:
+        return problem
+    if not isinstance(inputs.get("facts", {}).get("toolchain", {}), dict):
+        return f'"{where}facts.toolchain" is not an object'
+    for relation, up in inputs.get("upstream", {}).items():
+        if not isinstance(up, dict):
+            return f'"{where}upstream.{relation}" is not an object'
+        problem = _fields_problem(up, UPSTREAM_FIELDS, f"{where}upstream.{relation}.")
+        if problem:
+            return problem
+    return None
+
+
+def _read_checked(path: Path, problem_of, then: str) -> dict | None:
+    """The JSON object at ``path`` when ``problem_of`` finds nothing wrong with it, else None;
+    a file that is there but damaged is named in one warning per process, saying ``then``."""
     try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
         return None
+    except OSError as exc:
+        _warn_once(path, first_line(exc), then)
+        return None
+    try:
+        data = load_json(text)
+    except ValueError as exc:  # not JSON (UnicodeDecodeError too), or too deep (UnusableJson)
+        _warn_once(path, first_line(exc), then)
+        return None
+    problem = problem_of(data)
+    if problem is not None:
+        _warn_once(path, problem, then)
+        return None
+    return data
+
+
+def _warn_once(path: Path, problem: str, then: str) -> None:
+    seen = (str(path), signature(path))
+    if seen not in _warned:
+        _warned.add(seen)
+        say(f"etforge: warning: {path}: damaged ({problem}); {then}")
+
+
+def read_state(path: Path) -> dict | None:
+    """The record at ``path``, or None when there is none: missing, unreadable, not JSON, or damaged
+    (record_problem: a field its readers use of another type); the task then runs again."""
+    return _read_checked(path, record_problem, "read as no record (its task runs again)")
 
 
 def current(spec: TaskSpec, records: RunRecords | None = None) -> dict | None:
@@ -106,7 +214,7 @@ def write_state(
         "task": spec.name,
         "key": spec.key if key is None else key,
         "status": str(status),
-        "reason": reason,
+        "reason": str(reason) if reason else "",  # (a stored entry's info may hold any JSON)
         "cached": cached,
         "elapsed_s": round(elapsed, 3),
         "info": info or {},
@@ -126,16 +234,15 @@ def _keys_dir(spec: TaskSpec) -> Path:
 
 def _keep_inputs(spec: TaskSpec) -> None:
     path = _keys_dir(spec) / f"{spec.key}.json"
-    if not path.exists():  # a key's inputs never change: written once
+    if inputs_by_key(spec, spec.key) is None:  # a key's inputs never change: written once (again when damaged)
         atomic_write_text(path, canonical_json(spec.inputs))
 
 
 def inputs_by_key(spec: TaskSpec, key: str | None) -> dict | None:
     """The named inputs a task of ``spec``'s pipeline once recorded for ``key``, or None."""
-    if not key or not all(c in "0123456789abcdef" for c in key):
+    if not isinstance(key, str) or not key or not all(c in "0123456789abcdef" for c in key):
         return None
-    found = read_state(_keys_dir(spec) / f"{key}.json")
-    return found if isinstance(found, dict) else None
+    return _read_checked(_keys_dir(spec) / f"{key}.json", inputs_problem, "read as if it were not there")
 
 
 def record_failure(spec: TaskSpec, reason: str) -> None:

@@ -30,7 +30,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from etforge.cache.entries import ENTRY_MANIFEST, CorruptEntry, read_entry
+from etforge.cache.entries import ENTRY_MANIFEST, CorruptEntry, read_entry, seconds_of
 from etforge.cache.records import signature, trusted
 from etforge.cache.remote import DamagedEntry, RemoteError, UntrustedEntry
 from etforge.core.atomic import atomic_copy
@@ -67,17 +67,17 @@ class Store:
         """The local entry's manifest as stored (not verified), or None."""
         try:
             return json.loads((self.entry_dir(key) / ENTRY_MANIFEST).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             return None
 
     def build_seconds(self, key: str) -> float | None:
         """The seconds entry ``key`` took to build, as its manifest records it: the local entry's,
-        else the remote's (its manifest only); None when no entry records it."""
+        else the remote's (its manifest only); None when no entry records seconds in range (seconds_of)."""
         remote = self.remote.manifest(key) if self.remote is not None and self._remote_usable() else None
         for manifest in (self.manifest(key), remote):
-            seconds = manifest.get("build_s") if isinstance(manifest, dict) else None
-            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) and seconds >= 0:
-                return float(seconds)
+            seconds = seconds_of(manifest.get("build_s")) if isinstance(manifest, dict) else None
+            if seconds is not None:
+                return seconds
         return None
 
     def entry_record(self, key: str) -> dict:

@@ -45,15 +45,15 @@ class Explanation:
 def why(spec: TaskSpec, current_inputs: Callable[[str], dict | None]) -> Explanation:
     """What changed in ``spec``'s key inputs since its last record. ``current_inputs(task name)``:
     the current named inputs of an upstream task (to explain an upstream key that changed)."""
-    record = read_state(spec.state_file)
-    if not isinstance(record, dict) or not record.get("key"):
+    record = read_state(spec.state_file)  # checked: each field it holds has its type, inputs their shape
+    if record is None or not record.get("key"):
         return Explanation(spec.name, False, ("never run here (no record of a run under any key)",))
     if record.get("key") == spec.key:
         if record.get("status") == "failed":  # the same inputs: whether it runs again is the engine's call
             reason = str(record.get("reason") or "failed").splitlines()[0]
             return Explanation(spec.name, False, (f"inputs unchanged since its last run, which failed: {reason}",))
         return Explanation(spec.name, True, ())
-    old = record.get("inputs") if isinstance(record.get("inputs"), dict) else inputs_by_key(spec, record["key"])
+    old = record["inputs"] if "inputs" in record else inputs_by_key(spec, record["key"])
     new = spec.inputs or {}
     if old is None:
         return Explanation(

@@ -12,7 +12,8 @@ of this checkout (``elapsed_s`` of the last build, not of a restore from the cac
 the cache (the build seconds each store entry keeps: the local entry's, else the remote's
 manifest, so a fresh CI checkout plans from what other machines built), then a durations
 file (``{task name: seconds}``), and for a task never built here: the median of the recorded tasks of its stage and model kind, else a
-stage estimate (DEFAULT_S, times LLM_FACTOR for an LLM).
+stage estimate (DEFAULT_S, times LLM_FACTOR for an LLM). Every number read from elsewhere is
+range-checked (etforge.cache.entries seconds_of: from 0 to a week), so no sum of them overflows.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from etforge.cache.entries import seconds_of
 from etforge.cache.records import read_state
 from etforge.config.model import ModelKind
 from etforge.core.errors import BadValue
@@ -74,14 +76,12 @@ def recorded_durations(specs: Mapping, build_seconds=None) -> dict:
     out = {}
     for name, spec in specs.items():
         record = read_state(spec.state_file) or {}
-        built_here = isinstance(record, dict) and not record.get("cached") and record.get("status") in BUILT
-        elapsed = record.get("elapsed_s") if built_here else None
-        if isinstance(elapsed, (int, float)) and elapsed >= 0:
-            out[name] = float(elapsed)
-        elif build_seconds is not None and spec.key:
-            seconds = build_seconds(spec.key)
-            if seconds is not None:
-                out[name] = seconds
+        built_here = not record.get("cached") and record.get("status") in BUILT
+        seconds = seconds_of(record.get("elapsed_s")) if built_here else None
+        if seconds is None and build_seconds is not None and spec.key:
+            seconds = seconds_of(build_seconds(spec.key))
+        if seconds is not None:
+            out[name] = seconds
     return out
 
 
