@@ -3,9 +3,10 @@
 Prints a console table and writes markdown (``artifacts/<pipeline>/diff.md``, or ``--markdown
 FILE``, and appended to ``$GITHUB_STEP_SUMMARY`` when CI sets it). Exit status: 0 without a
 regression, 1 on a regression beyond tolerance or a lost cell, 2 when the baseline cannot be
-compared with (missing, truncated, another pipeline's, a newer etforge's: one line saying
-which), 3 on a bad pipeline.yaml. ``doit diff baseline=<...>`` is taken too. It reads the
-cells' current records and runs nothing: run ``etforge`` first.
+compared with (missing, truncated, damaged, another pipeline's, a newer etforge's: one line
+saying which, naming the file and the key when it is damaged), 3 on a bad pipeline.yaml.
+``doit diff baseline=<...>`` is taken too. It reads the cells' current records and runs
+nothing: run ``etforge`` first.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from doit.cmd_base import Command
 from etforge.app.loader import SELECTION_OPTIONS, request_from
 from etforge.core.atomic import atomic_write_text
 from etforge.core.console import say
+from etforge.core.text import first_line
 from etforge.engine.entry import load_selection
 from etforge.publish import diff, diff_baseline, diff_section, outcome
 
@@ -47,8 +49,8 @@ class Diff(Command):
     doc_usage = "--baseline <release .tar.gz | release dir | git revision>"
     doc_description = (
         "Cell by cell, with the tolerances of pipeline.yaml `diff:`. Exit 1 on a regression beyond "
-        "tolerance or a lost cell, 2 when the baseline is missing, truncated, another pipeline's or "
-        "a newer etforge's. The report gains a 'changes since' section against this baseline."
+        "tolerance or a lost cell, 2 when the baseline is missing, truncated, damaged, another pipeline's "
+        "or a newer etforge's. The report gains a 'changes since' section against this baseline."
     )
     cmd_options = SELECTION_OPTIONS + OPTIONS
 
@@ -63,7 +65,7 @@ class Diff(Command):
         try:
             baseline = diff_baseline.load(plan, given)
         except diff_baseline.BaselineError as exc:
-            say(f"etforge: error: {exc}")
+            say(f"etforge: error: {first_line(exc)}")
             return 2
         changes = diff_section.compare(plan, selection.cells, selection.host, baseline)
         pending = [

@@ -6,18 +6,101 @@ benchmark task's info (``latency_p50_ms``) or a whole bench.json
 report, the summary and the outcome's evidence alike.
 
 This module is publishing, not measuring: it joins no benchmark's key.
+
+A baseline file is read without trusting it (:func:`read_regular`, :func:`parse_json`, also
+for ``etforge diff``'s releases): a FIFO or a device is refused without blocking, the bytes
+read are bounded, and JSON nested too deep or holding an absurd number is one BadValue.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from pathlib import Path
+from typing import BinaryIO
 
 from etforge.core.atomic import atomic_write_text
 from etforge.core.errors import BadValue
+from etforge.core.text import one_line
 
 BASELINE_FORMAT = "etforge-bench-baseline/1"
+MAX_BYTES = 64 << 20  # a release's provenance of thousands of cells is a few MB: more is refused unread
+MAX_DIGITS = 30  # no figure etforge records has more digits; a 5,000-digit integer is refused as it is parsed
+
+
+def _kind_of(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
+
+
+def _regular(mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise BadValue(f"is {_kind_of(mode)}, not a regular file")
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """``path`` (links followed) opened for reading when it is a regular file, else BadValue saying
+    what it is: it is stat'ed before it is opened (a FIFO or a device is not even opened), opened
+    with O_NONBLOCK (one swapped in meanwhile cannot block the open) and fstat'ed again. OSError
+    when it cannot be (FileNotFoundError: there is none)."""
+    _regular(os.stat(path).st_mode)
+    f = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
+    try:
+        _regular(os.fstat(f.fileno()).st_mode)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def read_regular(path: Path, limit: int = MAX_BYTES) -> bytes:
+    """The bytes of the regular file at ``path`` (:func:`open_regular`), at most ``limit`` of them:
+    BadValue when it holds more."""
+    with open_regular(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(limit + 1) if size <= limit else b""  # (it may grow while read)
+    if size > limit or len(data) > limit:
+        raise BadValue(f"is larger than {limit:,} bytes, the most read")
+    return data
+
+
+class _HugeNumber(ValueError):
+    pass
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_DIGITS:
+        raise _HugeNumber(f"holds an integer of {digits:,} digits")
+    return int(text)
+
+
+def shown(value) -> str:
+    """A value read from a file as a message shows it: a scalar's repr, cut; a list or an object by
+    its kind alone (its repr may be huge, or nested too deep to make)."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "a list"
+    return one_line(repr(value[:60] if isinstance(value, str) else value), 60)
+
+
+def parse_json(raw: bytes):
+    """The JSON value in ``raw``, else BadValue saying what is wrong (not UTF-8, not JSON, nested
+    too deep for Python's parser, an integer of more than MAX_DIGITS digits): nothing here
+    raises anything else, whatever the bytes."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_int=_bounded_int)
+    except _HugeNumber as exc:
+        raise BadValue(str(exc)) from None
+    except UnicodeDecodeError:
+        raise BadValue("is not UTF-8 text") from None
+    except RecursionError:
+        raise BadValue("is nested too deep to be JSON etforge wrote") from None
+    except ValueError as exc:
+        raise BadValue(f"is not JSON ({exc})") from None
 
 
 def regressions(plan, bench: dict) -> list:
@@ -126,16 +209,16 @@ def load_baseline(path: Path) -> dict:
     """
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = parse_json(read_regular(path))
     except OSError as exc:
         raise BadValue(f"cannot read baseline {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise BadValue(f"baseline {path} is not JSON: {exc}") from None
+    except BadValue as exc:
+        raise BadValue(f"baseline {path} {exc}") from None
     if not isinstance(data, dict):
         raise BadValue(f"baseline {path}: expected a JSON object, got {type(data).__name__}")
     if "format" in data:
         if data["format"] != BASELINE_FORMAT:
-            raise BadValue(f"baseline {path}: format {data['format']!r}, expected {BASELINE_FORMAT!r}")
+            raise BadValue(f"baseline {path}: format {shown(data['format'])}, expected {BASELINE_FORMAT!r}")
         cells = data.get("cells")
         if not isinstance(cells, dict):
             raise BadValue(f"baseline {path}: 'cells' must map cell names to bench results")
@@ -143,10 +226,12 @@ def load_baseline(path: Path) -> dict:
         cells = data
     for name, entry in cells.items():
         if not isinstance(entry, dict):
-            raise BadValue(f"baseline {path}: cell {name!r}: expected an object, got {type(entry).__name__}")
+            raise BadValue(f"baseline {path}: cell {shown(name)}: expected an object, got {type(entry).__name__}")
         raw = entry.get("latency_p50_ms")
         if raw is None and isinstance(entry.get("latency_ms"), dict):
             raw = entry["latency_ms"].get("p50")
         if raw is not None and p50_of(entry) is None:
-            raise BadValue(f"baseline {path}: cell {name!r}: p50 must be a positive number of ms, got {raw!r}")
+            raise BadValue(
+                f"baseline {path}: cell {shown(name)}: p50 must be a positive number of ms, got {shown(raw)}"
+            )
     return dict(cells)

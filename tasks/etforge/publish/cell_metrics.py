@@ -4,6 +4,8 @@
     timings(outcome) -> dict | None          host timings: go beside the archive (<release>.bench.json)
     snapshot(plan, cells, host) -> dict      the current run, as a release records it (etforge diff)
     current_form(metrics) -> dict            a release's ``metrics`` of any format, in this one
+    read_measured(metrics, path) -> dict     the same, checked first (BadValue naming the key)
+    check(value, shape, path)                BadValue unless ``value`` has ``shape`` (MEASURED, TIMING, ...)
 
 ``measured`` holds what the program's bytes and its checks decide: the program's own figures
 (its size and breakdown, its external weights, planned memory, delegates), a digest of the
@@ -14,14 +16,25 @@ that says what changed when the bytes changed. Numbers are rounded to the precis
 
 ``timings`` is the benchmark's result as recorded (p50, p90, spread, iterations, peak RSS, an
 LLM's tokens per second, the host): it differs run to run and never enters the archive.
+
+What a diff reads back of a release is checked against the shapes below (MEASURED, FORMAT_1,
+TIMING, BASELINE_CELL) by :func:`check`, so that a damaged or hostile release is one error
+naming the key path, never a TypeError in the comparison: every field a diff reads, with the
+JSON type it must hold (a number: finite, not a bool, within a float's range).
 """
 
 from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
 
 from etforge.checks.base import Check, finite
 from etforge.checks.delegation import Delegation
 from etforge.checks.numerics import Numerics
 from etforge.core.digest import digest
+from etforge.core.errors import BadValue
+from etforge.core.key_path import format_path
 from etforge.publish import outcome
 
 MEASURED_FORMAT = 2  # the shape of measured(): a diff reads older ones as far as they go (current_form)
@@ -70,7 +83,7 @@ def current_form(metrics: dict) -> dict:
     """``metrics`` as this etforge records them: a release's of format 1 (sections size, delegation,
     numerics, memory) read as far as it goes, through the checks they were (so that their
     figures are judged as today's are)."""
-    if not isinstance(metrics, dict) or metrics.get("format", 1) >= MEASURED_FORMAT:
+    if not isinstance(metrics, dict) or (finite(metrics.get("format")) or 1) >= MEASURED_FORMAT:
         return metrics if isinstance(metrics, dict) else {}
 
     def section(name: str) -> dict:
@@ -151,3 +164,193 @@ def snapshot(plan, cells, host: dict | None, outcomes=None) -> dict:
         if r.model in models:
             rows.setdefault(r.name, {"status": "rejected"})
     return {"cells": rows, "timings": bench, "toolchain": dict(plan.toolchain or {})}
+
+
+# ---------------------------------------------------------------- the shapes a diff reads back
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A JSON scalar of one of ``kinds``: "number", "text", "flag" (true or false), "null"."""
+
+    kinds: tuple
+
+
+@dataclass(frozen=True)
+class Record:
+    """An object whose named fields have their shapes. A field absent or null was not recorded
+    (unless ``required``); a field not named is not read, so not checked."""
+
+    fields: dict
+    required: tuple = ()
+
+
+@dataclass(frozen=True)
+class MapOf:
+    """An object whose every value has ``value``'s shape (its keys: any names)."""
+
+    value: object
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A list whose every item has ``item``'s shape."""
+
+    item: object
+
+
+@dataclass(frozen=True)
+class Either:
+    """Any one of ``shapes``."""
+
+    shapes: tuple
+
+
+NUMBER, TEXT, FLAG = Scalar(("number",)), Scalar(("text",)), Scalar(("flag",))
+SCALAR = Scalar(("number", "text", "flag", "null"))
+COUNTS = MapOf(NUMBER)  # e.g. ops per delegate
+BREAKDOWN = MapOf(Either((NUMBER, COUNTS)))  # {"constants", "delegates": {backend: bytes}, "program", "total"}
+PLANNED = MapOf(ListOf(NUMBER))  # method -> its buffers' bytes
+FIGURE = Record(
+    {
+        "value": NUMBER,
+        "unit": TEXT,
+        "better": TEXT,
+        "tolerance": TEXT,
+        "relative": FLAG,
+        "scale": NUMBER,
+        "tolerance_scale": NUMBER,
+    }
+)
+MEASURED = Record(  # measured(): format 2
+    {
+        "format": NUMBER,
+        "model_sha256": TEXT,
+        "tools": MapOf(SCALAR),
+        "program": Record(
+            {
+                "bytes": NUMBER,
+                "data_bytes": NUMBER,
+                "constant_bytes": NUMBER,
+                "breakdown": BREAKDOWN,
+                "planned_bytes": PLANNED,
+                "delegates": ListOf(TEXT),
+            }
+        ),
+        "checks": MapOf(Record({"figures": MapOf(FIGURE), "structure": MapOf(Either((SCALAR, COUNTS)))})),
+    }
+)
+_OUTPUT = {"sqnr_db": NUMBER, "top1_agreement": NUMBER, "top5_agreement": NUMBER}
+FORMAT_1 = Record(  # a release's metrics before checks (etforge-provenance/2), read by current_form
+    {
+        "format": NUMBER,
+        "model_sha256": TEXT,
+        "tools": MapOf(SCALAR),
+        "size": Record({"bytes": NUMBER, "data_bytes": NUMBER, "constant_bytes": NUMBER, "breakdown": BREAKDOWN}),
+        "delegation": Record(
+            {
+                "coverage": NUMBER,
+                "not_delegated": COUNTS,
+                "delegated_by_backend": COUNTS,
+                "delegated_ops": NUMBER,
+                "non_delegated_ops": NUMBER,
+                "delegated_subgraphs": NUMBER,
+                "delegates": ListOf(TEXT),
+            }
+        ),
+        "numerics": Record({**_OUTPUT, "exact": FLAG, "outputs": ListOf(Record({"output": SCALAR, **_OUTPUT}))}),
+        "memory": Record({"planned_bytes": PLANNED}),
+    }
+)
+TIMING = Record(  # timings(): what a diff reads of a cell's benchmark
+    {
+        "latency_p50_ms": NUMBER,
+        "latency_p90_ms": NUMBER,
+        "latency_stdev_ms": NUMBER,
+        "host_id": TEXT,
+        "peak_rss_mb": NUMBER,
+        "llm": Record({"decode_tok_s": NUMBER, "prefill_tok_s": NUMBER, "peak_rss_mb": NUMBER}),
+    }
+)
+BASELINE_CELL = Record(  # a baseline's cell as etforge.publish.diff_baseline reads it (and keeps it)
+    {"status": TEXT, "sha256": TEXT, "cell": Record({"thresholds": MapOf(SCALAR)}), "metrics": MEASURED},
+    required=("status",),
+)
+
+
+def _kind(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "flag"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, float) and math.isfinite(value) or isinstance(value, int) and abs(value) <= sys.float_info.max:
+        return "number"  # (an int is compared exactly: no float() of a huge one)
+    if isinstance(value, int | float):
+        return "a number out of range" if isinstance(value, int) or math.isinf(value) else "NaN"
+    return "list" if isinstance(value, list) else "object"
+
+
+_SAID = {
+    "null": "null",
+    "flag": "true or false",
+    "text": "a string",
+    "number": "a number",
+    "list": "a list",
+    "object": "an object",
+}
+
+
+def _expected(shape) -> str:
+    if isinstance(shape, Scalar):
+        return " or ".join(_SAID[k] for k in shape.kinds)
+    if isinstance(shape, Either):
+        return " or ".join(_expected(s) for s in shape.shapes)
+    return "a list" if isinstance(shape, ListOf) else "an object"
+
+
+def _fits(value, shape) -> bool:
+    try:
+        check(value, shape)
+    except BadValue:
+        return False
+    return True
+
+
+def check(value, shape, path: tuple = ()) -> None:
+    """Nothing when ``value`` has ``shape``; else BadValue naming the key path of the first field
+    that does not (``cells[2].metrics.program.bytes: expected a number, got a string``). Recursive
+    along the shape only, so a value nested deeper than its shape is one error, never a RecursionError."""
+    if isinstance(shape, Scalar):
+        kind = _kind(value)
+        ok = kind in shape.kinds
+    elif isinstance(shape, Either):
+        ok = any(_fits(value, s) for s in shape.shapes)
+    elif isinstance(shape, ListOf):
+        ok = isinstance(value, list)
+        for i, item in enumerate(value if ok else ()):
+            check(item, shape.item, (*path, i))
+    else:
+        ok = isinstance(value, dict)
+        for name, item in value.items() if ok and isinstance(shape, MapOf) else ():
+            check(item, shape.value, (*path, name))
+        for name, item_shape in shape.fields.items() if ok and isinstance(shape, Record) else ():
+            if value.get(name) is None and name in shape.required:
+                raise BadValue(f"{format_path((*path, name))}: {_expected(item_shape)} is required, none is recorded")
+            if value.get(name) is not None:
+                check(value[name], item_shape, (*path, name))
+    if not ok:
+        kind = _kind(value)
+        raise BadValue(f"{format_path(path)}: expected {_expected(shape)}, got {_SAID.get(kind, kind)}")
+
+
+def read_measured(metrics, path: tuple = ()) -> dict:
+    """A release's ``metrics`` (of any format, null: none) checked and in today's form (current_form);
+    BadValue names the key path of the first field a diff could not read."""
+    if metrics is None:
+        return {}
+    check(metrics, Record({"format": NUMBER}), path)
+    older = (finite(metrics.get("format")) or 1) < MEASURED_FORMAT
+    check(metrics, FORMAT_1 if older else MEASURED, path)
+    return current_form(metrics)

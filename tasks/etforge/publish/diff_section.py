@@ -1,45 +1,86 @@
 """The report's "changes since <baseline>" section: the baseline the last ``etforge diff`` named.
 
     remember(plan, baseline)            what ``etforge diff`` leaves for the report
+    remembered(plan)                    that baseline: as kept, or read again when it was replaced
     changes_since(plan, cells, host)    the section's rows, recomputed from the current records
 
-The report recomputes the comparison at every render from the remembered baseline (what it
-recorded, kept here with the stat of its file: no archive is read on a no-op run) and the
+The report recomputes the comparison at every render from the remembered baseline and the
 cells' current records, so the section is never older than the report (and, being part of
-the report's content, it joins the report's key).
+the report's content, it joins the report's key). The baseline is kept with what it recorded
+and the stat signatures of the files it was read from, taken before reading them
+(etforge.publish.diff_pointer Seen): while they hold, no archive is read on a render; once a
+file there was replaced (even by one of the same size and mtime), or when it was written too
+recently for its signature to vouch for it, the release there is read again, and the section
+leaves the report when it is gone or can no longer be compared with.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from etforge.core.atomic import atomic_write_text
 from etforge.core.digest import canonical_json
+from etforge.core.errors import BadValue
 from etforge.publish import cell_metrics, diff, diff_baseline, diff_pointer
+from etforge.publish.cell_metrics import SCALAR, TEXT, MapOf, Record
 
-
-def _stat(path) -> list | None:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
+# The pointer as remember() writes it (its "seen": diff_pointer.Seen's JSON form).
+KEPT = Record(
+    {
+        "given": TEXT,
+        "source": TEXT,
+        "label": TEXT,
+        "cells": MapOf(cell_metrics.BASELINE_CELL),
+        "timings": MapOf(cell_metrics.TIMING),
+        "toolchain": MapOf(SCALAR),
+    },
+    required=("given", "source", "label", "cells"),
+)
 
 
 def remember(plan, baseline: diff_baseline.Baseline) -> None:
-    """Keep what the report needs of ``baseline``: what it recorded, and the stat of where it came
-    from (so that a report renders without reading an archive, and drops the section once the
-    release there is replaced or gone)."""
+    """Keep what the report needs of ``baseline``: what it recorded, and the signatures of the
+    files it came from (so that a report renders without reading an archive, and reads the
+    release again once one is replaced)."""
     kept = {
+        "given": baseline.given or baseline.label,
         "source": str(baseline.source.resolve()),
-        "stat": _stat(diff_pointer.stat_target(baseline.source)),
+        "seen": baseline.seen.to_json(),
         "label": baseline.label,
         "cells": baseline.cells,
         "timings": baseline.timings,
         "toolchain": baseline.toolchain,
     }
     atomic_write_text(diff_pointer.path(plan), canonical_json(kept) + "\n")
+
+
+def remembered(plan) -> diff_baseline.Baseline | None:
+    """The baseline the last ``etforge diff`` named: as kept while the files it was read from are
+    unchanged, else read again from where it was; None when there is none, or when the release
+    there is gone or cannot be compared with (no comparison with nothing)."""
+    kept = diff_pointer.kept(plan)
+    if kept is None:
+        return None
+    try:
+        cell_metrics.check(kept, KEPT)
+        seen = diff_pointer.Seen.from_json(kept.get("seen"))
+    except BadValue:
+        return None  # not what remember() writes
+    source = Path(kept["source"])
+    if not seen.unchanged():
+        try:
+            return diff_baseline.read(plan, kept["given"], source)
+        except diff_baseline.BaselineError:
+            return None
+    return diff_baseline.Baseline(
+        label=kept["label"],
+        source=source,
+        cells=kept["cells"],
+        timings=kept.get("timings") or {},
+        toolchain=kept.get("toolchain") or {},
+        given=kept["given"],
+        seen=seen,
+    )
 
 
 def scoped(plan, cells, baseline_cells: dict) -> dict:
@@ -57,21 +98,10 @@ def compare(plan, cells, host, baseline: diff_baseline.Baseline, outcomes=None) 
 
 
 def changes_since(plan, cells, host, outcomes=None) -> dict | None:
-    """{"label", "summary", "rows"} against the remembered baseline; None when there is none, or
-    when the release it came from was replaced or removed since (no comparison with nothing)."""
-    try:
-        kept = json.loads(diff_pointer.path(plan).read_text(encoding="utf-8"))
-        source = Path(kept["source"])
-        if kept["stat"] != _stat(diff_pointer.stat_target(source)):
-            return None
-        baseline = diff_baseline.Baseline(
-            label=str(kept["label"]),
-            source=source,
-            cells=dict(kept["cells"]),
-            timings=dict(kept["timings"]),
-            toolchain=dict(kept.get("toolchain") or {}),
-        )
-    except (OSError, ValueError, KeyError, TypeError):
+    """{"label", "summary", "rows"} against the remembered baseline (:func:`remembered`); None
+    when there is none."""
+    baseline = remembered(plan)
+    if baseline is None:
         return None
     changes = compare(plan, cells, host, baseline, outcomes)
     return {
