@@ -1,6 +1,6 @@
 """Randomized faults on a built project with a shared remote: each case draws a few faults from a
 seeded generator (a kill at a random moment, damaged store entries, state records, doit rows,
-working-tree outputs, hostile remote entries), then one run must heal everything with exit
+working-tree outputs, hostile remote entries, damaged memos), then one run must heal everything with exit
 status 0 and leave every output with the sha256 its record names (programs loadable), a second
 run must execute nothing, and a working tree restored from the store alone must be whole again.
 
@@ -113,7 +113,32 @@ def hostile_remote_entry(project, rng) -> str:
     return f"remote entry {key[:12]}: {name}"
 
 
-FAULTS = (flip_blob, delete_from_entry, damage_record, damage_doit_database, delete_output, hostile_remote_entry)
+def damage_memo(project, rng) -> str:
+    """One of etforge's own memos damaged: a cache, so a miss (set aside with one warning)."""
+    memo = project.root / "artifacts" / ".etforge" / rng.choice(["digests.json", "content-keys.json"])
+    data = memo.read_bytes()
+    how = rng.choice(["flip", "truncate", "deep", "garbage"])
+    if how == "flip":  # one byte inside, e.g. of a kept parse of pipeline.yaml
+        at = rng.randrange(len(data))
+        memo.write_bytes(data[:at] + bytes([data[at] ^ 0x20]) + data[at + 1 :])
+    elif how == "truncate":
+        memo.write_bytes(data[: rng.randrange(len(data))])
+    elif how == "deep":
+        memo.write_text("[" * 100_000 + "]" * 100_000)
+    else:
+        memo.write_bytes(bytes(rng.randrange(256) for _ in range(64)))
+    return f"{memo.name}: {how}"
+
+
+FAULTS = (
+    flip_blob,
+    delete_from_entry,
+    damage_record,
+    damage_doit_database,
+    delete_output,
+    hostile_remote_entry,
+    damage_memo,
+)
 
 
 def kill_mid_run(project, rng) -> str:

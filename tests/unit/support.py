@@ -7,7 +7,6 @@ files that resolve digests and never imports (``FAKE_MODEL``).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from etforge.config.digest_cache import PROJECT_MEMO, digest_cache_for
+from etforge.config.digest_cache import PROJECT_MEMO, MemoData, digest_cache_for, memo_text, read_memo
 from etforge.config.model import ModelKind
 from etforge.config.resolve import resolve
 from etforge.pipeline.specs import run_specs
@@ -111,9 +110,11 @@ def _warm_memo() -> str:
             for kind in ModelKind:
                 plan.code.etforge.of(code_of(stage, kind))
         digests.save()
-        memo = json.loads(project.root.joinpath(PROJECT_MEMO).read_text())
-    memo["files"] = {path: v for path, v in memo["files"].items() if not path.startswith(str(Path(tmp).resolve()))}
-    return json.dumps(memo)
+        memo = read_memo(project.root / PROJECT_MEMO)
+    outside = str(Path(tmp).resolve())
+    return memo_text(
+        MemoData({path: v for path, v in memo.files.items() if not path.startswith(outside)}, memo.derived)
+    )
 
 
 def task_keys(plan, cells=None) -> dict:

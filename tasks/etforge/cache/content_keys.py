@@ -20,13 +20,13 @@ clean" rule: records.py ``trusted``), so such a key is not kept.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from etforge.cache.records import signature, trusted
 from etforge.core.atomic import atomic_write_text
+from etforge.core.damaged import load_kept_json
 from etforge.core.digest import canonical_json
 
 MEMO_FILE = "content-keys.json"  # in artifacts/.etforge/
@@ -77,10 +77,7 @@ class ContentKeys:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            data = {}
+        data = load_kept_json(self.path)
         self.entries: dict = data if isinstance(data, dict) else {}
 
     def get(self, name: str, inputs: str, files: str) -> str | None:

@@ -71,13 +71,18 @@ class ValidationMemo:
     def load_yaml(self, path: Path, name: str) -> LoadedYaml:
         """yamlfile.load_yaml(path, name), from the memo when these bytes loaded before."""
         try:
-            key = self._parsed_key(self.digests.file_digest(Path(path)))
-            raw = None if self.digests.knows(PARSED, key) else Path(path).read_bytes()
+            content = self.digests.file_digest(Path(path))
+            key = self._parsed_key(content)
+            kept = (
+                _kept(self.digests.derived_entries[PARSED][key], name, content)
+                if self.digests.knows(PARSED, key)
+                else None
+            )
+            if kept is not None:
+                return kept
+            raw = Path(path).read_bytes()
         except OSError:  # missing, unreadable: load_yaml says which, as one line
             return load_yaml(Path(path), name)
-        if raw is None:
-            kept = json.loads(self.digests.derived_entries[PARSED][key])  # fresh objects: callers may change them
-            return LoadedYaml(data=kept["data"], file=name, lines={tuple(p): line for p, line in kept["lines"]})
         doc = parse_yaml(raw, name)  # hashed (below) and parsed from the same bytes
         try:
             text = json.dumps({"data": doc.data, "lines": [[list(p), line] for p, line in doc.lines.items()]})
@@ -88,6 +93,18 @@ class ValidationMemo:
             key = self._parsed_key(hashlib.sha256(raw).hexdigest())
             self.digests.remember(PARSED, key, text)
         return doc
+
+
+def _kept(text, name: str, content_sha256: str) -> LoadedYaml | None:
+    """A kept parse (fresh objects: callers may change them); None when it is not one (a miss)."""
+    try:
+        kept = json.loads(text)
+        if not isinstance(kept["data"], dict):  # every file kept is a mapping (a pipeline, a recipe)
+            return None
+        lines = {tuple(p): int(line) for p, line in kept["lines"]}
+        return LoadedYaml(data=kept["data"], file=name, lines=lines, sha256=content_sha256)
+    except (TypeError, ValueError, KeyError, RecursionError):
+        return None
 
 
 def validation_memo(

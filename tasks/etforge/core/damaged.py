@@ -1,0 +1,39 @@
+"""etforge's own files that a crash, a full disk or a hand edit damaged: set aside, never fatal.
+
+Every file etforge keeps for itself (memos, content keys) is a cache, treated the way doit
+treats its database: a file that does not parse is moved out of the way as ``<name>.damaged``
+with one warning, and the run goes on as if it were not there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def set_aside(path: Path, why: str) -> None:
+    """Move a damaged file of etforge's own out of the way (``<name>.damaged``), with one warning."""
+    aside = path.with_name(path.name + ".damaged")
+    try:
+        os.replace(path, aside)
+        kept = f"; set aside as {aside.name}"
+    except OSError:
+        kept = ""
+    print(f"etforge: warning: {path}: {why}{kept}; starting it afresh", file=sys.stderr, flush=True)
+
+
+def load_kept_json(path: Path) -> object | None:
+    """The JSON value in ``path``; None when there is none, or when it is damaged (set aside)."""
+    try:
+        text = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:  # (UnicodeDecodeError is a ValueError)
+        set_aside(path, f"not JSON ({exc})")
+    except RecursionError:
+        set_aside(path, "nested too deep to be one of etforge's files")
+    return None
