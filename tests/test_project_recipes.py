@@ -97,3 +97,57 @@ def test_a_bad_project_recipe_is_one_line_naming_its_file_line_and_key(tmp_path,
     with pytest.raises(PipelineError) as info:
         resolve(project.pipeline)
     assert str(info.value) == expected
+
+
+# The recipe's last line is 11 (`  rank: 5`): an option declared after it is on line 13 (one line)
+# or 13-16 (a block), as each case spells it.
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        (
+            "  fast: {type: boolean, default: notabool}\n",
+            'recipes/backends/mycpu.yaml:13: options.fast.default: expected true or false, got "notabool"',
+        ),
+        (
+            "  threads: {type: integer, minimum: 1, default: true}\n",
+            "recipes/backends/mycpu.yaml:13: options.threads.default: expected an integer, got true",
+        ),
+        (
+            "  threads: {type: integer, minimum: 1, default: 0}\n",
+            "recipes/backends/mycpu.yaml:13: options.threads.default: expected a number >= 1, got 0",
+        ),
+        (
+            "  mode:\n    enum: [fast, small]\n    default: tiny\n",
+            'recipes/backends/mycpu.yaml:15: options.mode.default: expected one of fast, small, got "tiny"',
+        ),
+        (
+            "  fast: {type: boolean}\n",
+            "recipes/backends/mycpu.yaml:13: options.fast: "
+            "missing required key 'default' (what the option is when a pipeline omits it)",
+        ),
+        (
+            "  fast: {type: bool, default: true}\n",
+            "recipes/backends/mycpu.yaml:13: options.fast.type: "
+            "not a valid option schema: 'bool' is not valid under any of the given schemas",
+        ),
+    ],
+    ids=[
+        "bool-default-a-string",
+        "int-default-a-bool",
+        "int-default-below-minimum",
+        "enum-default-not-a-choice",
+        "no-default",
+        "not-a-schema",
+    ],
+)
+def test_a_project_recipes_option_defaults_are_checked_as_options_are(tmp_path, options, expected):
+    project = own_recipe_project(tmp_path / "proj", RECIPE + "options:\n" + options)
+    with pytest.raises(PipelineError) as info:
+        resolve(project.pipeline)
+    assert str(info.value) == expected
+
+
+def test_a_project_recipes_good_defaults_reach_the_cell(tmp_path):
+    project = own_recipe_project(tmp_path / "proj", RECIPE + "options:\n  fast: {type: boolean, default: false}\n")
+    (cell,) = resolve(project.pipeline).cells
+    assert cell.backend.primary.options == {"fast": False}

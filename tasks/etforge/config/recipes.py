@@ -19,6 +19,7 @@ from etforge.config import schema
 from etforge.config.tools import check_tools
 from etforge.config.yamlfile import load_yaml
 from etforge.core.paths import RECIPE_DIR
+from etforge.core.text import one_line
 
 KIND_DIRS = {"backend": "backends", "quantization": "quantization"}
 
@@ -114,9 +115,41 @@ def _load_file(kind: str, name: str, path: Path, mtime_ns: int, size: int, memo:
     schema.validate(doc, "recipe.schema.json", memo)
     if doc.data["kind"] != kind or doc.data["name"] != name:
         raise doc.error(("name",), f"recipe file {path.name} must declare kind {kind!r} and name {name!r}")
+    for key_path, message in check_declared_options(doc.data.get("options") or {}, memo):
+        raise doc.error(key_path, message)
     for key_path, message in check_tools(doc.data):
         raise doc.error(key_path, message)
     return Recipe(name=name, kind=kind, description=doc.data["description"], path=path, data=doc.data)
+
+
+def check_declared_options(options: dict, memo: Any = None) -> list[tuple[tuple, str]]:
+    """Errors in the options a recipe declares, as (key path in the recipe, message): each must be a
+    valid JSON Schema with a ``default`` that passes it, as an option set in pipeline.yaml must (a
+    default flows into the keys and the builders' options unchecked otherwise). ``memo``: as for
+    check_options."""
+    if memo is None:
+        return _declared_option_problems(options)
+    return memo.once(("option defaults", options), lambda: _declared_option_problems(options)) or []
+
+
+def _declared_option_problems(options: dict) -> list[tuple[tuple, str]]:
+    from jsonschema.exceptions import SchemaError  # (imported by schema.validator anyway)
+
+    problems = []
+    for name, declared in options.items():
+        where = ("options", name)
+        validator = schema.validator(declared)
+        try:
+            type(validator).check_schema(declared)  # an unknown type would raise while checking a value
+        except SchemaError as exc:
+            problems.append((where + tuple(exc.path), f"not a valid option schema: {one_line(exc.message)}"))
+            continue
+        if "default" not in declared:
+            problems.append((where, "missing required key 'default' (what the option is when a pipeline omits it)"))
+            continue
+        for error in validator.iter_errors(declared["default"]):
+            problems.append((where + ("default",) + tuple(error.absolute_path), schema.expectation(error)))
+    return problems
 
 
 def _shown(path: Path) -> str:

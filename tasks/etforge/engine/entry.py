@@ -8,6 +8,7 @@ pyproject.toml names etforge's loader.
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -116,42 +117,74 @@ def ensure_writable(plan: Plan) -> None:
         raise PipelineError(f"cannot write to {exc.filename or directory}: {exc.strerror or exc}") from None
 
 
-def check_links(plan: Plan) -> None:
-    """Refuse to write through a symlink that dangles, or a directory symlink that leaves the project
-    (unless the pipeline opts in).
+# A store prefix directory, artifacts/cache/<k[:2]>: what is in it are entries (etforge.cache.store).
+STORE_PREFIX = re.compile(r"[0-9a-f]{2}")
 
-    Checked: ``artifacts`` and ``artifacts/<pipeline>`` themselves and every entry directly in
-    them, in ``artifacts/cache`` and in ``artifacts/.etforge`` (the directories etforge creates
-    files in: a dangling link there made every task fail with ``FileExistsError``). A file
-    symlink that resolves needs no check: atomic writes replace a link rather than write through it.
+
+def check_links(plan: Plan) -> None:
+    """Refuse to run when a symlink anywhere under ``artifacts/`` dangles, or leads out of the
+    project directory (unless the pipeline opts in), naming the first one found.
+
+    Every kind of link counts: a dangling one where etforge makes a directory wedged every run
+    (``FileExistsError``), and etforge appends to lock and bookkeeping files in place, which
+    follows a link to a file. A link to a directory (in the project, or out of it when allowed)
+    is followed, and what is there is checked the same way.
+
+    Complete: etforge writes under ``artifacts/`` only, and this walks every directory there but
+    the inside of a store entry (``cache/<k[:2]>/<k>/``), which etforge never writes into: it
+    installs an entry by renaming a whole staged directory onto its place, discards one by
+    renaming it away, and reading one refuses a link in it (etforge.cache.entries read_entry).
+    The entries themselves are checked, as every directory's entries are.
+
+    Cheap: one os.scandir per directory, whose entries know whether they are links or directories
+    (no stat per file); only links are resolved. Skipping the entries' insides keeps it to a few
+    hundred directories however big the store (22,000 files under artifacts/: about 8 ms).
     """
     root = plan.root.resolve()
     layout = layout_of(plan)
-    candidates = [layout.artifacts_dir, layout.out_dir]
-    for directory in (layout.artifacts_dir, layout.out_dir, layout.cache_dir, layout.etforge_dir):
+    start = str(layout.artifacts_dir)
+    if os.path.islink(start) and _followed(start, root, plan) is None:
+        return  # a link to a file: ensure_writable says so
+    home = Path(os.path.realpath(start))
+    cache = str(layout.cache_dir)
+    todo, followed = [start], set()
+    while todo:
+        directory = todo.pop()
+        in_store = os.path.dirname(directory) == cache and STORE_PREFIX.fullmatch(os.path.basename(directory))
+        links = []
         try:
-            candidates += [Path(e.path) for e in os.scandir(directory) if e.is_symlink()]
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.is_symlink():
+                        links.append(entry.path)
+                    elif not in_store and entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
         except OSError:
-            pass  # not there yet (or not a directory: ensure_writable says so)
-    for link in dict.fromkeys(candidates):
-        if not link.is_symlink():
-            continue
-        target = os.readlink(link)
-        if not link.exists():
-            raise PipelineError(
-                f"{link} is a symlink to {target}, which does not exist: create that directory or remove the link"
-            )
-        if not link.is_dir():
-            continue
-        try:
-            link.resolve().relative_to(root)
-        except ValueError:
-            if not plan.storage.allow_outside:
-                raise PipelineError(
-                    f"{link} is a symlink to {target}, outside the project directory {root}: "
-                    "etforge does not write through it (set `artifacts: {allow_outside: true}` "
-                    f"in {plan.source.display} to follow it)"
-                ) from None
+            continue  # not there yet, or not a directory: ensure_writable says so
+        for link in links:
+            target = _followed(link, root, plan)
+            # (not into a directory that holds artifacts/: a loop, or the whole project)
+            if target is not None and target not in followed and not home.is_relative_to(target):
+                followed.add(target)
+                todo.append(link)
+
+
+def _followed(link: str, root: Path, plan: Plan) -> Path | None:
+    """The directory ``link`` leads to (None: it leads to a file); PipelineError when it dangles, or
+    leaves the project and the pipeline does not allow that."""
+    target = os.readlink(link)
+    resolved = Path(os.path.realpath(link))
+    if not resolved.exists():
+        raise PipelineError(
+            f"{link} is a symlink to {target}, which does not exist: create that directory or remove the link"
+        )
+    if not plan.storage.allow_outside and not resolved.is_relative_to(root):
+        raise PipelineError(
+            f"{link} is a symlink to {target}, outside the project directory {root}: "
+            "etforge does not write through it (set `artifacts: {allow_outside: true}` "
+            f"in {plan.source.display} to follow it)"
+        )
+    return resolved if resolved.is_dir() else None
 
 
 def task_creators(selection: Selection, option_defaults: dict, outcomes=None, records=None) -> dict:
