@@ -20,10 +20,11 @@ from pathlib import Path
 from doit.cmd_base import Command
 
 from etforge.app.loader import SELECTION_OPTIONS, request_from
-from etforge.cache.entries import MAX_SECONDS, load_json, seconds_of
+from etforge.cache.entries import MAX_SECONDS, seconds_of
 from etforge.cache.opening import reading_store
 from etforge.core.console import say
 from etforge.core.errors import BadValue
+from etforge.core.jsonfile import parse_json, read_regular
 from etforge.core.text import one_line
 from etforge.engine import ci_plan
 from etforge.engine.entry import load_selection
@@ -104,10 +105,10 @@ def _durations(path: str | None) -> dict:
     if not path:
         return {}
     try:
-        data = load_json(Path(path).read_text(encoding="utf-8"))
+        data = parse_json(read_regular(Path(path)))
     except OSError as exc:
         raise BadValue(f"--durations: {exc.strerror or exc}", file=path) from None
-    except ValueError as exc:  # not JSON, or JSON nested too deep (UnusableJson)
+    except BadValue as exc:  # not a regular file, not JSON, nested too deep
         raise BadValue(f"--durations: not a JSON object of task name -> seconds: {one_line(exc)}", file=path) from None
     if not isinstance(data, dict):
         raise BadValue("--durations: expected a JSON object of task name -> seconds", file=path)

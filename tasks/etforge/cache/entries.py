@@ -10,68 +10,28 @@ A manifest is checked for its whole shape before anything in it is used
 a blob whose size is null or a build of 1e308 seconds, is one CorruptEntry saying
 what, which every reader treats as a miss: one machine's entry never breaks another.
 
-``load_json`` reads any JSON another process or machine wrote (manifests, task records) so
-that no reader meets a RecursionError or an OverflowError later; ``seconds_of`` is the one
+Manifests are parsed by etforge.core.jsonfile (as task records are), so that no reader
+meets a RecursionError or an OverflowError later; ``seconds_of`` is the one
 range check of a duration read from elsewhere (``build_s``, a record's ``elapsed_s``,
 ``ci-matrix --durations``).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import stat
-import sys
 from pathlib import Path
 
 from etforge.core.digest import sha256_file
 from etforge.core.errors import BadValue, EtforgeError
+from etforge.core.jsonfile import parse_json
 
 ENTRY_MANIFEST = "manifest.json"
 SIGNATURE = "manifest.json.hmac"  # hex HMAC-SHA256 of the manifest's bytes under the shared secret
 KEY_PATTERN = re.compile(r"[A-Za-z0-9_-]{3,128}")
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
-MAX_NESTING = 64  # manifests and records nest a few levels; deeper is damage a recursive reader would choke on
 MAX_SECONDS = 7 * 24 * 3600  # a week: no task builds longer; a larger number is damage, and sums of it overflow
 MAX_BLOB_SIZE = (1 << 63) - 1  # what a file's size (off_t) can be
-
-
-class UnusableJson(BadValue):
-    """JSON no reader can hold: nested deeper than MAX_NESTING, or an integer no float can hold."""
-
-
-def load_json(text: str):
-    """The JSON value in ``text``, written by another process or machine. ValueError when it is not
-    JSON (JSONDecodeError), UnusableJson when it nests deeper than MAX_NESTING or holds an integer
-    beyond a float's range: a recursive reader (json.dumps, a flatten) or ``float()`` of it would
-    raise later, far from the file."""
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise UnusableJson(f"nests deeper than {MAX_NESTING} levels") from None
-    problem = _unusable(value)
-    if problem:
-        raise UnusableJson(problem)
-    return value
-
-
-def _unusable(value) -> str | None:
-    """Why a parsed JSON value is unusable (see load_json), or None; iterative, so any depth is safe."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children = list(item.values())
-        elif isinstance(item, list):
-            children = item
-        elif isinstance(item, int) and abs(item) > sys.float_info.max:  # (an exact comparison: no float())
-            return "holds an integer beyond a float's range"
-        else:
-            continue
-        if depth > MAX_NESTING:
-            return f"nests deeper than {MAX_NESTING} levels"
-        stack.extend((child, depth + 1) for child in children)
-    return None
 
 
 def seconds_of(value) -> float | None:
@@ -109,11 +69,9 @@ def read_entry(entry: Path) -> tuple[dict, dict, dict]:
 def parse_manifest(raw: bytes) -> dict:
     """The manifest in ``raw``, checked for its whole shape (check_manifest); CorruptEntry otherwise."""
     try:
-        manifest = load_json(raw.decode("utf-8"))
-    except UnusableJson as exc:
+        manifest = parse_json(raw)
+    except BadValue as exc:  # not UTF-8, not JSON, too deep, an absurd integer
         raise CorruptEntry(f"{ENTRY_MANIFEST} {exc}") from None
-    except ValueError as exc:  # UnicodeDecodeError is a ValueError
-        raise CorruptEntry(f"{ENTRY_MANIFEST} is not JSON ({type(exc).__name__})") from None
     return check_manifest(manifest)
 
 

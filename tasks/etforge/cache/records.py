@@ -31,11 +31,12 @@ import os
 import time
 from pathlib import Path
 
-from etforge.cache.entries import load_json
 from etforge.config.digest_cache import RACY_NS
 from etforge.core.atomic import atomic_write_text
 from etforge.core.console import say
 from etforge.core.digest import canonical_json
+from etforge.core.errors import BadValue
+from etforge.core.jsonfile import parse_json, read_regular
 from etforge.core.text import first_line
 from etforge.pipeline.results import TaskStatus, task_status
 from etforge.pipeline.specs import TaskSpec
@@ -121,15 +122,10 @@ def _read_checked(path: Path, problem_of, then: str) -> dict | None:
     """The JSON object at ``path`` when ``problem_of`` finds nothing wrong with it, else None;
     a file that is there but damaged is named in one warning per process, saying ``then``."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = parse_json(read_regular(Path(path)))
     except FileNotFoundError:
         return None
-    except OSError as exc:
-        _warn_once(path, first_line(exc), then)
-        return None
-    try:
-        data = load_json(text)
-    except ValueError as exc:  # not JSON (UnicodeDecodeError too), or too deep (UnusableJson)
+    except (OSError, BadValue) as exc:  # unreadable, not a regular file, not JSON, too deep
         _warn_once(path, first_line(exc), then)
         return None
     problem = problem_of(data)
@@ -207,9 +203,11 @@ def write_state(
     outputs=None,
     log=None,
     entry=None,
+    retry=False,
 ) -> None:
     """Write the task's record atomically (``key``: instead of the spec's, e.g. "" for a task that
-    could not compute its key and so is never up to date)."""
+    could not compute its key and so is never up to date; ``retry``: a failure that runs again even
+    when declared expected, e.g. its inputs changed while it ran)."""
     record = {
         "task": spec.name,
         "key": spec.key if key is None else key,
@@ -222,6 +220,8 @@ def write_state(
         "entry": entry or {},
         "log": str(log) if log else None,
     }
+    if retry:
+        record["retry"] = True
     if key is None and spec.inputs is not None:
         record["inputs"] = spec.inputs
         _keep_inputs(spec)

@@ -7,10 +7,12 @@ with one warning, and the run goes on as if it were not there.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
+
+from etforge.core.errors import BadValue
+from etforge.core.jsonfile import parse_json, read_regular
 
 
 def set_aside(path: Path, why: str) -> None:
@@ -27,13 +29,9 @@ def set_aside(path: Path, why: str) -> None:
 def load_kept_json(path: Path) -> object | None:
     """The JSON value in ``path``; None when there is none, or when it is damaged (set aside)."""
     try:
-        text = path.read_bytes()
+        return parse_json(read_regular(path))
     except OSError:
         return None
-    try:
-        return json.loads(text)
-    except ValueError as exc:  # (UnicodeDecodeError is a ValueError)
-        set_aside(path, f"not JSON ({exc})")
-    except RecursionError:
-        set_aside(path, "nested too deep to be one of etforge's files")
+    except BadValue as exc:  # not a regular file, too large, not JSON, too deep
+        set_aside(path, str(exc))
     return None

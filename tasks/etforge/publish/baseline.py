@@ -7,76 +7,23 @@ report, the summary and the outcome's evidence alike.
 
 This module is publishing, not measuring: it joins no benchmark's key.
 
-A baseline file is read without trusting it (:func:`read_regular`, :func:`parse_json`, also
-for ``etforge diff``'s releases): a FIFO or a device is refused without blocking, the bytes
-read are bounded, and JSON nested too deep or holding an absurd number is one BadValue.
+A baseline file is read without trusting it (etforge.core.jsonfile, as ``etforge diff``'s
+releases are): a FIFO or a device is refused without blocking, the bytes read are bounded,
+and JSON nested too deep or holding an absurd number is one BadValue.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 from pathlib import Path
-from typing import BinaryIO
 
 from etforge.core.atomic import atomic_write_text
 from etforge.core.errors import BadValue
+from etforge.core.jsonfile import parse_json, read_regular
 from etforge.core.text import one_line
 
 BASELINE_FORMAT = "etforge-bench-baseline/1"
-MAX_BYTES = 64 << 20  # a release's provenance of thousands of cells is a few MB: more is refused unread
-MAX_DIGITS = 30  # no figure etforge records has more digits; a 5,000-digit integer is refused as it is parsed
-
-
-def _kind_of(mode: int) -> str:
-    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return what
-    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
-
-
-def _regular(mode: int) -> None:
-    if not stat.S_ISREG(mode):
-        raise BadValue(f"is {_kind_of(mode)}, not a regular file")
-
-
-def open_regular(path: Path) -> BinaryIO:
-    """``path`` (links followed) opened for reading when it is a regular file, else BadValue saying
-    what it is: it is stat'ed before it is opened (a FIFO or a device is not even opened), opened
-    with O_NONBLOCK (one swapped in meanwhile cannot block the open) and fstat'ed again. OSError
-    when it cannot be (FileNotFoundError: there is none)."""
-    _regular(os.stat(path).st_mode)
-    f = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
-    try:
-        _regular(os.fstat(f.fileno()).st_mode)
-    except BaseException:
-        f.close()
-        raise
-    return f
-
-
-def read_regular(path: Path, limit: int = MAX_BYTES) -> bytes:
-    """The bytes of the regular file at ``path`` (:func:`open_regular`), at most ``limit`` of them:
-    BadValue when it holds more."""
-    with open_regular(path) as f:
-        size = os.fstat(f.fileno()).st_size
-        data = f.read(limit + 1) if size <= limit else b""  # (it may grow while read)
-    if size > limit or len(data) > limit:
-        raise BadValue(f"is larger than {limit:,} bytes, the most read")
-    return data
-
-
-class _HugeNumber(ValueError):
-    pass
-
-
-def _bounded_int(text: str) -> int:
-    digits = len(text.lstrip("-"))
-    if digits > MAX_DIGITS:
-        raise _HugeNumber(f"holds an integer of {digits:,} digits")
-    return int(text)
 
 
 def shown(value) -> str:
@@ -85,22 +32,6 @@ def shown(value) -> str:
     if isinstance(value, dict | list):
         return "an object" if isinstance(value, dict) else "a list"
     return one_line(repr(value[:60] if isinstance(value, str) else value), 60)
-
-
-def parse_json(raw: bytes):
-    """The JSON value in ``raw``, else BadValue saying what is wrong (not UTF-8, not JSON, nested
-    too deep for Python's parser, an integer of more than MAX_DIGITS digits): nothing here
-    raises anything else, whatever the bytes."""
-    try:
-        return json.loads(raw.decode("utf-8"), parse_int=_bounded_int)
-    except _HugeNumber as exc:
-        raise BadValue(str(exc)) from None
-    except UnicodeDecodeError:
-        raise BadValue("is not UTF-8 text") from None
-    except RecursionError:
-        raise BadValue("is nested too deep to be JSON etforge wrote") from None
-    except ValueError as exc:
-        raise BadValue(f"is not JSON ({exc})") from None
 
 
 def regressions(plan, bench: dict) -> list:

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from etforge.core.errors import BadValue, EtforgeError
+from etforge.core.jsonfile import MAX_BYTES, open_regular, parse_json, read_regular
 from etforge.core.text import one_line
 from etforge.pipeline.layout import layout_of
 from etforge.publish import cell_metrics
-from etforge.publish.baseline import MAX_BYTES, open_regular, parse_json, read_regular, shown
+from etforge.publish.baseline import shown
 from etforge.publish.cell_metrics import FLAG, NUMBER, SCALAR, TEXT, ListOf, MapOf, Record
 from etforge.publish.diff_pointer import PROVENANCE, Seen, bench_beside, release_files
 

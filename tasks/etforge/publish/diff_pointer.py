@@ -24,8 +24,8 @@ from pathlib import Path
 
 from etforge.cache.records import signature, trusted
 from etforge.core.errors import BadValue
+from etforge.core.jsonfile import parse_json, read_regular
 from etforge.pipeline.layout import layout_of
-from etforge.publish.baseline import parse_json, read_regular
 
 PROVENANCE = "provenance.json"
 
