@@ -11,6 +11,7 @@ change it) and append one line per call to ``calls.log`` there:
 ``<task> <builder> heavy=<the heavy packages imported in this process, comma-separated>``.
 
     {"fail": {"<task name>": "raise" | "exit" | "os_exit" | "kill" | "sleep" | "status"},
+     "edit": {"<task name>": {"path": "models/a.py", "text": "..."}},  # written as the task starts
      "sqnr_db": 99.0,                # what every fake validation measures
      "omit": ["max_abs_error"],      # metrics its verdict leaves out (as an older record may)
      "inputs": "random (seeded)"}    # what it says it measured on
@@ -87,7 +88,11 @@ def _enter(request, stage: str, builder: str) -> str:
     root = request.plan.root
     with open(root / CALLS, "a") as log:
         log.write(f"{name} {builder} heavy={','.join(sorted(heavy_modules()))}\n")
-    how = control(root).get("fail", {}).get(name)
+    settings = control(root)
+    edit = settings.get("edit", {}).get(name)
+    if edit:  # someone edits a file the task's key covers while it runs
+        (root / edit["path"]).write_text(edit["text"])
+    how = settings.get("fail", {}).get(name)
     if how == "raise":
         raise RuntimeError(f"fake {stage} broke on purpose\nsecond line")
     if how == "exit":
@@ -114,7 +119,9 @@ def _sha(data: bytes) -> str:
 def capture(request, builder="capture"):
     _enter(request, "capture", builder)
     model = request.subject
-    graph = f"graph of {json.dumps(model.canonical(), sort_keys=True)}".encode()
+    # What a real capture captures: the model's code as it is on disk now (it imports it).
+    code = (request.plan.root / model.source["file"]).read_bytes() if "file" in model.source else b""
+    graph = f"graph of {json.dumps(model.canonical(), sort_keys=True)} from code {_sha(code)}".encode()
     files = {
         "model.pt2": _write(request.workdir, "model.pt2", graph),
         "reference.npz": _write(request.workdir, "reference.npz", b"eager outputs " + graph[:32]),

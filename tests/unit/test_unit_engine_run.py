@@ -177,6 +177,51 @@ def test_a_builder_that_kills_its_worker_fails_its_own_task_and_the_run_finishes
     assert {t for t, _ in run.calls} == ALL_TASKS - {"validate:b/portable/fp32"}
 
 
+@pytest.mark.parametrize("workers", [(), ("-n", "2", "-P", "process")], ids=["in-process", "two-workers"])
+def test_an_edit_during_a_run_never_makes_a_stale_program_current(etforge, workers):
+    """Planned at version B, models/a.py back at A while capture:a runs: A's graph must not be
+    stored under B's key. Put B back, and the next run builds B's program."""
+    project = etforge.project
+    version_a = (project.root / "models" / "a.py").read_text()
+    version_b = version_a + "# version B\n"
+    assert etforge("export", "validate").code == 0
+    program = project.out / "a" / "a_xnnpack_fp32.pte"
+    from_a = program.read_bytes()
+    project.write("models/a.py", version_b)
+    etforge.control(edit={"capture:a": {"path": "models/a.py", "text": version_a}})
+    run = etforge(*workers, "export", "validate")
+    assert run.code == 1, run.out + run.err
+    assert run.err.count("models/a.py changed while this task ran") == 1, run.err
+    record = etforge.record("capture:a")
+    assert record["status"] == "failed" and record["retry"] is True
+    assert {c for c, s in etforge.statuses().items() if s == "failed"} == {c for c in CELLS if c.startswith("a/")}
+    assert run.calls == [("capture:a", "capture")]  # (b's tasks were up to date)
+    # B back: capture:a runs again (its failure was never stored), and so does what reads it.
+    etforge.control()
+    project.write("models/a.py", version_b)
+    again = etforge("export", "validate")
+    assert again.code == 0, again.out + again.err
+    assert {t for t in again.started if t.endswith(":a") or ":a/" in t} == {t for t in ALL_TASKS if ":a" in t}
+    assert program.read_bytes() != from_a
+    assert etforge("export", "validate").started == set()
+
+
+def test_an_edit_to_a_file_a_task_does_not_read_keeps_its_result(etforge):
+    """models/b.py edited while capture:a runs: capture:a's result stands; b's tasks, planned before
+    the edit, are thrown away."""
+    project = etforge.project
+    etforge.control(edit={"capture:a": {"path": "models/b.py", "text": "def build():\n    return 1\n"}})
+    run = etforge("export", "validate")
+    assert run.code == 1, run.out + run.err
+    assert etforge.record("capture:a")["status"] == "ok"
+    assert etforge.record("capture:b")["status"] == "failed"
+    assert "capture:b: models/b.py changed while this task ran" in run.err
+    assert {c for c, s in etforge.statuses().items() if s == "provisional"} == {c for c in CELLS if c.startswith("a/")}
+    etforge.control()
+    assert etforge("export", "validate").code == 0  # planned from b.py as it is now
+    assert project.root.joinpath("models", "b.py").read_text().startswith("def build():\n    return 1")
+
+
 def test_two_workers_build_the_same_matrix(etforge):
     run = etforge("-n", "2", "-P", "process", "export", "validate")
     assert run.code == 0, run.out + run.err
@@ -286,6 +331,27 @@ def test_a_release_packs_the_shipped_programs_and_is_byte_reproducible(etforge):
     again = etforge("release")
     assert again.started == {"release"}  # it re-checks its gates every time
     assert archive(etforge).read_bytes() == first
+
+
+def test_a_release_names_the_pipeline_it_was_planned_from_or_refuses(etforge):
+    """The provenance names the bytes of pipeline.yaml the plan read; edited during the run (a
+    threshold raised, then committed), the release cannot name what it used: it refuses."""
+    planned = etforge.project.pipeline.read_bytes()
+    assert etforge("release").code == 0
+    provenance = json.loads(packed(etforge)["provenance.json"])
+    assert provenance["pipeline"]["sha256"] == hashlib.sha256(planned).hexdigest()
+    edited = PIPELINE + "thresholds:\n  fp16: {sqnr_db: 50}\n"
+    etforge.control(edit={"validate:b/xnnpack/fp16": {"path": "pipeline.yaml", "text": edited}})
+    etforge.project.write_pipeline(PIPELINE + "thresholds:\n  fp16: {sqnr_db: 40}\n")  # reruns the fp16 verdicts
+    run = etforge("release")
+    assert run.code == 1, run.out + run.err
+    assert "release refused: pipeline.yaml changed during this run" in run.err
+    assert not archive(etforge).exists()
+    etforge.control()
+    again = etforge("release")
+    assert again.code == 0, again.out + again.err
+    provenance = json.loads(packed(etforge)["provenance.json"])
+    assert provenance["pipeline"]["sha256"] == hashlib.sha256(edited.encode()).hexdigest()
 
 
 def test_a_release_refuses_a_failed_cell_unless_told_to_pack_around_it(etforge):

@@ -248,6 +248,16 @@ class CodeDigests:
             self._memo[key] = dict(sorted(self._file(f) for f in self._graph.reach(self._entries(key[1:]))))
         return self._memo[key]
 
+    def read_names(self, modules: Iterable[str]) -> frozenset:
+        """The files of the closure of ``modules`` by the names the DigestCache keeps them under
+        (what etforge.config.digest_cache ``changed_since_seen`` checks after a task ran)."""
+        key = ("names",) + tuple(sorted(modules))
+        if key not in self._memo:
+            files = self._graph.reach(self._entries(key[1:]))
+            name_of = self.digests.name_of if self.digests is not None else (lambda f: str(f.resolve()))
+            self._memo[key] = frozenset(name_of(f) for f in files)
+        return self._memo[key]
+
     def _file(self, path: Path) -> tuple[str, str]:
         """(name relative to the root, sha256) of a file of a closure; the stages' closures share
         most of their files, so each is named and hashed once per process."""

@@ -118,6 +118,9 @@ class ModelSpec:
     labels: frozenset = frozenset()
     missing: str | None = None
     outputs: tuple = ()  # the outputs the app consumes (key paths or indices); (): every output
+    # The files its resolution hashed (resolved names: code, weights, data): a task of this model
+    # must find them unchanged once it ran, or its result was built from other content.
+    reads: frozenset = field(default=frozenset(), compare=False, repr=False)
 
     @property
     def method_names(self) -> tuple:
@@ -362,6 +365,7 @@ class PlanFile:
     path: Path
     display: str  # the file as errors name it
     section_lines: dict  # matrix dimension -> line of its section in the file
+    sha256: str = ""  # of the bytes the plan was resolved from (a release's provenance names it)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ must not import torch or executorch.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from etforge.config import defaults, npz_index, recipes, schema
@@ -21,16 +22,15 @@ from etforge.config.hf_source import (
     reject_task_cells,
     resolve_transformers,
 )
+from etforge.config.input_specs import input_specs
 from etforge.config.labels import HostLabels
 from etforge.config.manifest_options import check_options as check_manifest_options
 from etforge.config.matrix import MatrixResolver
 from etforge.config.model import (
-    INTEGER_DTYPES,
     SECTIONS,
     BackendMember,
     BackendSpec,
     Benchmarking,
-    InputSpec,
     ModelKind,
     ModelSpec,
     Plan,
@@ -46,8 +46,6 @@ from etforge.config.torchvision_names import torchvision_source
 from etforge.config.validation_memo import ValidationMemo, validation_memo
 from etforge.config.yamlfile import LoadedYaml
 from etforge.core.digest import digest
-
-MAX_INPUT_ELEMENTS = 1 << 26  # 64 Mi elements: far beyond any on-device input
 
 
 class _Resolver:
@@ -90,6 +88,11 @@ class _Resolver:
         )
 
     def model(self, name: str, spec: dict) -> ModelSpec:
+        with self.digests.recording() as read:
+            model = self._model(name, spec)
+        return replace(model, reads=frozenset(read))
+
+    def _model(self, name: str, spec: dict) -> ModelSpec:
         path = ("models", name)
         implied_methods = None  # an LLM's or a seq2seq model's methods follow from its options
         if "python" in spec:
@@ -138,11 +141,11 @@ class _Resolver:
             methods: tuple = tuple(implied_methods)
         elif "methods" in spec:
             methods = tuple(
-                (m, self.inputs(body["inputs"], path + ("methods", m, "inputs"), dim_ranges))
+                (m, input_specs(self.doc, body["inputs"], path + ("methods", m, "inputs"), dim_ranges))
                 for m, body in spec["methods"].items()
             )
         elif "inputs" in spec:
-            methods = (("forward", self.inputs(spec["inputs"], path + ("inputs",), dim_ranges)),)
+            methods = (("forward", input_specs(self.doc, spec["inputs"], path + ("inputs",), dim_ranges)),)
         else:
             raise self.doc.error(path, "missing required key 'inputs'")
         inputs = methods[0][1]
@@ -176,86 +179,6 @@ class _Resolver:
             what = "an LLM (its outputs are the logits)" if kind == ModelKind.LLM else "a model with several methods"
             raise self.doc.error(path + ("outputs",), f"selecting outputs is not supported for {what}")
         return tuple(selection)
-
-    def inputs(self, items: list, where: tuple, dim_ranges: dict) -> tuple:
-        """InputSpecs of one method's ``inputs`` list at key path ``where``."""
-        out = []
-        for i, item in enumerate(items):
-            shape, dims = self.input_dims(item, i, where, dim_ranges)
-            elements = 1
-            for d in shape:
-                elements *= d
-            if elements > MAX_INPUT_ELEMENTS:
-                raise self.doc.error(
-                    where + (i, "shape"), f"expected at most {MAX_INPUT_ELEMENTS} elements in total, got {elements}"
-                )
-            dtype = item.get("dtype", defaults.INPUT_DTYPE)
-            out.append(
-                InputSpec(
-                    item.get("name", f"input_{i}"),
-                    shape,
-                    dtype,
-                    self.input_range(item.get("range"), dtype, where + (i, "range")),
-                    dims,
-                    self.input_sample(item, dtype, where + (i,)),
-                )
-            )
-        return tuple(out)
-
-    def input_dims(self, item: dict, i: int, path: tuple, ranges: dict) -> tuple[tuple, tuple]:
-        """(shape with each dynamic dim at its max, ((axis, min, max, name), ...)); ``ranges``: the
-        dims named so far in this model (name -> (min, max)), which a shared name must match."""
-        shape, dims = [], []
-        for axis, d in enumerate(item["shape"]):
-            if isinstance(d, int):
-                shape.append(d)
-                continue
-            where = path + (i, "shape", axis)
-            name = d.get("name") or f"{item.get('name', f'input_{i}')}_{axis}"
-            lo, hi = d["min"], d["max"]
-            if not lo < hi:
-                raise self.doc.error(where, f"a dynamic dim needs min < max, got min {lo}, max {hi}")
-            if ranges.setdefault(name, (lo, hi)) != (lo, hi):
-                raise self.doc.error(
-                    where,
-                    f"dim {name!r} is [{ranges[name][0]}, {ranges[name][1]}] on an "
-                    f"earlier input, [{lo}, {hi}] here: a shared name needs one range",
-                )
-            shape.append(hi)
-            dims.append((axis, lo, hi, name))
-        return tuple(shape), tuple(dims)
-
-    def input_sample(self, item: dict, dtype: str, path: tuple) -> str | None:
-        """``sample: attention_mask``: an integer or bool input without ``range`` (its values are 0/1)."""
-        kind = item.get("sample")
-        if kind is None:
-            return None
-        if dtype not in INTEGER_DTYPES and dtype != "bool":
-            raise self.doc.error(path + ("sample",), f"an attention mask is an integer or bool input, not {dtype}")
-        if "range" in item:
-            raise self.doc.error(
-                path + ("range",),
-                "an attention_mask input takes no range (its samples are ones for a prefix, then zeros)",
-            )
-        return kind
-
-    def input_range(self, value: list | None, dtype: str, path: tuple) -> tuple | None:
-        """``range: [lo, hi]`` checked against the dtype: integers need integer bounds inside it."""
-        if value is None:
-            return None
-        lo, hi = value
-        if dtype == "bool":
-            raise self.doc.error(path, "a bool input takes no range (its samples are True and False)")
-        if dtype in INTEGER_DTYPES:
-            if not all(float(v).is_integer() for v in value):
-                raise self.doc.error(path, f"an {dtype} input needs integer bounds, got [{lo}, {hi}]")
-            lo, hi = int(lo), int(hi)
-            low, high = INTEGER_DTYPES[dtype]
-            if lo < low or hi > high:
-                raise self.doc.error(path, f"[{lo}, {hi}) does not fit {dtype} ([{low}, {high}))")
-        if not lo < hi:
-            raise self.doc.error(path, f"expected lo < hi (integers: hi is exclusive), got [{lo}, {hi}]")
-        return (lo, hi)
 
     def package_versions(self, names: list, path: tuple) -> dict:
         versions = {}
@@ -417,6 +340,7 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
             path=pipeline_file,
             display=doc.file,
             section_lines={dim: doc.line_of((section,)) for dim, section in SECTIONS.items()},
+            sha256=doc.sha256,
         ),
         recipe_path=r.recipes,
         root=root,

@@ -9,6 +9,7 @@ config/validation_memo.py).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ class LoadedYaml:
     data: Any
     file: str
     lines: dict = field(default_factory=dict)
+    sha256: str = ""  # of the bytes it was parsed from: what a run that read it used
 
     def line_of(self, path: KeyPath) -> int | None:
         # Fall back to the nearest enclosing key that has a line.
@@ -66,4 +68,4 @@ def parse_yaml(raw: bytes, name: str) -> LoadedYaml:
     from etforge.config import yaml_parse  # PyYAML: only when a file is parsed
 
     data, lines = yaml_parse.parse(text, name)
-    return LoadedYaml(data=data, file=name, lines=lines)
+    return LoadedYaml(data=data, file=name, lines=lines, sha256=hashlib.sha256(raw).hexdigest())

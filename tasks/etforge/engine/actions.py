@@ -27,7 +27,7 @@ from etforge.core.dotted_path import load_callable
 from etforge.core.text import first_line
 from etforge.engine.cached_run import is_up_to_date, run_cached
 from etforge.engine.inputs import judges_current_program, upstream_entries
-from etforge.pipeline.keys import content_key, template_digests
+from etforge.pipeline.keys import content_key, reads_of, template_digests
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import BuildRequest, Skip, TaskStatus
 from etforge.pipeline.specs import cell_specs, spec_of
@@ -55,8 +55,21 @@ def run_stage(plan, table: StageTable, stage_name: str, subject, store: Store, h
         builder = load_callable(table.builder_for(stage, kind_of(subject)))  # the model's kind picks it, once
         return builder(BuildRequest(plan=plan, subject=subject, upstream=upstream, workdir=workdir))
 
+    def changed() -> str | None:
+        digests = plan.code.etforge.digests
+        edited = digests.changed_since_seen(reads_of(plan, stage, subject, host)) if digests is not None else None
+        return None if edited is None else _shown(plan, Path(edited))
+
     accept = judges_current_program(plan, stage, subject, store, host, rebuild) if stage.judges else None
-    return run_cached(spec, store, build, inputs=inputs, accept=accept)
+    return run_cached(spec, store, build, inputs=inputs, accept=accept, changed=changed)
+
+
+def _shown(plan, path: Path) -> str:
+    """A file as a message names it: relative to the project, else as it is."""
+    try:
+        return path.relative_to(plan.root.resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _matrix_spec(plan, stage, cells, host, outcomes=None):

@@ -50,8 +50,10 @@ def is_up_to_date(spec: TaskSpec, store: Store, replay: tuple | None = None, rec
     if status is None or record.get("key") != spec.key:
         return False
     if not status.done:
-        return replay is not None and (
-            status == TaskStatus.FAILED or any(_not_ok(upstream, records) for upstream in replay)
+        return (
+            replay is not None
+            and not record.get("retry")
+            and (status == TaskStatus.FAILED or any(_not_ok(upstream, records) for upstream in replay))
         )
     if status in (TaskStatus.SKIPPED, TaskStatus.REJECTED):
         return True  # nothing was written; the key already covers what this host lacks or the scheme refuses
@@ -114,6 +116,7 @@ def run_cached(
     *,
     inputs: Callable | None = None,
     accept: Callable[[dict], str | None] | None = None,
+    changed: Callable[[], str | None] | None = None,
 ) -> bool:
     """doit action body. Outcomes go to the state record; False only when even that failed.
 
@@ -121,6 +124,8 @@ def run_cached(
     ``inputs`` fetches (or rebuilds) what the builder reads, outside the task's log, and may
     raise Skip or Blocked. ``accept(info)`` vets a stored result before it is restored: a
     reason string discards the entry (locally and on a writable remote) and builds instead.
+    ``changed()``, asked once the build ended: the first input file edited since the key was
+    computed (None: none). Then the result is not the key's: it is thrown away, not stored.
     """
     start = time.monotonic()
     try:
@@ -143,7 +148,7 @@ def run_cached(
             return True
         workdir = store.new_workdir()
         try:
-            return _build_and_store(task, store, build, inputs, workdir, start)
+            return _build_and_store(task, store, build, inputs, workdir, start, changed)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
     except Exception as exc:  # the store or the working tree: a full disk, a read-only dir
@@ -197,19 +202,21 @@ def _trusted(task: TaskSpec, store: Store, info: dict, accept) -> bool:
     return True
 
 
-def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path, start: float) -> bool:
+def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path, start: float, changed) -> bool:
     try:
         task.log_file.unlink(missing_ok=True)
         given = inputs() if inputs is not None else None
         with output_to(task.log_file):
             result = build(workdir) if inputs is None else build(workdir, given)
     except Skip as skip:
-        write_state(task, TaskStatus.SKIPPED, reason=str(skip), elapsed=time.monotonic() - start, log=task.log_file)
+        if not _discarded(task, changed, start):
+            write_state(task, TaskStatus.SKIPPED, reason=str(skip), elapsed=time.monotonic() - start, log=task.log_file)
         return True
     except Rejected as rejected:
-        write_state(
-            task, TaskStatus.REJECTED, reason=str(rejected), elapsed=time.monotonic() - start, log=task.log_file
-        )
+        if not _discarded(task, changed, start):
+            write_state(
+                task, TaskStatus.REJECTED, reason=str(rejected), elapsed=time.monotonic() - start, log=task.log_file
+            )
         return True
     except Blocked as blocked:
         write_state(task, TaskStatus.BLOCKED, reason=str(blocked), elapsed=time.monotonic() - start)
@@ -236,6 +243,8 @@ def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path,
             log=task.log_file,
         )
         return True
+    if _discarded(task, changed, start):
+        return True
     # the stored info: another writer may have won; the build's seconds go with the entry (ci-matrix)
     stored, info = store.put(task.store_key, result.files, info, build_s=time.monotonic() - start)
     outputs = _materialize_all(task, stored, store.sha256_of(task.store_key))
@@ -249,4 +258,18 @@ def _build_and_store(task: TaskSpec, store: Store, build, inputs, workdir: Path,
         log=task.log_file,
         entry=store.entry_record(task.store_key),
     )
+    return True
+
+
+def _discarded(task: TaskSpec, changed, start: float) -> bool:
+    """Whether a file the task's key covers was edited while it ran (Bazel checks its inputs' digests
+    again after an action for the same reason). Its result is then another content's: it is
+    thrown away with one warning, and the task fails this run and runs again on the next
+    (``retry``: even when its cell's failure is declared expected)."""
+    edited = changed() if changed is not None else None
+    if edited is None:
+        return False
+    reason = f"{edited} changed while this task ran: its result is not kept (the next run builds it)"
+    print(f"etforge: warning: {task.name}: {reason}", file=sys.stderr, flush=True)
+    write_state(task, TaskStatus.FAILED, reason=reason, elapsed=time.monotonic() - start, log=task.log_file, retry=True)
     return True

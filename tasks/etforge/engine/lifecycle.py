@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etforge.cache.records import record_failure
+from etforge.core import swap
 from etforge.core.console import say
 from etforge.engine import doit_db, runlock
 from etforge.pipeline.layout import ArtifactLayout
@@ -84,7 +85,10 @@ def clean_scratch(layout: ArtifactLayout) -> None:
     release = layout.release_root
     if release.is_dir():
         for staging in release.glob(".release-*"):
-            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                swap.finish(staging)  # a release swapped in halfway is completed, any other staging dropped
+            except OSError:
+                shutil.rmtree(staging, ignore_errors=True)
     (artifacts / doit_db.LEGACY_FILE_NAME).unlink(missing_ok=True)  # the JSON database of earlier versions
     for top, dirs, files in os.walk(artifacts):
         if Path(top) == artifacts:

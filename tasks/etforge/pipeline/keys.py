@@ -32,14 +32,41 @@ FACTORY_METHODS = ("pt2e", "torchao")
 def _named_code(plan, refs) -> dict:
     """Digests of the code that dotted references name: etforge's modules, or a project's own (a
     project recipe's partitioner or quantizer); other packages count by their versions (tools)."""
-    out = {}
+    return {module: code.of((module,)) for module, code in _named_modules(plan, refs)}
+
+
+def _named_modules(plan, refs) -> list:
+    """(module, the CodeDigests it is under) of each reference to etforge's or the project's code."""
+    out = []
     for ref in refs:
         module = module_of(ref)
         if module.split(".")[0] == PACKAGE_NAME:
-            out[module] = plan.code.etforge.of((module,))
+            out.append((module, plan.code.etforge))
         elif plan.code.project is not None and plan.code.project.has(module):
-            out[module] = plan.code.project.of((module,))
+            out.append((module, plan.code.project))
     return out
+
+
+def _quantizer_refs(cell) -> list:
+    transform = cell.transform  # None: fp32, nothing to quantize
+    return [transform.ref] if transform is not None and transform.method in FACTORY_METHODS else []
+
+
+def _partitioner_refs(cell) -> list:
+    return [
+        ref
+        for m in cell.backend.members
+        for ref in (m.partitioner, m.lowering.get("context"), m.lowering.get("after"))
+        if ref
+    ]
+
+
+def _runtime_refs(cell) -> list:
+    """The probe of a program this host cannot run, or the runner its recipe validates it with."""
+    if not cell.backend.validated_here:
+        return [cell.backend.probe] if cell.backend.probe else []
+    validator = cell.backend.validated_by
+    return [validator["runner"]] if validator else []
 
 
 def _transform(cell) -> dict:
@@ -55,15 +82,14 @@ def _runtime_tools(plan, cell, host) -> dict:
     # Only a cell that runs here uses its runtime tools; the others get a .bpte. A program the
     # runtime cannot run but its recipe's runtime.validated_by can: that runner and its code too.
     if not cell.backend.validated_here:  # its probe's code decides the note of its .bpte
-        probe = cell.backend.probe
-        return {"probe_code": _named_code(plan, [probe])} if probe else {}
+        return {"probe_code": _named_code(plan, _runtime_refs(cell))} if cell.backend.probe else {}
     validator = cell.backend.validated_by
     if not validator:
         return cell.backend.runtime_tools
     return {
         **cell.backend.runtime_tools,
         "validated_by": validator,
-        "validated_by_code": _named_code(plan, [validator["runner"]]),
+        "validated_by_code": _named_code(plan, _runtime_refs(cell)),
     }
 
 
@@ -74,9 +100,7 @@ FACTS = {
     "toolchain": lambda plan, subject, host: plan.toolchain,
     "transform": lambda plan, cell, host: _transform(cell),
     "calibration": lambda plan, cell, host: cell.model.calibration if cell.transform.calibrated else None,
-    "quantizer_code": lambda plan, cell, host: _named_code(
-        plan, [cell.transform.ref] if cell.transform.method in FACTORY_METHODS else []
-    ),
+    "quantizer_code": lambda plan, cell, host: _named_code(plan, _quantizer_refs(cell)),
     "backend": lambda plan, cell, host: cell.backend.canonical(),
     # The names a program embeds (etforge.program.metadata): part of the .pte's bytes.
     "embedded_metadata": lambda plan, cell, host: {
@@ -85,15 +109,7 @@ FACTS = {
         "scheme": cell.quant.name,
     },
     "coverage_gate": lambda plan, cell, host: cell.backend.min_coverage,
-    "partitioner_code": lambda plan, cell, host: _named_code(
-        plan,
-        [
-            ref
-            for m in cell.backend.members
-            for ref in (m.partitioner, m.lowering.get("context"), m.lowering.get("after"))
-            if ref
-        ],
-    ),
+    "partitioner_code": lambda plan, cell, host: _named_code(plan, _partitioner_refs(cell)),
     "size_gate": lambda plan, cell, host: cell.size_gate,
     "thresholds": lambda plan, cell, host: cell.thresholds,
     "host_runnable": lambda plan, cell, host: cell.backend.host_runnable,
@@ -156,6 +172,28 @@ def _inputs(plan, stage: Stage, subject, host: dict | None) -> dict:
         },
         "code": plan.code.etforge.file_digests(code_of(stage, kind_of(subject))),
     }
+
+
+def reads_of(plan, stage: Stage, subject, host: dict | None = None) -> frozenset:
+    """The files a task's result is made from, by the names the plan's DigestCache keeps them under:
+    its stage's code, the project code its recipes name, its model's files (code, weights, data),
+    and those of every task upstream of it (a builder may read what its upstream's key covered:
+    a validation runs the model's code again). What etforge.engine.cached_run checks once the
+    task ran: a file edited since the plan means the result is not the key's."""
+    return memoised(plan, "reads", stage, subject, host, lambda: _reads(plan, stage, subject, host))
+
+
+def _reads(plan, stage: Stage, subject, host: dict | None) -> frozenset:
+    names = set(plan.code.etforge.read_names(code_of(stage, kind_of(subject))))
+    model = getattr(subject, "model", subject)
+    names |= model.reads
+    if subject is not model:  # a cell (or a quantized graph): the code its recipes name
+        refs = _quantizer_refs(subject) + _partitioner_refs(subject) + _runtime_refs(subject)
+        for module, code in _named_modules(plan, refs):
+            names |= code.read_names((module,))
+    for _, up, up_subject in upstream_of(plan, stage, subject):
+        names |= reads_of(plan, up, up_subject, host)
+    return frozenset(names)
 
 
 def key_from(inputs: dict) -> str:

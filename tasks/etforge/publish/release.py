@@ -34,6 +34,13 @@ record; when nothing ships; when a shipped variant's program is outside the load
 variant. A refused or failed release removes the previous
 archive of the same version (the .tar.gz, its directory and .bench.json), saying
 so, so that nothing left there looks current.
+
+The directory, the archive and the .bench.json are staged together and replace the
+previous three as one step (etforge.core.swap): whatever signal arrives, and whenever,
+a reader finds all three from one release, or (after a SIGKILL mid-swap) the next run
+completes the swap before anything reads them. Its provenance names the git revision
+and the pipeline.yaml the run was planned from; a file the plan read that changed
+during the run refuses the release (no revision names what it built from).
 """
 
 from __future__ import annotations
@@ -43,18 +50,16 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 from pathlib import Path
 
 import etforge
 from etforge.cache.records import read_state, write_state
-from etforge.core.atomic import atomic_write_bytes, atomic_write_text
-from etforge.core.digest import canonical_json, sha256_file
+from etforge.core.digest import canonical_json
 from etforge.core.errors import EtforgeError
+from etforge.core.swap import finish, new_staging, swap_in
 from etforge.core.text import first_line
 from etforge.pipeline.layout import layout_of
 from etforge.pipeline.results import TaskStatus
@@ -149,10 +154,10 @@ def read_verified(plan, path: Path, recorded: str | None, task: str) -> bytes:
 
 
 def _shown(plan, path: Path) -> str:
-    try:
-        return Path(path).relative_to(plan.root).as_posix()
-    except ValueError:
-        return str(path)
+    for root in (plan.root, plan.root.resolve()):  # (the digest memo names files by resolved path)
+        if Path(path).is_relative_to(root):
+            return Path(path).relative_to(root).as_posix()
+    return str(path)
 
 
 def byte_reproducible(member) -> dict:
@@ -165,7 +170,23 @@ def byte_reproducible(member) -> dict:
     return {"reproducible": None, "reason": NOT_MEASURED}
 
 
-def provenance(plan, shipped: list, failures: list, not_shipped: list, files: dict) -> dict:
+def run_revision(plan) -> str:
+    """:func:`git_revision`, when the checkout still holds what this run was planned from. git is
+    asked first, then every file the plan read (pipeline.yaml, the models' code and data, etforge's
+    code) is checked against what the plan hashed: a file edited, or a commit checked out, while
+    the run ran would make the provenance name another state than the one the cells were built from."""
+    revision = git_revision(plan.root)
+    digests = plan.code.etforge.digests
+    edited = digests.changed_since_seen(list(digests.seen)) if digests is not None else None
+    if edited is not None:
+        raise ReleaseRefused(
+            f"{_shown(plan, Path(edited))} changed during this run, so no revision names what it built from; "
+            "run `etforge release` again"
+        )
+    return revision
+
+
+def provenance(plan, shipped: list, failures: list, not_shipped: list, files: dict, revision: str) -> dict:
     by_name = {c.name: c for c in plan.cells}
     layout = layout_of(plan)
     members = {m.recipe: m for o in shipped for m in by_name[o.cell].backend.members}
@@ -173,9 +194,9 @@ def provenance(plan, shipped: list, failures: list, not_shipped: list, files: di
         "format": cell_metrics.PROVENANCE_FORMAT,
         "release": release_name(plan),
         "etforge_version": etforge.__version__,
-        "git_revision": git_revision(plan.root),
+        "git_revision": revision,
         "toolchain": plan.toolchain,
-        "pipeline": {"file": plan.source.path.name, "sha256": sha256_file(plan.source.path), "name": plan.name},
+        "pipeline": {"file": plan.source.path.name, "sha256": plan.source.sha256, "name": plan.name},
         "files": {name: {"sha256": meta["sha256"], "size": meta["size"]} for name, meta in sorted(files.items())},
         "cells": [
             {
@@ -286,15 +307,15 @@ def build_release(
     not_shipped = [_listed(plan, o) for o in results if not o.ships and not o.fails_run]
     not_shipped += [{"cell": r.name, "status": "rejected", "reason": " ".join(r.reason.split())} for r in rejected]
 
+    revision = run_revision(plan)
     final = release_dir(plan)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".release-", dir=final.parent))
-    os.chmod(staging, 0o755)
+    staging = new_staging(final.parent, ".release-")
     try:
+        tree = staging / "tree"
         files: dict = {}
 
         def add(name: str, data: bytes) -> None:
-            target = staging / name
+            target = tree / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
             files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
@@ -304,23 +325,22 @@ def build_release(
         add(
             "provenance.json",
             (
-                json.dumps(provenance(plan, shipped, failures, not_shipped, files), indent=2, sort_keys=True) + "\n"
+                json.dumps(provenance(plan, shipped, failures, not_shipped, files, revision), indent=2, sort_keys=True)
+                + "\n"
             ).encode("utf-8"),
         )
         sums = "".join(f"{files[n]['sha256']}  {n}\n" for n in sorted(files))
-        (staging / "SHA256SUMS").write_text(sums, encoding="utf-8")
-        archive = _tar_bytes(staging, release_name(plan))
-        if final.is_symlink() or final.is_file():
-            final.unlink()
-        elif final.exists():
-            shutil.rmtree(final)
-        os.rename(staging, final)
+        (tree / "SHA256SUMS").write_text(sums, encoding="utf-8")
+        archive = _tar_bytes(tree, release_name(plan))
+        (staging / "archive").write_bytes(archive)
+        bench = {o.cell: cell_metrics.timings(o) for o in results if o.facts.benchmark}
+        (staging / "bench").write_text(canonical_json({c: bench[c] for c in sorted(bench)}) + "\n", encoding="utf-8")
+        os.chmod(tree, 0o755)
+        # the directory, the archive and the timings replace the previous ones as a whole
+        swap_in(staging, _release_paths(plan))
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        finish(staging)  # (not journaled yet: dropped; journaled: completed)
         raise
-    atomic_write_bytes(archive_path(plan), archive)
-    bench = {o.cell: cell_metrics.timings(o) for o in results if o.facts.benchmark}
-    atomic_write_text(bench_path(plan), canonical_json({c: bench[c] for c in sorted(bench)}) + "\n")
     return {
         "archive": str(archive_path(plan)),
         "sha256": hashlib.sha256(archive).hexdigest(),
@@ -329,21 +349,29 @@ def build_release(
     }
 
 
+def _release_paths(plan) -> dict[str, str]:
+    """Staged item -> the name it replaces beside the others in the release directory."""
+    return {
+        "tree": release_dir(plan).name,
+        "archive": archive_path(plan).name,
+        "bench": bench_path(plan).name,
+    }
+
+
 def remove_previous(plan) -> list:
-    """Remove this version's archive, directory and .bench.json; the names of what was there."""
-    removed = []
-    for path in (archive_path(plan), bench_path(plan), release_dir(plan)):
-        try:
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            elif path.exists() or path.is_symlink():
-                path.unlink()
-            else:
-                continue
-        except OSError:
-            continue
-        removed.append(path.name + ("/" if path == release_dir(plan) else ""))
-    return removed
+    """Remove this version's archive, directory and .bench.json as a whole; the names of what was there."""
+    there = [
+        p.name + ("/" if p == release_dir(plan) else "")
+        for p in (archive_path(plan), bench_path(plan), release_dir(plan))
+        if os.path.lexists(p)
+    ]
+    if not there:
+        return []
+    try:
+        swap_in(new_staging(release_dir(plan).parent, ".release-"), _release_paths(plan))  # nothing staged: removed
+    except OSError:
+        return []
+    return there
 
 
 def _record(plan, status: TaskStatus, reason: str = "", result: ReleaseResult | None = None) -> None:
