@@ -175,3 +175,42 @@ def test_every_error_etforge_raises_on_purpose_derives_from_one_base():
                 if node.exc.func.id in BUILTIN_RAISES:
                     raised.append(f"{path.relative_to(ROOT)}:{node.lineno}: raise {node.exc.func.id}")
     assert not raised, "\n".join(raised)
+
+
+MAX_FIELDS = 20
+
+
+def _dataclass_fields(path: Path) -> dict:
+    """class name -> number of annotated fields, for every @dataclass class of ``path``."""
+    out = {}
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        decorators = [d.func if isinstance(d, ast.Call) else d for d in node.decorator_list]
+        if any(getattr(d, "id", getattr(d, "attr", "")) == "dataclass" for d in decorators):
+            fields = [
+                s for s in node.body if isinstance(s, ast.AnnAssign) and "ClassVar" not in ast.unparse(s.annotation)
+            ]
+            out[node.name] = len(fields)
+    return out
+
+
+def test_records_at_the_seams_stay_small():
+    """No dataclass of the package has more than MAX_FIELDS fields: a new feature adds a record of
+    its own (a check, a section), not fields on a shared one."""
+    large = {
+        f"{path.relative_to(PACKAGE)}:{name}": count
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for name, count in _dataclass_fields(path).items()
+        if count > MAX_FIELDS
+    }
+    assert not large, f"dataclasses with more than {MAX_FIELDS} fields: {large}"
+
+
+def test_the_field_count_sees_a_large_record(tmp_path):
+    """The count above can fail: a 21-field dataclass is counted as 21."""
+    body = "\n".join(f"    f{i}: int = 0" for i in range(MAX_FIELDS + 1))
+    (tmp_path / "m.py").write_text(
+        f"from dataclasses import dataclass\n\n@dataclass(frozen=True)\nclass Big:\n{body}\n"
+    )
+    assert _dataclass_fields(tmp_path / "m.py") == {"Big": MAX_FIELDS + 1}

@@ -103,3 +103,22 @@ def test_damaged_content_keys_are_misses(tmp_path, text, capfd):
     keys.keep("manifest", "inputs", "files", "k" * 64)
     assert ContentKeys(path).get("manifest", "inputs", "files") == "k" * 64
     assert capfd.readouterr().err.count("etforge: warning:") <= 1
+
+
+def test_damaged_pending_uploads_are_reminders_of_nothing(tmp_path):
+    """artifacts/.etforge/pending-uploads/ holds one empty file per key owed to a writable remote:
+    names that are no key, a directory in a file's place, a key with no entry are dropped."""
+    from etforge.cache.remote import remote_from_url
+    from etforge.cache.store import PENDING, Store
+
+    (tmp_path / "remote").mkdir()
+    store = Store(
+        tmp_path / "cache", remote=remote_from_url(f"file://{tmp_path / 'remote'}"), state_dir=tmp_path / "state"
+    )
+    pending = tmp_path / "state" / PENDING
+    pending.mkdir(parents=True)
+    (pending / "..escape").touch()
+    (pending / ("a" * 64)).mkdir()
+    (pending / ("b" * 64)).touch()
+    assert store.upload_pending() == 0
+    assert not any(pending.iterdir())

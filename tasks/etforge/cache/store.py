@@ -30,7 +30,7 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from etforge.cache.entries import ENTRY_MANIFEST, CorruptEntry, read_entry, seconds_of
+from etforge.cache.entries import ENTRY_MANIFEST, KEY_PATTERN, CorruptEntry, read_entry, seconds_of
 from etforge.cache.records import signature, trusted
 from etforge.cache.remote import DamagedEntry, RemoteError, UntrustedEntry
 from etforge.core.atomic import atomic_copy
@@ -278,7 +278,7 @@ class Store:
         if self.remote is None or not self._remote_ok:
             return False
         try:
-            if (self.state_dir / REMOTE_DOWN).read_text(encoding="utf-8") == self.run_id:
+            if (self.state_dir / REMOTE_DOWN).read_bytes() == self.run_id.encode():
                 self._remote_ok = False  # another worker of this run found it failing
         except OSError:
             pass
@@ -358,7 +358,7 @@ class Store:
         for key in keys:
             if not self._remote_usable():
                 break
-            if self._get_local(key) is not None:  # verified: a corrupt entry is dropped, not shared
+            if KEY_PATTERN.fullmatch(key) and self._get_local(key) is not None:  # verified: a corrupt entry is dropped
                 try:
                     self.remote.upload(key, self.entry_dir(key))
                 except RemoteError as exc:
@@ -368,7 +368,10 @@ class Store:
                     pass  # not a cache key, or not an entry: nothing to share
                 else:
                     uploaded += 1
-            (pending / key).unlink(missing_ok=True)
+            try:
+                (pending / key).unlink(missing_ok=True)
+            except OSError:  # not a reminder etforge wrote (a directory...): a reminder of nothing
+                shutil.rmtree(pending / key, ignore_errors=True)
         return uploaded
 
 

@@ -26,8 +26,9 @@ BENCHMARK = {"warmup": 5, "iterations": 50, "threads": None, "max_seconds": 10.0
 REGRESSION_PCT = 10.0  # benchmark.regression_pct: slower than the baseline by more than this is flagged
 
 # ---------------------------------------------------------------- etforge diff (pipeline.yaml `diff:`)
-# What counts as a regression against a baseline release (etforge.publish.diff). Timings also
-# get NOISE_SIGMA times the baseline's own spread (its latency stdev) on top of latency_pct.
+# What counts as a regression against a baseline release (etforge.publish.diff). Timings also get
+# noise_sigma times the spread both runs measured (the root of the sum of their latency variances)
+# on top of latency_pct, and a change under etforge.publish.diff TIMER_FLOOR_MS (0.1 ms) is never judged.
 DIFF_TOLERANCES = {
     "size_pct": 2.0,  # a program (or its external weights, or planned memory) this much larger
     "sqnr_db": 1.0,  # SQNR this many dB lower (the worst output, and each output)

@@ -21,9 +21,7 @@ from etforge.publish import diff_pointer
 def content_reads(plan) -> FileSet:
     layout = layout_of(plan)
     files = [plan.root / plan.benchmark.baseline] if plan.benchmark.baseline else []
-    source = diff_pointer.remembered_source(plan)
-    if source is not None:
-        files.append(source)
+    files += diff_pointer.remembered_files(plan)  # the release the last diff read: provenance (or archive), timings
     return FileSet(
         trees=(layout.out_dir, SCHEMA_DIR, *plan.recipe_path.dirs),
         skip=(
