@@ -1,8 +1,9 @@
 """Randomized faults on a built project with a shared remote: each case draws a few faults from a
 seeded generator (a kill at a random moment, damaged store entries, state records, doit rows,
-working-tree outputs, hostile remote entries, damaged memos), then one run must heal everything with exit
-status 0 and leave every output with the sha256 its record names (programs loadable), a second
-run must execute nothing, and a working tree restored from the store alone must be whole again.
+working-tree outputs, hostile remote entries, damaged memos), then one run must heal everything
+with exit status 0 and leave every output with the sha256 its record names (programs loadable),
+``etforge diff`` against a hostile baseline (drawn too) must be one line and exit 2, a second run
+must execute nothing, and a working tree restored from the store alone must be whole again.
 
 ``ETFORGE_FAULT_CASES`` cases run (default 2; ``make test-all`` runs 12), drawn from
 ``ETFORGE_FAULT_SEED`` (default 0): a failing case prints its seed and faults, to replay it.
@@ -20,6 +21,7 @@ import time
 import pytest
 from conftest import Project, copy_project, damage_database, in_project, make_project, start_doit, state
 from test_hostile_remote_entries import HOSTILE_REMOTE_DAMAGES
+from unit.test_unit_diff_hostile import HOSTILE_PROVENANCE
 
 CASES = int(os.environ.get("ETFORGE_FAULT_CASES", "2"))
 SEED = int(os.environ.get("ETFORGE_FAULT_SEED", "0"))
@@ -156,6 +158,23 @@ def kill_mid_run(project, rng) -> str:
     return f"killed a run after {delay:.1f}s"
 
 
+def diff_against_a_hostile_baseline(project: Project, rng, where) -> str:
+    """``etforge diff`` against a release directory whose provenance.json is hostile (odd types,
+    deep nesting, huge numbers, not JSON) or a FIFO: one line, exit 2, no hang."""
+    release = where / "t-0.0.1"
+    release.mkdir(parents=True)
+    name = rng.choice(sorted(HOSTILE_PROVENANCE) + ["a FIFO"])
+    if name == "a FIFO":
+        os.mkfifo(release / "provenance.json")
+    else:
+        text = HOSTILE_PROVENANCE[name][0]
+        (release / "provenance.json").write_bytes(text if isinstance(text, bytes) else text.encode())
+    run = project.start_doit("diff", "--baseline", str(release)).finish(timeout=120)
+    said = [line for line in run.stderr.splitlines() if not line.startswith("etforge: warning:")]
+    assert run.returncode == 2 and len(said) == 1 and said[0].startswith("etforge: error:"), (name, run.stderr)
+    return f"diff against a baseline with {name}: {said[0]}"
+
+
 def outputs_match_their_records(project: Project) -> None:
     """Every working-tree output of a successful task has the sha256 its record names, and every
     .pte loads in the ExecuTorch runtime. (A damaged store entry that no task read this run may
@@ -188,6 +207,7 @@ def test_random_faults_heal_in_one_run_and_the_next_run_does_nothing(built, tmp_
     assert run.returncode == 0, f"{replay}\n{run.stdout}{run.stderr}"
     assert "Traceback" not in run.stdout + run.stderr, replay
     outputs_match_their_records(project)
+    print(diff_against_a_hostile_baseline(project, rng, tmp_path / "baseline"))
     again = project.doit()
     assert again.returncode == 0 and again.started == set(), f"{replay}\n{again.stdout}{again.stderr}"
     # Everything the store serves verifies: a working tree restored from it alone is whole.

@@ -200,7 +200,7 @@ def test_manifest_for_another_key_or_garbage_is_a_miss(remote, tmp_path):
     with pytest.raises(DamagedEntry, match="manifest.json is for another key$"):
         store.fetch(KEY, dest)
     fs.pipe_file(remote_path(store, KEY, MANIFEST), b"{not json")
-    with pytest.raises(DamagedEntry, match=r"manifest.json is not JSON \(JSONDecodeError\)$"):
+    with pytest.raises(DamagedEntry, match=r"manifest.json is not JSON \(Expecting property name"):
         store.fetch(KEY, dest)
     assert list(dest.iterdir()) == []
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from etforge.app.cli import main
 from etforge.core import swap
 from unit.test_unit_engine_run import Etforge
 
@@ -114,3 +115,20 @@ def test_the_next_run_completes_a_release_killed_midway(unit_project, monkeypatc
     run = etforge("export")  # any run: it completes the swap under the run lock before anything reads
     assert run.code == 0, run.out + run.err
     assert _which(release) == {"new"} and not staging.exists()
+
+
+def test_diff_refuses_a_release_whose_swap_was_interrupted(unit_project, monkeypatch, capfd):
+    """Before the next run completes it, a release killed mid-swap may be a new directory beside an
+    old archive: diff names that, exit 2, and compares with neither."""
+    etforge = Etforge(unit_project, monkeypatch, capfd)
+    assert etforge("release").code == 0
+    release = unit_project.root / "artifacts" / "release"
+    for i in range(5000):
+        (release / NAMES["tree"] / f"f{i}").write_text("old")
+    staging = _staged(release, "new")
+    assert _swap_in_child(release, staging, signal.SIGKILL) == -signal.SIGKILL
+    for baseline in (release / NAMES["tree"], release / NAMES["archive"]):
+        capfd.readouterr()
+        code = main(["diff", "--baseline", str(baseline)])
+        err = capfd.readouterr().err
+        assert code == 2 and "its replacement was interrupted" in err and err.count("\n") == 1, err

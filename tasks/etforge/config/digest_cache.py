@@ -34,6 +34,8 @@ from pathlib import Path
 from etforge.core.atomic import atomic_write_text
 from etforge.core.damaged import set_aside
 from etforge.core.digest import canonical_json, sha256_file
+from etforge.core.errors import BadValue
+from etforge.core.jsonfile import read_regular
 
 PROJECT_MEMO = Path("artifacts") / ".etforge" / "digests.json"  # relative to the project directory
 # Coarser than the timestamp tick of the file systems a checkout lives on (ext4, xfs, tmpfs:
@@ -183,8 +185,11 @@ def read_memo(state_file: Path) -> MemoData:
     """The memo in ``state_file``; empty when there is none. A damaged one (a wrong checksum, a
     body of the wrong shape) is set aside as ``<name>.damaged`` with one warning: it is a cache."""
     try:
-        raw = state_file.read_bytes()
+        raw = read_regular(state_file)
     except OSError:
+        return MemoData()
+    except BadValue as exc:  # a FIFO, a directory, a huge file in its place
+        set_aside(state_file, str(exc))
         return MemoData()
     header, _, body = raw.partition(b"\n")
     try:
@@ -192,9 +197,9 @@ def read_memo(state_file: Path) -> MemoData:
         if isinstance(head, dict) and "files" in head:  # the format before the checksum: start afresh
             return MemoData()
         if not isinstance(head, dict) or head.get("format") != MEMO_FORMAT:
-            raise ValueError("not an etforge digest memo")
+            raise BadValue("not an etforge digest memo")
         if hashlib.sha256(body.rstrip(b"\n")).hexdigest() != head.get("sha256"):
-            raise ValueError("its checksum does not match its content")
+            raise BadValue("its checksum does not match its content")
         data = json.loads(body)
         if not (
             isinstance(data, dict)
@@ -202,7 +207,7 @@ def read_memo(state_file: Path) -> MemoData:
             and isinstance(data.get("derived"), dict)
             and all(isinstance(table, dict) for table in data["derived"].values())
         ):
-            raise ValueError("its content has the wrong shape")
+            raise BadValue("its content has the wrong shape")
         return MemoData(data["files"], data["derived"])
     except (ValueError, RecursionError) as exc:  # (UnicodeDecodeError is a ValueError)
         set_aside(state_file, "is damaged" if isinstance(exc, RecursionError) else str(exc))

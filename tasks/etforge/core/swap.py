@@ -3,6 +3,7 @@
     staging = new_staging(parent, prefix)   a directory beside the targets; fill it
     swap_in(staging, {"tree": "x-1.0", "archive": "x-1.0.tar.gz"})
     finish(staging)                          after a crash: roll a committed swap forward, else drop it
+    pending(target)                          whether a journaled swap naming ``target`` is unfinished
 
 A release is a directory, an archive and a timing file side by side; a reader that finds a new
 directory beside an old archive (a SIGKILL between two renames) would trust a mix of two runs.
@@ -72,6 +73,20 @@ def finish(staging: Path) -> None:
 class Journal:
     moves: dict[str, str]  # staged item -> the name it replaces
     removals: list[str]  # names removed, with nothing in their place
+
+
+def pending(target: Path) -> bool:
+    """Whether a journaled swap that names ``target`` is not finished yet (a SIGKILL stopped it, or
+    it is running now): until it is, ``target`` and its siblings may come from two swaps."""
+    try:
+        stagings = [entry for entry in os.scandir(target.parent) if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return False
+    for entry in stagings:
+        journal = _journal(Path(entry.path))
+        if journal is not None and target.name in (*journal.moves.values(), *journal.removals):
+            return True
+    return False
 
 
 def _apply(staging: Path, journal: Journal) -> None:

@@ -29,6 +29,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from etforge.core import swap
 from etforge.core.errors import BadValue, EtforgeError
 from etforge.core.jsonfile import MAX_BYTES, open_regular, parse_json, read_regular
 from etforge.core.text import one_line
@@ -99,6 +100,11 @@ def load(plan, given: str) -> Baseline:
 
 def read(plan, given: str, source: Path) -> Baseline:
     """The release at ``source`` (an archive or a directory), named ``given``."""
+    if swap.pending(source):  # a release replaced halfway: its directory and archive may differ
+        raise BaselineError(
+            f"baseline {given} is being replaced, or its replacement was interrupted: "
+            "run `etforge` (any command that builds) to finish it, then diff again"
+        )
     seen = Seen.of(release_files(source))  # before reading: a file written meanwhile differs next time
     if source.is_dir():
         provenance, where = _provenance_file(source / PROVENANCE, given), str(source / PROVENANCE)
