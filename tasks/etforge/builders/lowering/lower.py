@@ -57,6 +57,22 @@ def lowering_contexts(backend) -> list:
     return [load_callable(name)() for name in names]
 
 
+def edge_lowering(backend):
+    """What lowers the graph to an edge program: ``to_edge_transform_and_lower``, or the function a
+    member's recipe names in ``lowering.edge`` (a backend that rewrites operators in place instead of
+    delegating, e.g. Cortex-M: etforge.builders.cortex_m.lowering), called the same way with ``options``."""
+    import functools
+
+    from executorch.exir import to_edge_transform_and_lower
+
+    from etforge.core.dotted_path import load_callable
+
+    named = [m for m in backend.members if m.lowering.get("edge")]
+    if not named:
+        return to_edge_transform_and_lower
+    return functools.partial(load_callable(named[0].lowering["edge"]), options=dict(named[0].options))
+
+
 def after_lowering(backend, edge, workdir: Path) -> tuple[dict, tuple]:
     """({blob: path}, checks) that the chain's recipes' ``lowering.after`` hooks record from the
     lowered program (e.g. Vela's estimate of an Ethos-U program: etforge.builders.arm.ethos_u_vela)."""
@@ -117,7 +133,6 @@ def build_export(
     if not os.environ.get(FRESH_PROCESS_ENV) and any(m.lowering.get("fresh_process") for m in cell.backend.members):
         return _build_in_fresh_process(cell, program_path, workdir, capture)
     from executorch.devtools.backend_debug import get_delegation_info
-    from executorch.exir import to_edge_transform_and_lower
 
     start = time.monotonic()
     _register_transform_ops(cell)
@@ -135,7 +150,7 @@ def build_export(
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
         partitioners = edge_options.pop("partitioner", None) or partitioners_for(cell.backend)
-        edge = to_edge_transform_and_lower(
+        edge = edge_lowering(cell.backend)(
             program if len(programs) == 1 else programs,
             partitioner=partitioners,
             **{

@@ -26,6 +26,8 @@ nothing heavy. Options not given fall back to the defaults written here.
 
 from __future__ import annotations
 
+from etforge.core.errors import BadValue
+
 # --------------------------------------------------------------------------- PT2E: XNNPACK
 
 
@@ -160,6 +162,25 @@ def vgf_int8(options: dict):
 def ethos_u85_int8(options: dict):
     """PT2E, Arm Ethos-U85: ``ethos_u_int8`` with the ethos-u85-256 default target."""
     return ethos_u_int8({"target": "ethos-u85-256", **options})
+
+
+# --------------------------------------------------------------------------- PT2E: Cortex-M
+
+
+def cortex_m_int8(options: dict):
+    """PT2E, Cortex-M (CMSIS-NN): ExecuTorch's ``CortexMQuantizer`` in the layout mode the cortex_m
+    lowering runs (etforge.builders.cortex_m.lowering): int8 activations, convolution weights per
+    channel, the other ops per tensor, as CMSIS-NN takes them. It does not depend on the core, so
+    every Cortex-M backend shares one quantized graph."""
+    if not options.get("per_channel", True):
+        raise BadValue(
+            "int8 on cortex_m: CortexMQuantizer quantizes convolution weights per channel only (per_channel)"
+        )
+    from executorch.backends.cortex_m.quantizer.quantizer import CortexMQuantizer
+
+    from etforge.builders.cortex_m.lowering import EXPLICIT_LAYOUT
+
+    return CortexMQuantizer(use_explicit_layout=EXPLICIT_LAYOUT)
 
 
 # --------------------------------------------------------------------------- PT2E: OpenVINO
