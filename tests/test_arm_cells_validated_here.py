@@ -1,9 +1,9 @@
 """Arm cells checked on this host, through the real doit pipeline.
 
 One project built once (module fixture, ~45 s on 2 cores): a tiny CNN on arm_tosa fp32
-(TOSA-1.0+FP) and int8 (TOSA-1.0+INT), ethos_u55 int8 and arm_vgf fp32. The TOSA cells run on
-the TOSA reference model, the Ethos-U cell through the TOSA graph Vela compiled (a proxy) with
-Vela's summary in its export record, and the VGF cell stays on-device naming what is missing.
+(TOSA-1.0+FP) and int8 (TOSA-1.0+INT) and ethos_u55 int8. The TOSA cells run on the TOSA
+reference model, the Ethos-U cell through the TOSA graph Vela compiled (a proxy) with Vela's
+summary in its export record. VGF cells: tests/test_vgf_cells.py.
 """
 
 from __future__ import annotations
@@ -26,16 +26,14 @@ models:
 backends:
   arm_tosa: {}
   ethos_u55: {}
-  arm_vgf: {}
 quantization: [fp32, int8]
 matrix:
   product: false
   include:
     - {model: cnn, backend: arm_tosa}
     - {model: cnn, backend: ethos_u55, quantization: int8}
-    - {model: cnn, backend: arm_vgf, quantization: fp32}
 """
-TOSA_FP, TOSA_INT, ETHOS, VGF = "cnn/arm_tosa/fp32", "cnn/arm_tosa/int8", "cnn/ethos_u55/int8", "cnn/arm_vgf/fp32"
+TOSA_FP, TOSA_INT, ETHOS = "cnn/arm_tosa/fp32", "cnn/arm_tosa/int8", "cnn/ethos_u55/int8"
 
 
 @pytest.fixture(scope="module")
@@ -174,25 +172,3 @@ def test_ethos_u_cell_records_vela_summary_and_proxy_verdict(built):
     report = numerics(built, ETHOS)
     assert report["passed"] and "Vela's NPU compilation not checked" in report["proxy"]
     assert report["outputs"][0]["sqnr_db"] > 30
-
-
-def test_vgf_cell_stays_on_device_naming_what_is_missing(built):
-    row = rows(built)[VGF]
-    assert row["status"] == "on-device"
-    # measured: the pip runtime has no VgfBackend, whatever else this host has
-    assert "missing: an ExecuTorch runtime with VgfBackend (the executorch " in row["note"], row
-    assert "EXECUTORCH_BUILD_VGF=ON" in row["note"]
-    # the other two parts as this host has them, measured again here
-    from etforge.builders.arm.vgf_probe import EMULATION_LAYER, MAINTENANCE5, vulkan_devices
-
-    vulkan = vulkan_devices()
-    has_driver = "devices" in vulkan and any(MAINTENANCE5 in d["extensions"] for d in vulkan["devices"])
-    assert (f"a Vulkan driver with {MAINTENANCE5} (" in row["note"]) != has_driver, (vulkan, row["note"])
-    if "error" in vulkan:
-        assert vulkan["error"] in row["note"]
-    try:
-        metadata.version(EMULATION_LAYER)
-        assert EMULATION_LAYER not in row["note"]
-    except metadata.PackageNotFoundError:
-        assert f"Arm's ML emulation layer for Vulkan (PyPI {EMULATION_LAYER} is not installed)" in row["note"]
-    assert list(built.out.glob("cnn/cnn_arm_vgf_fp32.bpte"))

@@ -1,8 +1,8 @@
 """Arm cells in the plan and in their outcome: what recipes' runtime.validated_by and
 runtime.probe change, from records, without torch.
 
-The end-to-end checks (the reference model, Vela, the VGF probe on this host) are in
-tests/test_arm_cells_validated_here.py.
+The end-to-end checks (the reference model, Vela) are in tests/test_arm_cells_validated_here.py,
+the VGF scenario runner's in tests/test_vgf_cells.py.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def _built(project, name: str) -> Cell:
     return cell
 
 
-def test_tosa_and_ethos_u_cells_are_validated_here_and_vgf_cells_bundled(project):
+def test_tosa_ethos_u_and_vgf_cells_are_validated_here(project):
     tosa, ethos, vgf = (Cell(project, n) for n in ("a/arm_tosa/int8", "a/ethos_u55/int8", "a/arm_vgf/fp32"))
-    for cell in (tosa, ethos):
+    for cell in (tosa, ethos, vgf):
         assert cell.cell.backend.validated_here and not cell.cell.backend.host_runnable
         assert list(cell.spec("validate").outputs) == ["numerics.json"]  # a verdict here, no .bpte
         assert "benchmark" not in cell.stages()  # the reference model is no place to time a program
@@ -69,9 +69,9 @@ def test_tosa_and_ethos_u_cells_are_validated_here_and_vgf_cells_bundled(project
         "delegates.tosa.npz",
         "selected_operators.yaml",
     ]
-    assert not vgf.cell.backend.validated_here
-    assert list(vgf.spec("validate").outputs) == ["program.bpte", "bundled.json"]
-    assert vgf.cell.backend.probe == "etforge.builders.arm.vgf_probe:missing_note"
+    # VGF programs run on Arm's ML SDK scenario runner here, not probed for what is missing
+    assert vgf.cell.backend.probe is None
+    assert vgf.cell.backend.members[0].validated_by["runner"] == "etforge.builders.arm.vgf_run:vgf_program"
 
 
 def test_the_validate_key_covers_the_runner_and_its_tools(project):

@@ -1,79 +1,124 @@
-"""Whether this host has a packaged path to run VGF programs, measured: what is missing, by name.
+"""What runs VGF programs on this host, measured: found, or what is missing, by name.
 
-Running a .pte with a VgfBackend delegate needs three things:
+A VGF delegate's payload (the .vgf the ML SDK model-converter wrote) runs here on Arm's packaged
+stack (docs/vgf.md has how each part was measured):
 
-1. an ExecuTorch runtime with the VGF backend registered (the pip wheel's runtime has
-   XnnpackBackend, QnnBackend, OpenvinoBackend; VgfBackend needs a source build with
-   EXECUTORCH_BUILD_VGF=ON, which etforge does not do);
-2. a Vulkan loader and a device whose driver offers VK_KHR_maintenance5 (Debian 12's Mesa
-   22.3 lavapipe does not; bookworm-backports' Mesa 25 does);
-3. Arm's ML emulation layer for Vulkan (PyPI ``ai-ml-emulation-layer-for-vulkan``), which
-   provides the VK_ARM_tensors / VK_ARM_data_graph extensions on a driver without them.
+1. PyPI ``ai-ml-sdk-scenario-runner``: runs a .vgf from a scenario file (its Python binding
+   ``scenario_runner_py``), and
+   ``ai-ml-sdk-vgf-library``: its ``vgf_dump`` writes the scenario template of a .vgf;
+2. PyPI ``ai-ml-emulation-layer-for-vulkan``: the VK_ARM_data_graph / VK_ARM_tensors extensions
+   as two Vulkan layers, on a driver without them;
+3. a Vulkan loader and Mesa's lavapipe (a CPU Vulkan driver) of exactly :data:`MESA` (LLVM
+   :data:`LLVM`): the driver decides the arithmetic, so a verdict names it and holds only for
+   it (this module's code is in the validate key: changing the pin re-judges every VGF cell).
+   ``.ci/install-vulkan.sh`` installs it (Debian bookworm-backports).
 
-Named by the arm_vgf recipe (``runtime.probe``); the validate stage adds its line to the
-cell's on-device note. The Vulkan part runs in a child interpreter (``python -m
-etforge.builders.arm.vgf_probe``): loading a GPU driver must not be able to take the build
-worker down with it.
+ExecuTorch's own VGF runtime delegate (VgfBackend) is not in the pip runtime, and not needed:
+etforge.builders.arm.vgf_run runs the payload itself and the ops outside it. Listing the Vulkan
+devices loads a GPU driver, so it runs in a child interpreter (``python -m
+etforge.builders.arm.vgf_probe ICD``): a driver crash cannot take the build worker down.
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
+import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 
+SCENARIO_RUNNER = "ai-ml-sdk-scenario-runner"
 EMULATION_LAYER = "ai-ml-emulation-layer-for-vulkan"
-MAINTENANCE5 = "VK_KHR_maintenance5"
+VGF_LIBRARY = "ai-ml-sdk-vgf-library"
+MESA, LLVM = "25.0.7", "15.0.6"  # the lavapipe that judges VGF cells (.ci/install-vulkan.sh installs it)
 VULKAN_LOADER = "libvulkan.so.1"
+# Where the Vulkan loader looks for driver manifests on Linux (lavapipe's is lvp_icd*.json).
+ICD_DIRS = ("/usr/share/vulkan/icd.d", "/usr/local/share/vulkan/icd.d", "/etc/vulkan/icd.d")
+INSTALL = ".ci/install-vulkan.sh"
 
 
-def missing() -> list:
-    """What this host lacks to run VGF programs, one item each ([] when nothing is missing)."""
-    out = []
-    runtime = runtime_backends()
-    if "VgfBackend" not in runtime:
-        out.append(
-            f"an ExecuTorch runtime with VgfBackend (the executorch {_version('executorch')} pip runtime "
-            f"registers {', '.join(runtime) or 'none'}; VgfBackend needs a source build with EXECUTORCH_BUILD_VGF=ON)"
-        )
-    vulkan = vulkan_devices()
-    if "error" in vulkan:
-        out.append(f"a Vulkan driver with {MAINTENANCE5} ({vulkan['error']})")
-    elif not any(MAINTENANCE5 in d["extensions"] for d in vulkan["devices"]):
-        found = "; ".join(f"{d['name']} (Vulkan {d['api_version']})" for d in vulkan["devices"])
-        out.append(f"a Vulkan driver with {MAINTENANCE5} (no device offers it: {found})")
-    if _version(EMULATION_LAYER) is None:
-        out.append(f"Arm's ML emulation layer for Vulkan (PyPI {EMULATION_LAYER} is not installed)")
-    return out
+@dataclass(frozen=True)
+class VgfStack:
+    """The parts that run a .vgf here, found."""
+
+    vgf_dump: Path  # the vgf_dump binary (scenario templates)
+    layers: Path  # the emulation layer's deploy dir (lib/, share/vulkan/explicit_layer.d/)
+    icd: Path  # lavapipe's driver manifest
+    driver: str  # what the driver says it is: "Mesa 25.0.7-2~bpo12+1 (LLVM 15.0.6)"
+    versions: tuple  # ((distribution, version), ...) of the PyPI parts
 
 
-def missing_note() -> str:
-    """One line for an on-device VGF cell: what is missing to run it here."""
-    found = missing()
-    if not found:
-        return "every part of a packaged VGF path is present here, but etforge does not run VGF programs yet"
-    return "not run here, missing: " + "; ".join(found)
+def find_stack() -> tuple:
+    """(VgfStack, []) when every part is here, else (None, [what is missing, one item each])."""
+    missing, versions = [], []
+    binaries = {}
+    for dist, package, binary in (
+        (SCENARIO_RUNNER, "scenario_runner_py", None),  # its Python binding runs the scenario
+        (VGF_LIBRARY, "vgf_lib", "binaries/bin/vgf_dump"),
+        (EMULATION_LAYER, "emulation_layer", "deploy"),
+    ):
+        found = _package_file(package, binary)
+        version = _version(dist)
+        if found is None or version is None:
+            missing.append(f"PyPI {dist} (pip install --no-deps -r requirements-vgf.txt)")
+        else:
+            binaries[dist] = found
+            versions.append((dist, version))
+    icd = lavapipe_icd()
+    driver = None
+    if icd is None:
+        missing.append(f"Mesa's lavapipe Vulkan driver (no lvp_icd*.json in {', '.join(ICD_DIRS)}; {INSTALL})")
+    else:
+        driver, why = lavapipe_driver(icd)
+        if why:
+            missing.append(why)
+    if missing or icd is None or driver is None:
+        return None, missing
+    stack = VgfStack(
+        vgf_dump=binaries[VGF_LIBRARY],
+        layers=binaries[EMULATION_LAYER],
+        icd=icd,
+        driver=driver,
+        versions=tuple(versions),
+    )
+    return stack, []
 
 
-def runtime_backends() -> list:
-    """The delegates the installed ExecuTorch runtime registers."""
-    from etforge.builders.runtime.determinism import runtime
+def lavapipe_icd() -> Path | None:
+    """lavapipe's driver manifest, from where the Vulkan loader looks for it, or None."""
+    for folder in ICD_DIRS:
+        found = sorted(Path(folder).glob("lvp_icd*.json"))
+        if found:
+            return found[0]
+    return None
 
-    return sorted(runtime().backend_registry.registered_backend_names)
+
+def lavapipe_driver(icd: Path) -> tuple:
+    """(driver info, None) when ``icd`` is the pinned lavapipe, else (info or None, why not: one line)."""
+    listed = vulkan_devices(icd)
+    if "error" in listed:
+        return None, f"a working lavapipe ({listed['error']}; {INSTALL})"
+    infos = [d["driver_info"] for d in listed["devices"] if d["driver_name"] == "llvmpipe"]
+    if not infos:
+        names = ", ".join(d["name"] for d in listed["devices"])
+        return None, f"a lavapipe device ({icd} gave {names or 'none'}; {INSTALL})"
+    info = infos[0]
+    found = re.match(r"Mesa (\d+\.\d+\.\d+)\S* \(LLVM (\d+\.\d+\.\d+)\)", info)
+    if found is None or found.groups() != (MESA, LLVM):
+        return info, f"lavapipe of Mesa {MESA} (LLVM {LLVM}), which judges VGF cells (this host has {info}; {INSTALL})"
+    return info, None
 
 
-def vulkan_devices(timeout: float = 60) -> dict:
-    """{"devices": [{"name", "api_version", "extensions"}]} or {"error": why none can be listed},
-    from a child interpreter (see the module docstring)."""
+def vulkan_devices(icd: Path | None = None, timeout: float = 60) -> dict:
+    """{"devices": [{"name", "api_version", "driver_name", "driver_info", "extensions"}]} or {"error":
+    why none can be listed}, from a child interpreter; ``icd``: the only driver it may load."""
+    command = [sys.executable, "-m", "etforge.builders.arm.vgf_probe"] + ([str(icd)] if icd else [])
     try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "etforge.builders.arm.vgf_probe"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=driver_env(icd))
     except subprocess.TimeoutExpired:
         return {"error": f"listing the Vulkan devices took over {timeout:g} s"}
     lines = proc.stdout.strip().splitlines()
@@ -81,6 +126,34 @@ def vulkan_devices(timeout: float = 60) -> dict:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return {"error": f"listing the Vulkan devices failed (exit {proc.returncode}): {last}"}
     return json.loads(lines[-1])
+
+
+def driver_env(icd: Path | None, base: dict | None = None) -> dict:
+    """The environment with ``icd`` as the only Vulkan driver (both loader spellings), and no layers
+    or drivers a user's environment would add."""
+    import os
+
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("VK_")}
+    if icd is not None:
+        env["VK_DRIVER_FILES"] = env["VK_ICD_FILENAMES"] = str(icd)
+    return env
+
+
+def _package_file(module: str, relative: str | None) -> Path | None:
+    """``relative`` inside an installed top-level package (None: the module's own file), found
+    without importing it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if relative is None:
+        return Path(spec.origin) if spec.origin else None
+    if not spec.submodule_search_locations:
+        return None
+    found = Path(list(spec.submodule_search_locations)[0]) / relative
+    return found if found.exists() else None
 
 
 def _version(distribution: str) -> str | None:
@@ -122,8 +195,26 @@ class _ExtensionProperties(ctypes.Structure):
     _fields_ = [("extensionName", ctypes.c_char * 256), ("specVersion", ctypes.c_uint32)]
 
 
+class _DriverProperties(ctypes.Structure):  # VkPhysicalDeviceDriverProperties (Vulkan 1.2)
+    _fields_ = [
+        ("sType", ctypes.c_int),
+        ("pNext", ctypes.c_void_p),
+        ("driverID", ctypes.c_uint32),
+        ("driverName", ctypes.c_char * 256),
+        ("driverInfo", ctypes.c_char * 256),
+        ("conformanceVersion", ctypes.c_uint8 * 4),
+    ]
+
+
+class _Properties2(ctypes.Structure):  # VkPhysicalDeviceProperties2: the 1.0 properties (about 824 bytes)
+    _fields_ = [("sType", ctypes.c_int), ("pNext", ctypes.c_void_p), ("properties", ctypes.c_uint8 * 4096)]
+
+
+_PROPERTIES_2, _DRIVER_PROPERTIES = 1000059001, 1000196000  # their VkStructureType values
+
+
 def _list_devices() -> dict:
-    """The Vulkan devices the loader finds, with their extensions (Vulkan 1.0 calls only)."""
+    """The Vulkan devices the loader finds, with their driver and extensions (Vulkan 1.1 calls)."""
     try:
         vk = ctypes.CDLL(VULKAN_LOADER)
     except OSError:
@@ -150,10 +241,12 @@ def _list_devices() -> dict:
 
 
 def _device(vk, handle) -> dict:
-    properties = ctypes.create_string_buffer(4096)  # VkPhysicalDeviceProperties (about 824 bytes)
-    vk.vkGetPhysicalDeviceProperties(handle, properties)
-    api = int.from_bytes(properties.raw[0:4], "little")
-    name = properties.raw[20:276].split(b"\0", 1)[0].decode(errors="replace")  # after 5 uint32 fields
+    driver = _DriverProperties(_DRIVER_PROPERTIES, None)
+    properties = _Properties2(_PROPERTIES_2, ctypes.cast(ctypes.pointer(driver), ctypes.c_void_p))
+    vk.vkGetPhysicalDeviceProperties2(handle, ctypes.byref(properties))
+    raw = bytes(properties.properties)
+    api = int.from_bytes(raw[0:4], "little")
+    name = raw[20:276].split(b"\0", 1)[0].decode(errors="replace")  # after 5 uint32 fields
     count = ctypes.c_uint32()
     vk.vkEnumerateDeviceExtensionProperties(handle, None, ctypes.byref(count), None)
     extensions = (_ExtensionProperties * count.value)()
@@ -161,6 +254,8 @@ def _device(vk, handle) -> dict:
     return {
         "name": name,
         "api_version": f"{api >> 22 & 0x7F}.{api >> 12 & 0x3FF}.{api & 0xFFF}",
+        "driver_name": driver.driverName.decode(errors="replace"),
+        "driver_info": driver.driverInfo.decode(errors="replace"),
         "extensions": sorted(e.extensionName.decode() for e in extensions[: count.value]),
     }
 
