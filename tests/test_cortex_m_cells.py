@@ -219,3 +219,21 @@ def test_a_program_a_cortex_m_build_cannot_load_is_refused(built):
     refused = r"^not a program a Cortex-M build of ExecuTorch loads: it holds llama::custom_sdpa\.out \("
     with pytest.raises(BuildError, match=refused):
         DialectInterpreter(bytes(serialize_pte_binary(changed)))
+
+
+def test_each_core_gets_its_cmsis_nn_kernel_family_and_a_bad_one_is_one_line():
+    """What a project recipe for another core gets (no build: upstream's CortexMTargetConfig only)."""
+    from etforge.builders.cortex_m.lowering import target_config
+    from etforge.core.errors import BadValue
+
+    family = {cpu: target_config({"cpu": cpu}).backend.name for cpu in ("cortex-m0", "cortex-m4", "cortex-m85")}
+    assert family == {"cortex-m0": "SCALAR", "cortex-m4": "DSP", "cortex-m85": "MVE"}
+    assert target_config({"cpu": "cortex-m55", "isa": "SCALAR"}).backend.name == "SCALAR"
+    for options, said in (
+        ({"cpu": "cortex-m99"}, "Unsupported Cortex-M target string: 'cortex-m99'"),
+        ({"cpu": "cortex-m7", "isa": "MVE"}, "Backend MVE is not supported on M7"),
+        ({"cpu": "cortex-m55", "isa": "NEON"}, "unknown kernel family 'NEON'; CMSIS-NN has ['DSP', 'MVE', 'SCALAR']"),
+    ):
+        with pytest.raises(BadValue) as raised:
+            target_config(options)
+        assert said in str(raised.value) and "\n" not in str(raised.value), raised.value

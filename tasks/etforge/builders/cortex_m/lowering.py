@@ -36,7 +36,10 @@ def target_config(options: dict):
         config = CortexMTargetConfig.from_target_string(cpu)
         isa = options.get("isa")
         if isa:
-            config = CortexMTargetConfig(cpu=config.cpu, isa=getattr(cmsis_nn.Backend, str(isa)))
+            families = cmsis_nn.Backend.__members__  # a pybind enum: MVE, DSP, SCALAR
+            if str(isa) not in families:
+                raise ValueError(f"unknown kernel family {isa!r}; CMSIS-NN has {sorted(families)}")
+            config = CortexMTargetConfig(cpu=config.cpu, isa=families[str(isa)])
         config.backend  # noqa: B018 (resolves the ISA now: an unknown one is an error here, not later)
     except (ValueError, AttributeError) as exc:
         raise BadValue(f"cortex_m: {exc}") from None
