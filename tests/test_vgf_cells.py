@@ -134,6 +134,63 @@ def test_a_vgf_cell_that_misses_its_threshold_fails_naming_the_runner(built, tmp
     assert result.reason.endswith(f"; run on the {_runner_name()}, not the ExecuTorch runtime"), result.reason
 
 
+def _split_model():
+    """A conv, then topk (no TOSA form: a portable kernel between two VGF delegates), then more
+    ops: channels-last tensors cross each delegate's boundary, both ways."""
+    import torch
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            return torch.topk(y, 4, dim=3).values.repeat(1, 1, 1, 2) * 0.5 + y
+
+    torch.manual_seed(0)
+    return Model().eval()
+
+
+@pytest.fixture(scope="module")
+def split_program(tmp_path_factory):
+    """The split model lowered in-process for arm_vgf fp32 (~5 s), with its eager module."""
+    import torch
+    from executorch.exir import to_edge_transform_and_lower
+
+    from etforge.builders.lowering.partitioners import arm_vgf
+
+    model = _split_model()
+    example = torch.randn(1, 3, 8, 8).to(memory_format=torch.channels_last)
+    lowered = to_edge_transform_and_lower(torch.export.export(model, (example,)), partitioner=arm_vgf({}))
+    pte = tmp_path_factory.mktemp("vgf-split") / "split.pte"
+    pte.write_bytes(lowered.to_executorch().buffer)
+    return model, pte
+
+
+def test_a_vgf_program_split_by_a_kernel_runs_as_eager_does(split_program, tmp_path):
+    """Two VGF delegates with a portable kernel between them, channels-last values at their
+    boundaries: each value reaches the next step in its logical layout."""
+    import torch
+
+    from etforge.builders.arm.vgf_probe import find_stack
+    from etforge.builders.arm.vgf_run import VgfInterpreter, vgf_program
+
+    model, pte = split_program
+    stack, _ = find_stack()
+    interpreter = VgfInterpreter(pte.read_bytes(), stack, tmp_path)
+    order = [list(interpreter.plan.values[i].val.dim_order) for i in interpreter.plan.inputs]
+    assert order == [[0, 2, 3, 1]]  # the program takes a channels-last image
+    torch.manual_seed(1)
+    samples = [[torch.randn(1, 3, 8, 8).to(memory_format=torch.channels_last)] for _ in range(2)]
+    interpreter.run_all(samples[:1])
+    assert interpreter.trace == ["delegate:VgfBackend", "aten::topk.values", "delegate:VgfBackend"]
+    for (x,), (y,) in zip(samples, vgf_program(pte, samples, {})):
+        expected = model(x).detach().numpy()
+        np.testing.assert_allclose(y, expected, atol=1e-5)
+        assert y.shape == expected.shape
+
+
 def test_without_lavapipe_a_vgf_program_is_skipped_naming_what_is_missing(monkeypatch, tmp_path):
     """No driver manifest, or one whose driver does not load: one line naming the part and the
     script that installs it, raised as Skip (the cell ends `skipped`), before any program is read."""
