@@ -302,6 +302,9 @@ class Cell:
     # The scheme's size gate for this backend ({"weights", "max_ratio"[, "overhead_bytes"]},
     # etforge.builders.gates.gates size_gate); None when the scheme declares none (fp32).
     size_gate: dict | None = None
+    # The CPU profiles besides this host whose runtime judges its program (etforge.config.targets
+    # Target, from pipeline.yaml's targets or its backend recipes' runtime.targets); () for none.
+    targets: tuple = ()
 
     @property
     def name(self) -> str:

@@ -41,6 +41,7 @@ from etforge.config.model import (
 )
 from etforge.config.remote_url import check_remote_setting
 from etforge.config.selection import cache_settings
+from etforge.config.targets import TargetResolver
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
 from etforge.config.torchvision_names import torchvision_source
 from etforge.config.validation_memo import ValidationMemo, validation_memo
@@ -322,6 +323,8 @@ def resolve(pipeline_file: Path, digests: DigestCache | None = None) -> Plan:
     cells, rejected = reject_task_cells(doc, cells, rejected)
     cells, rejected = reject_llm_keep_float(doc, cells, rejected)
     m.check_backend_options(cells, rejected)
+    targets = TargetResolver(doc, r.recipes).of_backends(backends)  # the CPU cores each backend's cells run on
+    cells = tuple(replace(c, targets=targets[c.backend.name]) if targets[c.backend.name] else c for c in cells)
     expected_failures = m.expected_failures(
         cells, rejected, {"model": list(models), "backend": list(backends), "quantization": list(quants)}
     )
