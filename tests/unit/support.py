@@ -43,6 +43,7 @@ backends:
   xnnpack: {}
   portable: {}
 quantization: [fp32, fp16]
+targets: false  # the target stage's fake-free tests are in test_unit_targets.py
 """
 
 

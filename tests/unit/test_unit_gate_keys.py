@@ -14,6 +14,7 @@ models:
 backends:
   xnnpack: {}
 quantization: [fp32, 8da4w]
+targets: false
 """
 
 

@@ -45,6 +45,7 @@ backends:
   xnnpack: {}
   vulkan: {}
 quantization: [fp32, int8]
+targets: false
 matrix:
   exclude: [{backend: vulkan, quantization: int8}]
 """

@@ -116,6 +116,7 @@ backends:
   portable: {}
   vulkan: {}
 quantization: [fp32, int8]
+targets: false
 matrix:
   exclude: [{backend: vulkan, quantization: int8}, {backend: portable, quantization: int8}]
 """

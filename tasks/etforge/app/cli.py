@@ -5,6 +5,7 @@
     etforge release --allow-failures
     etforge list | info TASK | init [DIR] | ci-matrix | help [COMMAND]
     etforge explain TASK          what changed in the task's key inputs since its last recorded run
+    etforge setup-targets         install qemu-user, the aarch64 runtime and its runner (docs/targets.md)
     etforge diff --baseline R     this run against a release (archive, directory or git revision)
 
 Everything is registered through doit's documented extension API: the task loader is
@@ -37,6 +38,7 @@ DOIT_PLUGINS = {
         "ci-matrix": "etforge.app.ci_matrix:CiMatrix",
         "explain": "etforge.app.explain:Explain",
         "diff": "etforge.app.diff_command:Diff",
+        "setup-targets": "etforge.app.setup_targets:SetupTargets",
     },
     "BACKEND": {"etforge": "etforge.engine.doit_db:EtforgeDB"},
     "REPORTER": {"etforge": "etforge.publish.progress:EtforgeReporter"},

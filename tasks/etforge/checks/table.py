@@ -22,6 +22,7 @@ from etforge.checks.base import Check, ProgramFacts
 from etforge.checks.budgets import Budgets
 from etforge.checks.budgets import derive as derive_budgets
 from etforge.checks.delegation import Delegation
+from etforge.checks.not_run import NotRun
 from etforge.checks.numerics import Numerics, OnDevice
 from etforge.checks.runtime_window import RuntimeWindow
 from etforge.checks.runtime_window import derive as derive_runtime_window
@@ -72,6 +73,7 @@ CHECKS = CheckTable(
         CheckKind(Delegation),
         CheckKind(SizeGate),
         CheckKind(Vela),
+        CheckKind(NotRun),
         CheckKind(Budgets, derive=derive_budgets),
         CheckKind(RuntimeWindow, derive=derive_runtime_window),
     )

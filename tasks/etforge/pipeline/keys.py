@@ -19,6 +19,7 @@ templates and its code (:func:`content_key`).
 
 from __future__ import annotations
 
+from etforge.config import target_runtime
 from etforge.core.digest import digest, sha256_file
 from etforge.core.dotted_path import module_of
 from etforge.core.errors import BadValue
@@ -114,9 +115,19 @@ FACTS = {
     "thresholds": lambda plan, cell, host: cell.thresholds,
     "host_runnable": lambda plan, cell, host: cell.backend.host_runnable,
     "runtime_tools": _runtime_tools,
+    "targets": lambda plan, cell, host: _targets(plan, cell),
     "benchmark_options": lambda plan, cell, host: plan.benchmark.options,
     "host": lambda plan, cell, host: _required_host(host),
 }
+
+
+def _targets(plan, cell) -> dict:
+    """The profiles a cell's program is judged on and the runtime that judges them there: the
+    aarch64 wheel, the cross-built runner and qemu (etforge.config.target_runtime), read once per plan."""
+    runtime = plan.memo.get("target_runtime")
+    if runtime is None:
+        runtime = plan.memo["target_runtime"] = target_runtime.fingerprint(plan.code.etforge.digests)
+    return {"profiles": [t.canonical() for t in cell.targets], "runtime": runtime}
 
 
 def _required_host(host):

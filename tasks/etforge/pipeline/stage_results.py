@@ -11,6 +11,7 @@ A field a record lacks keeps its default.
     ExportResult     a lowered program: its bytes, costs, interface; its checks (delegation, Vela)
     GateResult       the size gate's check of a quantized program against its fp32 sibling
     Verdict          the program's numerics checks: run here against eager, or bundled for the device
+    TargetVerdict    the same program's numerics on each of the cell's targets (aarch64 under qemu-user)
     BenchmarkResult  host timings and memory
     ManifestResult, ReportResult, ReleaseResult   the matrix-wide stages
 
@@ -118,6 +119,12 @@ class Verdict(Judgement):
     check itself (an OnDevice check)."""
 
     checks: tuple[Check, ...] = ()
+
+
+@dataclass(frozen=True)
+class TargetVerdict(Verdict):
+    """The program in other CPUs' runtimes (a cell's targets: aarch64 cores under qemu-user): a Numerics
+    check per target that ran it (``target`` names it), a NotRun check per target that could not."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from etforge.config.model import ModelKind
 from etforge.core.errors import BadValue
 
 # Verdicts, gates and benchmarks: what a matrix-wide task waits for, in pipeline order.
-CELL_VERDICTS = ("export", "sizegate", "validate", "benchmark")
+CELL_VERDICTS = ("export", "sizegate", "validate", "target", "benchmark")
 MANIFEST_FILES = (
     "models.g.dart",
     "pubspec_assets.yaml",
@@ -216,6 +216,20 @@ STAGES = (
         skip_if=(("backend_missing", "not built on this host"),),
         judges="export",
     ),
+    # The same program on other CPUs' ExecuTorch runtimes (aarch64 under qemu-user): a check per target.
+    Stage(
+        "target",
+        "cell",
+        doc="run each CPU cell's .pte on its target cores (aarch64 under qemu-user) and compare with eager PyTorch",
+        task_doc="run {pte} in the aarch64 runtime on each target core and compare with eager PyTorch",
+        builder="etforge.builders.targets.stage:target_stage",
+        key_inputs=("thresholds", "targets", "toolchain"),
+        upstream=("export", "capture"),
+        outputs=(("targets.json", None),),
+        applies="has_targets",
+        skip_if=(("backend_missing", "not built on this host"),),
+        judges="export",
+    ),
     # Keyed by the host: never served across machines.
     Stage(
         "benchmark",
@@ -326,6 +340,7 @@ PREDICATES = {
     "runs_here": lambda plan, cell, selected: cell.backend.host_runnable and _lowerable(cell),
     "backend_missing": lambda plan, cell, selected: not _lowerable(cell),
     "host_runnable": lambda plan, cell, selected: cell.backend.host_runnable,
+    "has_targets": lambda plan, cell, selected: bool(cell.targets) and _lowerable(cell),  # pipeline.yaml targets
     # run here, in the runtime or on what its recipe's runtime.validated_by names (the TOSA reference model)
     "validated_here": lambda plan, cell, selected: cell.backend.validated_here,
     "checked_on_device": lambda plan, cell, selected: not cell.backend.validated_here,

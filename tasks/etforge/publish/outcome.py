@@ -21,7 +21,7 @@ benchmark record; without it benchmarks are not read.
 
 The state machine, first rule that applies:
 
-    failed         a current record of capture, quantize, export, size gate, validate or
+    failed         a current record of capture, quantize, export, size gate, validate, target or
                    benchmark says failed (the first in that order): the reason of the check
                    that failed in it (else the record's own, e.g. a crash), and its log
     rejected       a current record says rejected: the scheme cannot apply to this model
@@ -34,7 +34,7 @@ The state machine, first rule that applies:
     failed         a derived check that gates the cell failed (a budget: gates.max_program_bytes
                    / max_planned_bytes, with both numbers)
     skipped        validation skipped
-    not validated  exported, but no current verdict on this program
+    not validated  exported, but no current verdict on this program (here, and on each of its targets)
     on-device      this host cannot run it: its .bpte carries the validation inputs, eager
                    outputs and tolerances; the device checks itself
     provisional    validated here, on seeded random inputs only
@@ -77,6 +77,7 @@ from etforge.pipeline.stage_results import (
     GateResult,
     Judgement,
     QuantizeResult,
+    TargetVerdict,
     Verdict,
 )
 from etforge.pipeline.stages import STAGE, task_name
@@ -219,6 +220,10 @@ def _facts(plan: Plan, cell: Cell, by_kind: dict, table: CheckTable) -> CellFact
         checks += verdict.checks
     if bundled:
         bundle_sha256 = (((validate or {}).get("outputs") or {}).get("program.bpte") or {}).get("sha256")
+    target = by_kind.get("target")  # the same program on the cell's targets (aarch64 cores): one check each
+    if _status(target) in (TaskStatus.OK, TaskStatus.FAILED):
+        on_targets = TargetVerdict.from_json(_info(target), table)
+        checks += on_targets.checks if on_targets.judges(sha256) else ()
     if program is not None:
         checks += table.derived(plan, cell, program)
     benchmark = None
@@ -272,7 +277,7 @@ def _natural(
         judged = Judgement.from_json(info).program_sha256
         if judged in (None, sha256):
             check = next((c for c in table.parse_all(info.get("checks")) if c.failed), None)
-            why = check.reason() if check is not None else record.get("reason")  # else it crashed
+            why = _beside(check, facts.checks) if check is not None else record.get("reason")  # else it crashed
             return out(CellState.FAILED, f"{name}: {why or 'failed'}", log=record.get("log"), task=name)
     for name, record, _ in records:
         if _status(record) == TaskStatus.REJECTED:
@@ -300,6 +305,11 @@ def _natural(
             f"(sha256 {judged[:12] if judged else 'not recorded'}, "
             f"this one is {str(sha256)[:12]})",
         )
+    target = by_kind.get("target")  # every target must have judged this program too
+    if cell.targets and not (
+        _status(target) in (TaskStatus.OK, TaskStatus.FAILED) and TargetVerdict.from_json(_info(target)).judges(sha256)
+    ):
+        return out(CellState.NOT_VALIDATED, f"run `etforge {task_name(STAGE['target'], cell)}`")
     said = [c.note() for c in facts.checks if c.note()]  # e.g. run on the TOSA reference model, not the runtime
     quantize = facts.quantize or QuantizeResult()
     notes = said + [n for n in (rescue_note(quantize.rescue), layers_note(cell.quant.name, quantize.layers), moot) if n]
@@ -319,6 +329,13 @@ def _natural(
         notes.insert(len(said), "validated on seeded random inputs only " + _validation_data_hint(cell.model))
         return out(CellState.PROVISIONAL, "; ".join(notes))
     return out(CellState.OK, "; ".join(notes))
+
+
+def _beside(check: Check, checks: tuple) -> str:
+    """A failed check's reason, with the figures of the checks of its kind that passed (the host's
+    numerics beside an aarch64 core's): two runtimes that disagree show both figures."""
+    passed = [f"{c.heading()} {c.text()}" for c in checks if c.kind == check.kind and c.key != check.key and c.passed]
+    return check.reason() + (f" (passed: {', '.join(passed)})" if passed else "")
 
 
 def _size_gate_moot(plan: Plan, cell: Cell, by_kind: dict, read: Read) -> str:

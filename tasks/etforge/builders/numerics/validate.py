@@ -58,12 +58,15 @@ def validate_stage(request: BuildRequest) -> BuildResult:
 
 @dataclass(frozen=True)
 class Runner:
-    """What runs a program instead of the ExecuTorch runtime: ``run(pte, samples, method) -> outputs
-    per sample``, named in the verdict (``name``, and ``proxy`` when it runs a stand-in for the program)."""
+    """What runs a program instead of this host's ExecuTorch runtime: ``run(pte, samples, method) ->
+    outputs per sample``, named in the verdict (``name``, and ``proxy`` when it runs a stand-in for the
+    program); ``target``: it is the ExecuTorch runtime of another CPU (an aarch64 core, etforge.builders.targets),
+    whose verdict is that target's (Numerics ``target``), not a stand-in's."""
 
     run: Callable
     name: str
     proxy: str | None = None
+    target: str | None = None
 
 
 def stand_in_runner(backend, export_files: dict) -> Runner:
@@ -145,7 +148,9 @@ def build_validate(
         "misses": misses,
         "notes": notes,
     }
-    if runner is not None:  # where the numbers come from, when not from the ExecuTorch runtime
+    if runner is not None and runner.target:  # another CPU's ExecuTorch runtime
+        report["target"] = runner.target
+    elif runner is not None:  # where the numbers come from, when not from the ExecuTorch runtime
         report["runner"] = runner.name
         notes.insert(0, runner_note(runner.name, runner.proxy))
         if runner.proxy:
@@ -184,7 +189,9 @@ def numerics_check(metrics: list, misses: list, runner: Runner | None = None, **
         }
         for i, m in enumerate(metrics)
     ]
-    if runner is not None:
+    if runner is not None and runner.target:
+        fields.update(target=runner.target)
+    elif runner is not None:
         fields.update(runner=runner.name, proxy=runner.proxy)
     return Numerics.of({**fields, **figures, "outputs": outputs, "misses": list(misses), "passed": not misses})
 
@@ -247,7 +254,9 @@ def _validate_methods(
         "misses": misses,
         "notes": ["validated on random inputs"] if source.startswith("random") else [],
     }
-    if runner is not None:  # where the numbers come from, when not from the ExecuTorch runtime
+    if runner is not None and runner.target:  # another CPU's ExecuTorch runtime
+        report["target"] = runner.target
+    elif runner is not None:  # where the numbers come from, when not from the ExecuTorch runtime
         report.update(runner=runner.name, **({"proxy": runner.proxy} if runner.proxy else {}))
         report["notes"].insert(0, runner_note(runner.name, runner.proxy))
     out = workdir / NUMERICS
