@@ -26,6 +26,7 @@ RECIPES = REPO / "recipes" / "backends"
 # Lower here (fp32): recipe name -> whether the pip runtime runs the program here.
 FP32_LOWERABLE = ["xnnpack", "portable", "coreml", "vulkan", "openvino", "arm_tosa", "arm_vgf"]
 INT8_ONLY = ["ethos_u55", "ethos_u85"]
+CORTEX_M = ["cortex_m55", "cortex_m7"]  # int8 only, no delegate: tests/test_cortex_m_cells.py
 # Need an SDK, another platform or a source build of executorch.
 SDK_GATED = ["qnn", "mediatek", "nxp_neutron", "samsung_exynos", "cadence", "cuda", "metal", "mlx", "mps"]
 PLATFORM_WORDS = {"darwin": "macOS", "linux": "Linux", "win32": "Windows"}
@@ -76,7 +77,7 @@ def missing(needs: dict) -> list[tuple[str, str]]:
 
 def test_every_backend_recipe_is_covered_and_well_formed():
     names = sorted(p.stem for p in RECIPES.glob("*.yaml"))
-    assert sorted(FP32_LOWERABLE + INT8_ONLY + SDK_GATED) == names
+    assert sorted(FP32_LOWERABLE + INT8_ONLY + CORTEX_M + SDK_GATED) == names
     for name in names:
         doc = recipe(name)
         assert doc["name"] == name and doc["kind"] == "backend" and doc["description"]
@@ -140,7 +141,7 @@ def test_host_checker_agrees_with_recipe_needs():
 
     for name in SDK_GATED:
         assert host.missing_requirement(recipe(name)["needs"]), name
-    for name in FP32_LOWERABLE + INT8_ONLY:
+    for name in FP32_LOWERABLE + INT8_ONLY + CORTEX_M:
         assert host.missing_requirement(recipe(name).get("needs")) is None, name
 
 

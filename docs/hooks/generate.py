@@ -412,7 +412,7 @@ def backends_page() -> str:
     out.append("## Backends\n\n| backend | what it is | needs | runs here | delegates |\n|---|---|---|---|---|\n")
     for b in backends:
         runtime = b.data.get("runtime") or {}
-        delegates = ", ".join(code(d) for d in runtime.get("delegates") or ()) or "none (portable kernels)"
+        delegates = ", ".join(code(d) for d in runtime.get("delegates") or ()) or "none (the runtime's kernels)"
         runs = runs_here(runtime)
         out.append(
             f"| [`{b.name}`](#{b.name}) | {cell(b.description)} | {needs_text(b.data.get('needs'))} "
