@@ -101,6 +101,13 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(ATTENTION, lambda *args, **kwargs: None)  # the op masks itself
 
 
+def _dense(tensor):
+    """A copy with row-major strides. With one KV head, ``.contiguous()`` of the [B,S,H,D] view is a
+    no-op (a size-1 dim counts as contiguous) that keeps the H stride of S*D; ExecuTorch reads that as
+    a permuted dim order, and llama::update_cache refuses the cache at run time (issue 34)."""
+    return tensor.new_zeros(tensor.shape).copy_(tensor)
+
+
 def _swap_kv_cache(wrapper) -> None:
     """Each cache layer writes a [B,S,H,D] buffer through llama::update_cache. transformers 5.23 wraps a
     config with layer_types + sliding_window in TorchExportableModuleWithHybridCache (``.cache``), any
@@ -111,8 +118,8 @@ def _swap_kv_cache(wrapper) -> None:
     inner = wrapper.model
     cache = inner.static_cache if hasattr(inner, "static_cache") else inner.cache
     for i, layer in enumerate(cache.layers):
-        inner.register_buffer(f"et_k_cache_{i}", layer.keys.transpose(1, 2).contiguous(), persistent=False)
-        inner.register_buffer(f"et_v_cache_{i}", layer.values.transpose(1, 2).contiguous(), persistent=False)
+        inner.register_buffer(f"et_k_cache_{i}", _dense(layer.keys.transpose(1, 2)), persistent=False)
+        inner.register_buffer(f"et_v_cache_{i}", _dense(layer.values.transpose(1, 2)), persistent=False)
 
         def update(key_states, value_states, *args, _i=i, _layer=layer, **kwargs):
             k_cache, v_cache = getattr(inner, f"et_k_cache_{_i}"), getattr(inner, f"et_v_cache_{_i}")

@@ -109,9 +109,10 @@ def run_program_samples(pte: Path, samples: list, method_name: str = METHOD) -> 
     import torch
 
     from etforge.builders.runtime.determinism import deterministic
+    from etforge.builders.runtime.kernel_log import kernel_failures
 
     results = []
-    with deterministic(runtime=True):
+    with deterministic(runtime=True), kernel_failures():  # a failed kernel is named, not just its code
         program, method = load_method(Path(pte), method_name)  # `program` stays alive while `method` runs
         for inputs in samples:
             outputs = method.execute(list(inputs))

@@ -61,6 +61,7 @@ def build_seq2seq_validate(
     from etforge.builders.loading.hf_models import RANDOM_WEIGHTS_NOTE, random_weights
     from etforge.builders.numerics.compare import nonfinite, sqnr_db
     from etforge.builders.runtime.determinism import deterministic
+    from etforge.builders.runtime.kernel_log import kernel_failures
     from etforge.builders.runtime.program_io import cast_inputs, load_program, program_io_dtypes
     from etforge.builders.seq2seq.export import REFERENCE_SOURCE
     from etforge.config.hf_seq2seq import DECODER, ENCODER
@@ -72,7 +73,8 @@ def build_seq2seq_validate(
     (x,) = cast_inputs([x], program_io_dtypes(pte_bytes, ENCODER)[0])  # an fp16 program takes fp16 features
     with deterministic(runtime=True):  # loaded, run and released on one thread: the verdict ships
         program = load_program(pte_bytes)
-        run = run_seq2seq(program, x, tokens)
+        with kernel_failures():  # a failed kernel is named, not just its error code
+            run = run_seq2seq(program, x, tokens)
         del program
     # the decoder's steps read as an LLM's with a one-token prompt (the start token)
     metrics = compare_llm(ref_logits, tokens[1:], 1, run)
