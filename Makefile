@@ -19,6 +19,7 @@ run: $(STAMP)
 # own reorder by test count is turned off); installs Debian's chromium for the report test.
 test: $(STAMP)
 	./.ci/install-chromium.sh
+	./.ci/install-aarch64.sh
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
 # Also the `slow` tests: S3 repeats of the shared-cache scenarios, three more kill points and
@@ -26,6 +27,7 @@ test: $(STAMP)
 # byte reproducibility across processes; and 12 randomized fault cases instead of 2.
 test-all: $(STAMP)
 	./.ci/install-chromium.sh
+	./.ci/install-aarch64.sh
 	ETFORGE_FAULT_CASES=12 $(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder tests
 
 # ruff (lint and format) and mypy on the package: what CI checks before the tests.
@@ -34,7 +36,10 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+# The environment, and what judges CPU cells on aarch64 cores under qemu-user (docs/targets.md):
+# Debian's qemu-user and cross compiler, the aarch64 executorch wheel, the cross-built runner.
 setup: $(STAMP)
+	$(BIN)/etforge setup-targets
 
 # requirements-nodeps.txt: OpenVINO/Arm backend packages whose metadata pins an
 # older numpy/jsonschema/flatbuffers than the toolchain; installed second, without

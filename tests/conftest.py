@@ -71,6 +71,7 @@ backends:
   xnnpack: {}
   portable: {}
 quantization: [fp32]
+targets: false
 """
 
 # One cell: the smallest real pipeline (capture, export, validate, benchmark, manifest, report).
@@ -84,6 +85,7 @@ models:
 backends:
   xnnpack: {}
 quantization: [fp32]
+targets: false
 """
 
 
