@@ -19,6 +19,7 @@ run: $(STAMP)
 # own reorder by test count is turned off); installs Debian's chromium for the report test.
 test: $(STAMP)
 	./.ci/install-chromium.sh
+	./.ci/install-vulkan.sh
 	./.ci/install-aarch64.sh
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
@@ -27,6 +28,7 @@ test: $(STAMP)
 # byte reproducibility across processes; and 12 randomized fault cases instead of 2.
 test-all: $(STAMP)
 	./.ci/install-chromium.sh
+	./.ci/install-vulkan.sh
 	./.ci/install-aarch64.sh
 	ETFORGE_FAULT_CASES=12 $(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder tests
 
