@@ -44,6 +44,7 @@ def validate_stage(request: BuildRequest) -> BuildResult:
         return bundled
     # the runtime runs it here, else what its recipe's runtime.validated_by names (no divergence search)
     here = cell.backend.host_runnable
+    graph = request.upstream.get("graph") if cell.transform is not None else None  # the quantized graph
     return build_validate(
         cell,
         export.files[PROGRAM],
@@ -53,6 +54,8 @@ def validate_stage(request: BuildRequest) -> BuildResult:
         program=capture.files["model.pt2"] if here else None,
         runner=None if here else stand_in_runner(cell.backend, export.files),
         program_sha256=program_sha256,
+        quantized=graph.files["model.pt2"] if here and graph is not None else None,
+        rescued=bool(graph is not None and graph.info.get("rescue")),
     )
 
 
@@ -92,10 +95,14 @@ def build_validate(
     program: Path | None = None,
     runner: Runner | None = None,
     program_sha256: str | None = None,
+    quantized: Path | None = None,
+    rescued: bool = False,
 ) -> BuildResult:
     """Validate ``pte`` against the capture's ``reference``; ``program``: the capture's model.pt2,
     used to find the first divergent node when an fp32 cell misses a threshold; ``runner``: what
-    runs it when the ExecuTorch runtime cannot (default: the runtime)."""
+    runs it when the ExecuTorch runtime cannot (default: the runtime); ``quantized``: a quantized
+    cell's graph (the quantize stage's model.pt2), used with ``program`` to find the first divergent
+    layer when the cell misses a threshold or ``rescued`` (keep_float: auto changed it)."""
     import numpy as np
 
     from etforge.builders.capture.reference import load_reference_samples, reference_methods
@@ -160,6 +167,10 @@ def build_validate(
         worst = _worst_sample(metrics)
         report["first_divergence"] = _diagnose(program, cell, samples[worst], worst)
         divergence_text = describe_divergence(report["first_divergence"])
+    elif (misses or rescued) and quantized is not None and program is not None:
+        worst = _worst_sample(metrics)
+        report["first_divergence"] = _diagnose(program, cell, samples[worst], worst, quantized)
+        divergence_text = describe_divergence(report["first_divergence"]) if misses else None
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     check = numerics_check(
@@ -302,10 +313,16 @@ def pick_worst(values: list, pick):
 
 def describe_divergence(found: dict | None) -> str | None:
     """One line for the failure reason, e.g. 'first divergence at node conv2d_3 (aten.conv2d), SQNR 12.0 dB'."""
+    from etforge.builders.numerics.quantized_divergence import describe
+
     if not found:
         return None
     if "error" in found:
         return f"first divergence not found: {found['error']}"
+    if "layer" in found:  # a quantized cell's, per layer (etforge.builders.numerics.quantized_divergence)
+        if found["layer"] is None:
+            return "first divergence not found: every layer matches eager fp32 within the threshold"
+        return describe(found)
     if found.get("node") is None:
         return "first divergence not found: every node matches eager within the threshold"
     target = found["op_target"].removesuffix(".default")
@@ -323,13 +340,19 @@ def _worst_sample(metrics: list) -> int:
     return min(worst, key=lambda w: (-float("inf") if w[0] != w[0] else w[0], w[1]))[1] if worst else 0
 
 
-def _diagnose(program: Path, cell, inputs: list, sample: int) -> dict:
-    """The first divergent node, or why it could not be found; never fails the validation itself."""
+def _diagnose(program: Path, cell, inputs: list, sample: int, quantized: Path | None = None) -> dict:
+    """The first divergent node (of a quantized cell: layer), or why it could not be found; never
+    fails the validation itself."""
     from etforge.builders.numerics.divergence import first_divergence
+    from etforge.builders.numerics.quantized_divergence import first_divergent_layer
     from etforge.core.text import first_line
 
+    found: dict | None
     try:
-        found = first_divergence(program, cell, inputs)
+        if quantized is not None:
+            found = first_divergent_layer(quantized, program, cell, inputs) or {"layer": None}
+        else:
+            found = first_divergence(program, cell, inputs)
     except Exception as exc:  # a diagnosis must not hide the verdict
         traceback.print_exc()
         return {"error": first_line(exc), "sample": sample}
