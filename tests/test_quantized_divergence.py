@@ -2,7 +2,7 @@
 
 models/fragile_layers.py has one layer, ``blocks.1.proj``, whose rows each carry a weight 400x the
 others on a nearly dead input channel: XNNPACK's static int8 (per-channel weights) rounds the rest
-of each row away. Real capture, PT2E quantization, XNNPACK lowering and the ExecuTorch runtime,
+of each row away (and 8da4w's 4-bit groups). Real capture, PT2E quantization, XNNPACK lowering and the ExecuTorch runtime,
 in-process; the cell misses its threshold and its reason names that layer, with the SQNR there and
 after it. The same model without the outlier passes and says nothing about divergence.
 """
@@ -28,9 +28,10 @@ models:
     inputs: [{name: x, shape: [1, 64]}]
 backends:
   xnnpack: {}
-quantization: [int8]
+quantization: [int8, 8da4w]
 thresholds:
   int8: {sqnr_db: 20}
+  8da4w: {sqnr_db: 20}
 """
 FRAGILE_LAYER = "blocks.1.proj"
 
@@ -47,7 +48,7 @@ def _validate(project, plan, name: str):
     from etforge.pipeline.stage_results import ExportResult
 
     cell = next(c for c in plan.cells if c.name == name)
-    work = project.root / "work" / cell.model.name
+    work = project.root / "work" / name.replace("/", "_")
     dirs = {stage: work / stage for stage in ("capture", "quantize", "export", "validate")}
     for path in dirs.values():
         path.mkdir(parents=True)
@@ -73,7 +74,10 @@ def _validate(project, plan, name: str):
 def validated(tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("qdiv") / "proj", PIPELINE)
     plan = resolve(project.pipeline)
-    return {name: _validate(project, plan, name) for name in ("fragile/xnnpack/int8", "sound/xnnpack/int8")}
+    return {
+        name: _validate(project, plan, name)
+        for name in ("fragile/xnnpack/int8", "sound/xnnpack/int8", "fragile/xnnpack/8da4w")
+    }
 
 
 def test_a_failing_int8_cell_names_the_fragile_layer_with_its_sqnr_and_the_layers_after(validated):
@@ -94,3 +98,11 @@ def test_a_passing_int8_cell_gets_no_divergence_report(validated):
     assert result.status == "ok", result.reason
     assert "first_divergence" not in report
     assert not result.reason or "divergence" not in result.reason
+
+
+def test_a_failing_8da4w_cell_names_the_same_layer(validated):
+    """torchao's 8da4w graph (dynamic activations, 4-bit groups): the same per-layer replay."""
+    result, report = validated["fragile/xnnpack/8da4w"]
+    assert result.status == "failed", result.reason
+    assert report["first_divergence"]["layer"] == FRAGILE_LAYER, report["first_divergence"]
+    assert f"first divergence at layer {FRAGILE_LAYER} (aten.linear)" in result.reason
