@@ -39,6 +39,7 @@ DOIT_PLUGINS = {
         "explain": "etforge.app.explain:Explain",
         "diff": "etforge.app.diff_command:Diff",
         "setup-targets": "etforge.app.setup_targets:SetupTargets",
+        "repro": "etforge.app.repro_command:Repro",
     },
     "BACKEND": {"etforge": "etforge.engine.doit_db:EtforgeDB"},
     "REPORTER": {"etforge": "etforge.publish.progress:EtforgeReporter"},
