@@ -3,7 +3,8 @@
 ``numerics.json`` holds, per output, the metrics of ``etforge.builders.numerics.compare.compare_samples``
 over all N samples, the verdict against the cell's thresholds, where the inputs came
 from, and, for an fp32 cell that misses, the first graph node where the program
-diverges from eager (``etforge.builders.numerics.divergence``).
+diverges from eager (``etforge.builders.numerics.divergence``); for a quantized one that misses
+or that keep_float auto changed, the first layer (``etforge.builders.numerics.quantized_divergence``).
 """
 
 from __future__ import annotations
