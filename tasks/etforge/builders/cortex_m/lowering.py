@@ -32,13 +32,13 @@ def target_config(options: dict):
     from executorch.backends.cortex_m.target_config import CortexMTargetConfig
 
     cpu = str(options.get("cpu") or "")
+    isa = options.get("isa")
+    families = cmsis_nn.Backend.__members__  # a pybind enum: MVE, DSP, SCALAR
+    if isa and str(isa) not in families:
+        raise BadValue(f"cortex_m: unknown kernel family {isa!r}; CMSIS-NN has {sorted(families)}")
     try:
         config = CortexMTargetConfig.from_target_string(cpu)
-        isa = options.get("isa")
         if isa:
-            families = cmsis_nn.Backend.__members__  # a pybind enum: MVE, DSP, SCALAR
-            if str(isa) not in families:
-                raise ValueError(f"unknown kernel family {isa!r}; CMSIS-NN has {sorted(families)}")
             config = CortexMTargetConfig(cpu=config.cpu, isa=families[str(isa)])
         config.backend  # noqa: B018 (resolves the ISA now: an unknown one is an error here, not later)
     except (ValueError, AttributeError) as exc:
