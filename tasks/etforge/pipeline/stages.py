@@ -207,7 +207,7 @@ STAGES = (
         task_doc="run {pte} and compare with eager PyTorch",
         part="validate",
         key_inputs=("thresholds", "host_runnable", "runtime_tools", "toolchain"),
-        upstream=("export", "capture"),
+        upstream=("export", "capture", "graph"),  # graph: a quantized cell's, for its first divergent layer
         outputs=(
             ("numerics.json", "numerics_path", "validated_here"),
             ("program.bpte", "bundled_path", "checked_on_device"),
