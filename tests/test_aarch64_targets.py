@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, copy_project, make_project, state
+from conftest import REPO, TINY_LLAMA_CONFIG, copy_project, make_project, state
 
 A76, A72 = "aarch64 cortex-a76 (qemu-user)", "aarch64 cortex-a72 (qemu-user)"
 HOST_COLUMN = "SQNR dB"
@@ -129,3 +129,33 @@ def test_no_target_figure_is_a_latency(built):
         info = state(built, name)["info"]
         assert not {k for k in json.dumps(info).split('"') if "latency" in k or k.endswith("_ms")}
     assert "aarch64" in report  # the report shows the targets' figures, as checks
+
+
+LLM_PIPELINE = f"""\
+name: t
+version: 0.0.1
+models:
+  tiny_llm:
+    transformers:
+      task: text-generation
+      config: {TINY_LLAMA_CONFIG}
+      llm: {{max_context_len: 32, prompt_len: 8, decode_steps: 8}}
+backends:
+  xnnpack: {{}}
+quantization: [fp32]
+"""
+
+
+def test_an_llm_program_says_which_library_the_aarch64_runtime_lacks(built, tmp_path):
+    project = make_project(tmp_path / "llm", LLM_PIPELINE)
+    run = project.doit("target", "report")
+    assert run.returncode == 0, run.stdout + run.stderr
+    cell = summary(project)["tiny_llm/xnnpack/fp32"]
+    assert cell["status"] == "ok"  # its host verdict stands
+    assert cell["checks"][f"SQNR dB ({A76})"] == cell["checks"][f"SQNR dB ({A72})"] == "not run"
+    assert (
+        f"not checked on {A76}, {A72}: needs llama::custom_sdpa.out, llama::update_cache.out, which no library "
+        "of the aarch64 ExecuTorch 1.5.1 runtime registers: the wheel registers them only in "
+        "executorch/extension/llm/custom_ops/libcustom_ops_aot_lib.so, which needs "
+    ) in cell["note"]
+    assert "libtorch.so" in cell["note"]
