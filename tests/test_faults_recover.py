@@ -106,6 +106,7 @@ models:
 backends:
   portable: {}
 quantization: [fp32]
+targets: false
 """
 FACTORIES = {
     "boom": (

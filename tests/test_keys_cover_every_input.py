@@ -119,6 +119,7 @@ backends:
   xnnpack: {}
   openvino: {}
 quantization: [fp32]
+targets: false
 matrix:
   product: false
   include:

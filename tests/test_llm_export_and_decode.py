@@ -36,6 +36,7 @@ backends:
   xnnpack: {{}}
   portable: {{}}
 quantization: [fp32, 8da4w]
+targets: false
 quantization_options:
   8da4w: {{group_size: 32, embedding: 4, embedding_group_size: 32}}
 """

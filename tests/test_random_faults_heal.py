@@ -40,6 +40,7 @@ models:
 backends:
   portable: {}
 quantization: [fp32]
+targets: false
 cache: {remote: ../remote}
 """
 
