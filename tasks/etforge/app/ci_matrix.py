@@ -63,6 +63,7 @@ OPTIONS = (
 
 
 class CiMatrix(Command):
+    name = "ci-matrix"  # doit would name it after the class: "cimatrix"
     doc_purpose = "print CI jobs for the matrix: grouped by worker labels, balanced by recorded durations"
     doc_usage = "[--format github|gitlab|table] [--jobs N] [--durations FILE] [--runs-on SPEC]"
     doc_description = __doc__

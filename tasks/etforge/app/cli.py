@@ -29,11 +29,14 @@ from etforge.core.console import say
 from etforge.core.errors import BadValue, EtforgeError
 from etforge.core.text import first_line
 from etforge.engine.run_command import Run
-from etforge.pipeline.stages import DEFAULT_TABLE, StageTable
+from etforge.pipeline.stages import DEFAULT_TABLE, STAGES, StageTable
 
 DOIT_PLUGINS = {
     "COMMAND": {
         "run": "etforge.engine.run_command:Run",
+        "help": "etforge.app.help_command:Help",
+        "list": "etforge.app.doit_commands:List",
+        "info": "etforge.app.doit_commands:Info",
         "init": "etforge.app.init:Init",
         "ci-matrix": "etforge.app.ci_matrix:CiMatrix",
         "explain": "etforge.app.explain:Explain",
@@ -66,10 +69,59 @@ def main(argv: list | None = None, table: StageTable = DEFAULT_TABLE) -> int:
         if "" in args:  # doit reads each argument's first character: an empty one is an IndexError there
             raise BadValue(f"argument {args.index('') + 1} is empty: leave it out or give it a value")
         # the names only: loading every command would import explain's, diff's and ci-matrix's modules
-        return app.run(options_first(args, set(app.get_cmds())))
+        commands = set(app.get_cmds())
+        asked = help_args(args, commands)
+        if asked is not None:
+            return app.run(asked)
+        check_flags(app, args, commands)
+        return app.run(options_first(args, commands))
     except EtforgeError as exc:
         say(f"etforge: error: {first_line(exc)}")
         return exc.exit_code
+
+
+HELP_FLAGS = ("--help", "-h")
+
+
+def help_args(args: list, commands: set) -> list | None:
+    """``etforge X --help`` (or ``-h``, anywhere before ``--``) is ``etforge help X``: the same text
+    for a command, a stage or a task; None when no help is asked for."""
+    upto = args[: args.index("--")] if "--" in args else args
+    if not any(a in HELP_FLAGS for a in upto):
+        return None
+    named = [a for a in upto if not a.startswith("-")]
+    if named[:1] == ["help"]:  # `etforge help X --help` is X's; `etforge help --help`, help's own
+        named = named[1:] or named
+    return ["help", *named[:1]]
+
+
+def check_flags(app: EtforgeMain, args: list, commands: set) -> None:
+    """Refuse a flag the command does not have, in one line naming it and the flags that exist
+    (doit's own message is its parser's internal reprs). A stage's own flags (``release
+    --allow-failures``) count: they follow the stage's name."""
+    upto = args[: args.index("--")] if "--" in args else args
+    flags = [a for a in upto if a.startswith("-") and len(a) > 1 and not a[1:2].isdigit()]
+    if not flags:
+        return
+    name = args[0] if args and args[0] in commands else "run"
+    cmds = app.get_cmds()
+    command = cmds.get_plugin(name)(
+        task_loader=app.task_loader, config=app.config, bin_name=app.BIN_NAME, cmds=cmds, opt_vals={}
+    )
+    known = {f"--{o.long}" for o in command.cmdparser.options if o.long}
+    known |= {f"--{o.inverse}" for o in command.cmdparser.options if getattr(o, "inverse", None)}
+    short = {f"-{o.short}" for o in command.cmdparser.options if o.short}
+    if name == "run":
+        known |= {f"--{opt.replace('_', '-')}" for stage in STAGES for opt, _ in stage.matrix.options}
+    if name == "run":  # `etforge export --x`: name the stage or task the user typed
+        name = next((a for a in upto if not a.startswith("-") and a != "run"), "run")
+    for flag in flags:
+        if flag.split("=", 1)[0] in known or flag[:2] in short:
+            continue
+        raise BadValue(
+            f"unknown flag {flag.split('=', 1)[0]} for `etforge {name}`; its flags: "
+            f"{', '.join(sorted(known | short))} (etforge help {name})"
+        )
 
 
 def _option_table() -> dict:

@@ -18,6 +18,7 @@ SETUP = "etforge.builders.targets.setup:setup_targets"
 
 
 class SetupTargets(Command):
+    name = "setup-targets"  # doit would name it after the class: "setuptargets"
     doc_purpose = "install qemu-user, the aarch64 ExecuTorch runtime and the cross-built runner (targets)"
     doc_usage = ""
     doc_description = (
