@@ -59,7 +59,7 @@ def program(tmp_path_factory):
 def test_bench_json_and_info(program, tmp_path):
     pte, reference = program
     result = build_benchmark(FakeCell(), pte, reference, ["float32"], {"warmup": 2, "iterations": 15}, tmp_path)
-    assert result.status == "ok" and set(result.files) == {BENCH}
+    assert result.status == "ok" and set(result.files) == {BENCH, "program.etdump"}
     bench = result.files[BENCH]
     assert bench == tmp_path / BENCH and bench.is_file()
     record = json.loads(bench.read_text())

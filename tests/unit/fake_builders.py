@@ -158,6 +158,8 @@ def export(request, builder="export"):
         "export.json": _write(request.workdir, "export.json", json.dumps({"cell": cell.name}).encode()),
         "selected_operators.yaml": _write(request.workdir, "selected_operators.yaml", b"operators: {}\n"),
     }
+    if cell.backend.host_runnable:  # the real export keeps an ETRecord for the benchmark's profile
+        files["program.etrecord"] = _write(request.workdir, "program.etrecord", b"etrecord " + program[:32])
     # the fake coverage gate: missed when fakes.json says "status" for this task
     coverage = Delegation(backend=cell.backend.name, minimum=0.5, compute_coverage=0.0 if how == "status" else 1.0)
     checks = (coverage.judged(),)
@@ -205,7 +207,10 @@ def benchmark(request, builder="benchmark"):
     _enter(request, "benchmark", builder)
     program = request.upstream["export"].files["program.pte"].read_bytes()
     result = BenchmarkResult(program_sha256=_sha(program), latency_p50_ms=1.25, iterations=3, host="unit test host")
-    files = {"bench.json": _write(request.workdir, "bench.json", json.dumps(result.to_json()).encode())}
+    files = {
+        "bench.json": _write(request.workdir, "bench.json", json.dumps(result.to_json()).encode()),
+        "program.etdump": _write(request.workdir, "program.etdump", b"etdump " + program[:32]),
+    }
     return BuildResult(files=files, result=result)
 
 

@@ -109,6 +109,13 @@ class ArtifactLayout:
     def bench_path(self, cell) -> Path:
         return self.cell_dir(cell) / f"{cell.stem}.bench.json"
 
+    def etrecord_path(self, cell) -> Path:
+        """The export's ETRecord and the benchmark's ETDump: a profile the devtools Inspector opens."""
+        return self.cell_dir(cell) / f"{cell.stem}.etrecord"
+
+    def etdump_path(self, cell) -> Path:
+        return self.cell_dir(cell) / f"{cell.stem}.etdump"
+
     # ---------------------------------------------------------------- per task
 
     def state_file(self, task_name: str) -> Path:

@@ -12,7 +12,7 @@ A field a record lacks keeps its default.
     GateResult       the size gate's check of a quantized program against its fp32 sibling
     Verdict          the program's numerics checks: run here against eager, or bundled for the device
     TargetVerdict    the same program's numerics on each of the cell's targets (aarch64 under qemu-user)
-    BenchmarkResult  host timings and memory
+    BenchmarkResult  host timings and memory; its OperatorProfile (per-operator times, ETDump)
     ManifestResult, ReportResult, ReleaseResult   the matrix-wide stages
 
 What a stage judged is a list of checks (etforge.checks), read back through the check table
@@ -150,6 +150,43 @@ class BenchmarkResult(Judgement):
     # decode_step_p50_ms, peak_rss_mb, peak_rss_delta_mb (etforge.builders.llm.bench)
     llm: dict = field(default_factory=dict)
     note: str | None = None
+    profile: OperatorProfile | None = None  # per-operator times from an ETDump (never a gate)
+
+
+@dataclass(frozen=True)
+class OperatorTime(TypedRecord):
+    """One call site of a profiled run: a delegate call or a portable (non-delegated) operator."""
+
+    name: str = ""  # "aten.cumsum.default", or "XnnpackBackend: aten.convolution.default, ..."
+    kind: str = ""  # delegate | portable
+    ms: float | None = None  # median over the profiled runs
+    share: float | None = None  # of the run's time (Method::execute)
+    module: str | None = None  # the model's module(s) it came from (the ETRecord's hierarchy)
+
+
+@dataclass(frozen=True)
+class OperatorProfile(TypedRecord):
+    """Where a run's time goes (etforge.builders.bench.profile): the ETDump of a few runs, read through
+    the devtools Inspector with the export's ETRecord. ``note`` says why there is none, in one line."""
+
+    runs: int | None = None
+    total_ms: float | None = None  # Method::execute, median
+    delegate_ms: float | None = None  # the delegate calls' sum, median
+    portable_ms: float | None = None  # operators left outside delegates, median
+    delegate_calls: int | None = None  # per run
+    portable_calls: int | None = None  # per run
+    top: tuple[OperatorTime, ...] = ()  # by time, longest first
+    etdump: str | None = None  # the kept files (devtools Inspector opens them)
+    etrecord: str | None = None
+    note: str | None = None
+
+    @classmethod
+    def _read_field(cls, name: str, kind, value):
+        if name == "top":
+            if not isinstance(value, list):
+                return None
+            return tuple(OperatorTime.from_json(v) for v in value if isinstance(v, dict))
+        return super()._read_field(name, kind, value)
 
 
 @dataclass(frozen=True)

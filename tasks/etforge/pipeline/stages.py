@@ -184,6 +184,7 @@ STAGES = (
             ("program.ptd", "ptd_path", "external_weights"),
             ("delegates.tosa.npz", None, "keeps_tosa"),  # an Ethos-U program's TOSA form (ethos_u_vela)
             ("selected_operators.yaml", "oplist_path"),  # its operators outside delegates (selective build)
+            ("program.etrecord", "etrecord_path", "host_runnable"),  # the devtools read its ETDump with it
         ),
         skip_if=(("backend_missing", "cannot lower here: {missing}"),),
         keep_entry=True,
@@ -239,7 +240,7 @@ STAGES = (
         part="benchmark",
         key_inputs=("benchmark_options", "host", "runtime_tools"),
         upstream=("export", "capture"),
-        outputs=(("bench.json", "bench_path"),),
+        outputs=(("bench.json", "bench_path"), ("program.etdump", "etdump_path")),  # etdump: its profile's
         applies="runs_here",
         judges="export",
     ),

@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from etforge.builders.bench.profile import ETDUMP, ETRECORD, record_profile
 from etforge.builders.capture.reference import REFERENCE
 from etforge.builders.runtime.proc_status import proc_status_bytes
 from etforge.builders.runtime.timing_stats import NS_PER_MS, summarize
@@ -265,6 +266,7 @@ def benchmark_stage(request: BuildRequest, llm_timing=None) -> BuildResult:
         request.workdir,
         llm_timing=llm_timing,
         program_sha256=export.sha256.get("program.pte"),  # as the store verified it
+        etrecord=export.files.get(ETRECORD),
     )
 
 
@@ -277,6 +279,7 @@ def build_benchmark(
     workdir: Path,
     llm_timing=None,
     program_sha256: str | None = None,
+    etrecord: Path | None = None,
 ) -> BuildResult:
     """Benchmark ``pte`` on the capture's example inputs; writes ``workdir/bench.json``.
 
@@ -285,7 +288,8 @@ def build_benchmark(
 
     ``cell``: a plan Cell (or a plain name, or None); ``reference``: the capture's
     reference.npz; ``input_dtypes``: from the export info (fp16 programs take fp16);
-    ``options``: see DEFAULTS. Returns BuildResult(files={"bench.json": ...}, info=summary).
+    ``options``: see DEFAULTS; ``etrecord``: the export's, for the per-operator profile (etforge.builders.bench.profile,
+    run after the timed loop). Returns BuildResult(files={"bench.json": ..., "program.etdump": ...}, info=summary).
     """
     import executorch.kernels.quantized  # noqa: F401  (quantized out-variants a program may call)
 
@@ -323,7 +327,8 @@ def build_benchmark(
             per_method = time_methods(program, Path(reference), [m for m in methods if m != opts["method"]], opts)
         finally:
             del method, program  # release before the thread pool is restored
-    peak = process_peak_rss_bytes()
+        peak = process_peak_rss_bytes()  # before the profile's copy of the program
+        etdump, profile = record_profile(pte, data, opts["method"], inputs, Path(workdir), etrecord)
 
     samples = timing["samples_ns"]
     stats = summarize(samples)
@@ -382,6 +387,8 @@ def build_benchmark(
         "memory": memory,
         # a decoder-only LLM: load, prefill, decode, time to first token, the program's peak RSS
         "llm": llm,
+        # per-operator times of PROFILE_RUNS traced runs after the timed loop (never a gate)
+        "profile": profile.to_json(),
         "host": host,
         "load_average": {
             "before": load_before,
@@ -420,5 +427,6 @@ def build_benchmark(
         program_sha256=record["program"]["sha256"],  # the bytes timed (the result counts only for them)
         llm=figures,
         note=note or None,
+        profile=profile,
     )
-    return BuildResult(files={BENCH: out}, result=result)
+    return BuildResult(files={BENCH: out, ETDUMP: etdump}, result=result)

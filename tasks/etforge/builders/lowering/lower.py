@@ -6,6 +6,7 @@ run is loaded once in the runtime (etforge.builders.runtime.program_io) before i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -32,6 +33,7 @@ PTE = "program.pte"
 PTD = "program.ptd"  # the external weights of a backend with `external_weights: true`
 OPLIST = "selected_operators.yaml"  # its operators outside delegates, for a selective build
 INFO = "export.json"
+ETRECORD = "program.etrecord"  # a host-runnable program's: the devtools Inspector reads its ETDump with it
 DATA_TAG = "etforge_weights"  # one tag: the runtime takes one data file per program
 MIN_EXTERNAL_FRACTION = 0.5  # of the graph's constant bytes the .ptd must hold, else the option did nothing
 FRESH_PROCESS_ENV = "ETFORGE_EXPORT_FRESH_PROCESS"  # set in the interpreter _build_in_fresh_process starts
@@ -61,8 +63,6 @@ def edge_lowering(backend):
     """What lowers the graph to an edge program: ``to_edge_transform_and_lower``, or the function a
     member's recipe names in ``lowering.edge`` (a backend that rewrites operators in place instead of
     delegating, e.g. Cortex-M: etforge.builders.cortex_m.lowering), called the same way with ``options``."""
-    import functools
-
     from executorch.exir import to_edge_transform_and_lower
 
     from etforge.core.dotted_path import load_callable
@@ -150,9 +150,13 @@ def build_export(
         for context in lowering_contexts(cell.backend):
             stack.enter_context(context)
         partitioners = edge_options.pop("partitioner", None) or partitioners_for(cell.backend)
-        edge = edge_lowering(cell.backend)(
+        lowering = edge_lowering(cell.backend)
+        # a program this host runs keeps an ETRecord: the benchmark's profile maps its ETDump through it
+        etrecord = cell.backend.host_runnable and not isinstance(lowering, functools.partial)
+        edge = lowering(
             program if len(programs) == 1 else programs,
             partitioner=partitioners,
+            **({"generate_etrecord": True} if etrecord else {}),
             **{
                 **edge_options,
                 "constant_methods": {
@@ -189,6 +193,9 @@ def build_export(
         pte.write_bytes(stamp_data_sha256(executorch_program.buffer, data_info["data_sha256"]))
     else:
         pte.write_bytes(executorch_program.buffer)
+    if etrecord:
+        files[ETRECORD] = workdir / ETRECORD
+        executorch_program.get_etrecord().save(str(files[ETRECORD]))
     operators = program_operators(pte)
     files[OPLIST] = write_selected_operators(operators, workdir / OPLIST, cell.name)
     note = None
