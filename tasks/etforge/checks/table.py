@@ -22,11 +22,13 @@ from etforge.checks.base import Check, ProgramFacts
 from etforge.checks.budgets import Budgets
 from etforge.checks.budgets import derive as derive_budgets
 from etforge.checks.delegation import Delegation
+from etforge.checks.llm_quality import LlmQuality
 from etforge.checks.not_run import NotRun
 from etforge.checks.numerics import Numerics, OnDevice
 from etforge.checks.runtime_window import RuntimeWindow
 from etforge.checks.runtime_window import derive as derive_runtime_window
 from etforge.checks.size import SizeGate
+from etforge.checks.task_metrics import Accuracy, UserMetric
 from etforge.checks.vela import Vela
 
 Derive = Callable[..., "Check | None"]  # (plan, cell, program: ProgramFacts) -> the check, or None: not applicable
@@ -74,6 +76,9 @@ CHECKS = CheckTable(
         CheckKind(SizeGate),
         CheckKind(Vela),
         CheckKind(NotRun),
+        CheckKind(Accuracy),
+        CheckKind(UserMetric),
+        CheckKind(LlmQuality),
         CheckKind(Budgets, derive=derive_budgets),
         CheckKind(RuntimeWindow, derive=derive_runtime_window),
     )

@@ -24,6 +24,7 @@ from etforge.config.hf_source import (
 )
 from etforge.config.input_specs import input_specs
 from etforge.config.labels import HostLabels
+from etforge.config.llm_tokens import TOKENS, resolve_tokens
 from etforge.config.manifest_options import check_options as check_manifest_options
 from etforge.config.matrix import MatrixResolver
 from etforge.config.model import (
@@ -42,6 +43,7 @@ from etforge.config.model import (
 from etforge.config.remote_url import check_remote_setting
 from etforge.config.selection import cache_settings
 from etforge.config.targets import TargetResolver
+from etforge.config.task_data import task_entries
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
 from etforge.config.torchvision_names import torchvision_source
 from etforge.config.validation_memo import ValidationMemo, validation_memo
@@ -165,7 +167,7 @@ class _Resolver:
             inputs=inputs,
             methods=methods,
             calibration=self.calibration(spec.get("calibration"), path + ("calibration",), inputs),
-            validation=self.calibration(spec.get("validation"), path + ("validation",), inputs),
+            validation=self.validation(spec.get("validation"), path + ("validation",), source, inputs),
             task=spec.get("task", "other"),
             **self.labels.model_fields(spec.get("labels") or (), lambda i, m: self.doc.error(path + ("labels", i), m)),
             outputs=self.selected_outputs(spec, path, model_kind(source), methods),
@@ -189,10 +191,18 @@ class _Resolver:
                 raise self.doc.error(path + (i,), f"package {name!r} is not installed (pip install {name})")
         return versions
 
+    def validation(self, spec: dict | None, path: tuple, source: dict, inputs: tuple) -> dict | None:
+        """The ``validation`` entry: an LLM's token file (etforge.config.llm_tokens), else as calibration."""
+        if spec is not None and TOKENS in spec:
+            return resolve_tokens(self, spec, path, source, inputs)
+        return self.calibration(spec, path, inputs)
+
     def calibration(self, spec: dict | None, path: tuple, inputs: tuple) -> dict | None:
         """A ``calibration`` or ``validation`` entry with its content digest; ``inputs``: what it feeds."""
         if spec is None:
             return None
+        if TOKENS in spec:  # schema-valid under the shared $def, meaningless for calibration
+            raise self.doc.error(path + (TOKENS,), "a token file validates an LLM; calibration takes 'npz' or 'images'")
         kind = "npz" if "npz" in spec else "images"
         full = self.inside_root(spec[kind], path + (kind,))
         if kind == "npz":
@@ -215,7 +225,9 @@ class _Resolver:
                     path + (kind,), f"no images ({', '.join(defaults.IMAGE_SUFFIXES)}) in {spec[kind]!r}"
                 )
             content = digest({self.rel(p): self.file_digest(p, path + (kind,)) for p in images})
-        return {**spec, kind: self.rel(full), "sha256": content}
+        # validation's labels and user metrics (etforge.config.task_data), each with its digest
+        found = (shapes, None) if kind == "npz" else (None, images)
+        return {**spec, kind: self.rel(full), "sha256": content, **task_entries(self, spec, path, inputs, *found)}
 
     def member(self, recipe_name: str, options: dict, path: tuple) -> BackendMember:
         recipe = self.recipes.load("backend", recipe_name)

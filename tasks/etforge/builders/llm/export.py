@@ -19,7 +19,9 @@ from __future__ import annotations
 
 ATTENTION = "etforge_et_custom_sdpa"
 PROMPT_SEED_OFFSET = 1  # the prompt's generator seed = plan seed + this (weights use the plan seed)
-REFERENCE_SOURCE = "seeded prompt (llm)"
+# Starts with "random": a cell validated only on it is provisional (etforge.checks.numerics); a token
+# file (validation.tokens) replaces it with real text.
+REFERENCE_SOURCE = "random (seeded) prompt (llm)"
 
 
 def register_custom_ops() -> None:
@@ -255,7 +257,8 @@ def same_scheme_logits(model, reference):
 
     with np.load(reference) as data:
         prompt, tokens = torch.from_numpy(data["input_0"][0]), torch.from_numpy(data["llm_tokens"])
-    ids = torch.cat([prompt, tokens[None, :-1]], 1)
+        window = torch.from_numpy(data["llm_window"])[None] if "llm_window" in data else None
+    ids = torch.cat([prompt, tokens[None, :-1]], 1) if window is None else window[:, :-1]
     with torch.no_grad(), deterministic():
         return model(input_ids=ids, use_cache=False).logits[0].float().numpy()
 
@@ -291,19 +294,40 @@ def prompt_ids(model_spec, seed: int):
     return torch.randint(3, vocab, (1, source["llm"]["prompt_len"]), generator=generator)
 
 
-def eager_reference(model, model_spec, seed: int) -> tuple:
+def token_window(model_spec, root):
+    """The validation token file's first window [1, prompt_len + decode_steps] (int64), or None
+    without one (etforge.config.llm_tokens checked its length and ids when the plan was built)."""
+    from pathlib import Path
+
+    import numpy as np
+    import torch
+
+    tokens = (model_spec.validation or {}).get("tokens")
+    if tokens is None:
+        return None
+    llm = model_spec.source["transformers"]["llm"]
+    with np.load(Path(root) / tokens) as data:
+        ids = data[data.files[0]].reshape(-1)[: llm["prompt_len"] + llm["decode_steps"]]
+    return torch.from_numpy(ids.astype(np.int64))[None]
+
+
+def eager_reference(model, model_spec, seed: int, root=None) -> tuple:
     """(samples, eager outputs, names, source, extra arrays) for reference.npz (etforge.builders.capture.capture).
 
     The one sample is the prompt (input_ids, cache_position) and its output the prefill logits;
     ``extra`` holds eager's greedy continuation ``llm_tokens`` [N] and, without a cache, the
-    logits ``llm_logits`` [P + N - 1, V]: position P-1+i predicts token i.
+    logits ``llm_logits`` [P + N - 1, V]: position P-1+i predicts token i. With a validation token
+    file, the prompt is its first P ids, ``llm_window`` [P + N] its first window, and ``llm_logits``
+    are eager's on that window (the decode steps are fed the file's ids, not the greedy tokens).
     """
     import numpy as np
     import torch
 
     from etforge.builders.runtime.determinism import deterministic
 
-    prompt = prompt_ids(model_spec, seed)
+    window = token_window(model_spec, root) if root is not None else None
+    P = model_spec.source["transformers"]["llm"]["prompt_len"]
+    prompt = prompt_ids(model_spec, seed) if window is None else window[:, :P]
     steps = model_spec.source["transformers"]["llm"]["decode_steps"]
     ids, tokens = prompt.clone(), []
     with torch.no_grad(), deterministic():  # the reference every verdict is measured against
@@ -311,11 +335,15 @@ def eager_reference(model, model_spec, seed: int) -> tuple:
             token = int(model(input_ids=ids, use_cache=False).logits[0, -1].argmax())
             tokens.append(token)
             ids = torch.cat([ids, torch.tensor([[token]])], 1)
-        logits = model(input_ids=ids[:, :-1], use_cache=False).logits[0].float()
-    P = prompt.shape[1]
+        fed = ids if window is None else window
+        logits = model(input_ids=fed[:, :-1], use_cache=False).logits[0].float()
     extra = {"llm_tokens": np.array(tokens, dtype=np.int64), "llm_logits": logits.numpy()}
+    source = REFERENCE_SOURCE
+    if window is not None:
+        extra["llm_window"] = window[0].numpy()
+        source = f"tokens {model_spec.validation['tokens']} (llm)"
     # Non-finite eager decode logits need no check of their own: they make every SQNR NaN, which fails.
-    return [(prompt, torch.arange(P))], [[logits[None, :P]]], ["logits"], REFERENCE_SOURCE, extra
+    return [(prompt, torch.arange(P))], [[logits[None, :P]]], ["logits"], source, extra
 
 
 def capture_notes(model_spec, extra: dict) -> dict:

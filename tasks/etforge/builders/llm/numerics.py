@@ -95,7 +95,9 @@ def run_llm(method, prompt, eager_tokens: list, dynamic: bool) -> dict:
     return {"prefill": prefill, "steps": torch.stack(steps), "greedy": greedy}
 
 
-def compare_llm(ref_logits, eager_tokens: list, prompt_len: int, run: dict) -> dict:
+def compare_llm(ref_logits, eager_tokens: list, prompt_len: int, run: dict, top1_tokens: list | None = None) -> dict:
+    """The program's run against eager; ``top1_tokens``: what each step's argmax must be (default
+    ``eager_tokens``; a token-file window: eager's argmax at each step, as the steps are fed the file)."""
     import numpy as np
 
     from etforge.builders.numerics.compare import compare, nonfinite, sqnr_db
@@ -108,7 +110,8 @@ def compare_llm(ref_logits, eager_tokens: list, prompt_len: int, run: dict) -> d
     steps = run["steps"].numpy()
     step_sqnr = [db(ref_logits[P - 1 + i], steps[i]) for i in range(N)]
     prefill_sqnr = db(ref_logits[:P], run["prefill"].numpy())
-    top1 = [int(np.argmax(steps[i])) == eager_tokens[i] for i in range(N)]
+    expected = eager_tokens if top1_tokens is None else top1_tokens
+    top1 = [int(np.argmax(steps[i])) == expected[i] for i in range(N)]
     agree = 0
     for a, b in zip(run["greedy"], eager_tokens):
         if a != b:
@@ -192,6 +195,7 @@ def build_llm_validate(
     import torch
 
     from etforge.builders.llm.export import REFERENCE_SOURCE, register_custom_ops
+    from etforge.builders.llm.quality import quality_check
     from etforge.builders.runtime.determinism import deterministic
     from etforge.builders.runtime.kernel_log import kernel_failures
     from etforge.builders.runtime.program_io import load_method
@@ -202,21 +206,28 @@ def build_llm_validate(
         prompt = torch.from_numpy(data["input_0"][0])
         tokens = [int(t) for t in data["llm_tokens"]]
         ref_logits = data["llm_logits"]
+        window = [int(t) for t in data["llm_window"]] if "llm_window" in data else None
+    P = prompt.shape[1]
+    # the steps are fed the token file's ids when there is one (the window perplexity is judged on)
+    fed = tokens if window is None else window[P:]
     dynamic = cell.model.source["transformers"]["llm"]["dynamic_shapes"]
     with deterministic(runtime=True):  # loaded, run and released on one thread: the verdict ships
         program, method = load_method(pte.read_bytes())
         with kernel_failures():  # a kernel that refuses an argument is named, not just error 0x12
-            run = run_llm(method, prompt, tokens, dynamic)
+            run = run_llm(method, prompt, fed, dynamic)
         del method, program
-    metrics = compare_llm(ref_logits, tokens, prompt.shape[1], run)
-    if same_scheme is not None:
-        metrics["same_scheme"] = compare_same_scheme(np.load(same_scheme), tokens, prompt.shape[1], run)
+    top1_tokens = None if window is None else [int(np.argmax(ref_logits[P - 1 + i])) for i in range(len(tokens))]
+    metrics = compare_llm(ref_logits, tokens, P, run, top1_tokens)
+    same_logits = None if same_scheme is None else np.load(same_scheme)
+    if same_logits is not None:
+        metrics["same_scheme"] = compare_same_scheme(same_logits, fed, P, run)
     thresholds = llm_thresholds(cell)
     misses = llm_verdict(metrics, thresholds)
+    quality = quality_check(cell, window, ref_logits, run, same_logits, thresholds)
     report = {
         "cell": cell.canonical(),
         "program_sha256": program_sha256 or sha256_file(pte),
-        "inputs": REFERENCE_SOURCE,
+        "inputs": REFERENCE_SOURCE if window is None else f"tokens {cell.model.validation['tokens']} (llm)",
         "task": "text-generation",
         "thresholds": thresholds,
         "llm": metrics,
@@ -224,18 +235,22 @@ def build_llm_validate(
         "misses": misses,
         "notes": [],
     }
+    if quality is not None:
+        report["llm_quality"] = quality.to_json()
+        report["passed"] = report["passed"] and not quality.failed
     from etforge.builders.loading.hf_models import RANDOM_WEIGHTS_NOTE, random_weights
 
     if random_weights(cell.model):
         report["notes"].append(RANDOM_WEIGHTS_NOTE)
-    return generative_verdict(workdir, report, ("prefill_sqnr_db",), inputs=report["inputs"])
+    checks = () if quality is None else (quality,)
+    return generative_verdict(workdir, report, ("prefill_sqnr_db",), checks=checks, inputs=report["inputs"])
 
 
-def generative_verdict(workdir: Path, report: dict, own: tuple, **extra) -> BuildResult:
+def generative_verdict(workdir: Path, report: dict, own: tuple, checks: tuple = (), **extra) -> BuildResult:
     """Write ``report`` (its ``llm`` or ``seq2seq`` metrics, thresholds, misses) as numerics.json and
     return the cell's Verdict: a Numerics check with the figures every generative cell has, its
     ``own`` figures of the generation (``prefill_sqnr_db``, ``encoder_sqnr_db``) and ``extra``
-    fields. Failed when a threshold missed."""
+    fields, then ``checks`` (an LLM's perplexity and KL). Failed when a threshold missed."""
     from etforge.builders.numerics.compare import finite_json
 
     metrics, misses = report.get("llm") or report["seq2seq"], report["misses"]
@@ -258,9 +273,10 @@ def generative_verdict(workdir: Path, report: dict, own: tuple, **extra) -> Buil
             **extra,
         }
     )
-    verdict = Verdict(program_sha256=report["program_sha256"], checks=(check,))
-    if check.failed:
-        return BuildResult(files={NUMERICS: out}, result=verdict, status=TaskStatus.FAILED, reason=check.reason())
+    verdict = Verdict(program_sha256=report["program_sha256"], checks=(check, *checks))
+    failed = [c.reason() for c in verdict.checks if c.failed]
+    if failed:
+        return BuildResult(files={NUMERICS: out}, result=verdict, status=TaskStatus.FAILED, reason="; ".join(failed))
     return BuildResult(files={NUMERICS: out}, result=verdict)
 
 

@@ -41,7 +41,9 @@ def capture_stage(request: BuildRequest) -> BuildResult:
     model_spec, workdir = request.model, request.workdir
     start = time.monotonic()
     model = build_model(model_spec, request.plan.root)
-    samples, eager, names, source, extra = llm_export.eager_reference(model, model_spec, request.plan.seed)
+    samples, eager, names, source, extra = llm_export.eager_reference(
+        model, model_spec, request.plan.seed, request.plan.root
+    )
     failure = nonfinite_eager(model_spec.name, eager, names, source)
     if failure:
         return BuildResult(status=TaskStatus.FAILED, reason=failure)
