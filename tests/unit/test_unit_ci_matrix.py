@@ -9,8 +9,9 @@ import pytest
 
 from etforge.app.cli import main
 from etforge.app.loader import request_from
+from etforge.cache.durations import recorded_durations
 from etforge.cache.opening import reading_store
-from etforge.engine.ci_plan import CellCost, plan_jobs, recorded_durations
+from etforge.engine.ci_plan import CellCost, plan_jobs
 from etforge.engine.entry import load_selection
 from unit.support import make_unit_project
 from unit.test_unit_engine_run import Etforge

@@ -20,6 +20,7 @@ from pathlib import Path
 from doit.cmd_base import Command
 
 from etforge.app.loader import SELECTION_OPTIONS, request_from
+from etforge.cache.durations import recorded_durations
 from etforge.cache.entries import MAX_SECONDS, seconds_of
 from etforge.cache.opening import reading_store
 from etforge.core.console import say
@@ -85,7 +86,7 @@ class CiMatrix(Command):
         request, _ = request_from(dict(params))
         selection = load_selection(request)
         store = reading_store(selection.plan)  # entries keep their build seconds: a fresh checkout plans from them
-        durations = {**extra, **ci_plan.recorded_durations(selection.specs, store.build_seconds)}
+        durations = {**extra, **recorded_durations(selection.specs, store.build_seconds)}
         costs = ci_plan.cell_costs(selection.plan, selection.cells, selection.specs, durations)
         rows = ci_plan.entries(ci_plan.plan_jobs(costs, max(1, params["jobs"])), table)
         if params["format"] == "table":

@@ -22,8 +22,6 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from etforge.cache.entries import seconds_of
-from etforge.cache.records import read_state
 from etforge.config.model import ModelKind
 from etforge.core.errors import BadValue
 from etforge.pipeline.stages import STAGE, STAGES, task_name, upstream_of
@@ -31,7 +29,6 @@ from etforge.pipeline.stages import STAGE, STAGES, task_name, upstream_of
 # Seconds of a task never built (measured on this project's small models: capture 4 s, export 10 s).
 DEFAULT_S = {"capture": 10.0, "quantize": 20.0, "export": 30.0, "sizegate": 1.0, "validate": 10.0, "benchmark": 15.0}
 LLM_FACTOR = 20.0  # an LLM export takes minutes (the 135 M-parameter example: 26 minutes)
-BUILT = ("ok", "failed")  # a record whose elapsed_s measured a build
 GITHUB_DEFAULT = ("ubuntu-24.04",)
 GITHUB_MACOS = ("macos-14",)
 GITHUB_MAX_JOBS = 256  # a matrix may have at most 256 jobs
@@ -68,21 +65,6 @@ class Job:
 def cell_needs(cell) -> frozenset:
     """The labels a runner must offer to build and run ``cell`` (its model's, its backend's)."""
     return frozenset(cell.model.labels | cell.backend.labels | cell.backend.runtime_labels)
-
-
-def recorded_durations(specs: Mapping, build_seconds=None) -> dict:
-    """task name -> seconds its last build took: from the state records of this checkout, else
-    (``build_seconds``: entry key -> seconds or None) from the cache entry of its current key."""
-    out = {}
-    for name, spec in specs.items():
-        record = read_state(spec.state_file) or {}
-        built_here = not record.get("cached") and record.get("status") in BUILT
-        seconds = seconds_of(record.get("elapsed_s")) if built_here else None
-        if seconds is None and build_seconds is not None and spec.key:
-            seconds = seconds_of(build_seconds(spec.key))
-        if seconds is not None:
-            out[name] = seconds
-    return out
 
 
 def estimator(durations: Mapping, kinds: Mapping):

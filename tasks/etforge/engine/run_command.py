@@ -102,7 +102,7 @@ class Run(DoitRun):
         outstream = codecs.open(outfile, "w", encoding="utf-8") if isinstance(outfile, str) else outfile
         self.outstream = outstream
         try:
-            options = {"failure_verbosity": failure_verbosity}
+            options = {"failure_verbosity": failure_verbosity, "num_process": num_process}  # workers: the time left
             if reporter == session.reporter_name:
                 reporter_obj = session.make_reporter(outstream, options)
             else:

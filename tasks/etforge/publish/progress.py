@@ -1,5 +1,9 @@
 """doit reporter: a timestamped start/finish line per task, then the summary table.
 
+On a terminal, one more line stays at the bottom and is kept current: tasks done of those to
+run, cells finished, elapsed time and the time left from recorded durations
+(etforge.publish.progress_line). Off a terminal the lines are plain and parseable, as ever.
+
 Display only: the run lock and cleanup belong to etforge.engine.lifecycle,
 summary.json and the exit status to etforge.publish.exit_status, so they hold
 with any reporter (``--reporter json``).
@@ -7,17 +11,20 @@ with any reporter (``--reporter json``).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
 from doit.reporter import ConsoleReporter
 
+from etforge.cache.durations import recorded_durations
 from etforge.cache.records import read_state
 from etforge.config.model import Plan
 from etforge.pipeline.results import TaskStatus
 from etforge.pipeline.specs import cells_of_tasks
 from etforge.publish import summary
 from etforge.publish.outcome_memo import RunOutcomes
+from etforge.publish.progress_line import LiveLine, Progress
 
 EXPECTED_FAILURE = "expected-failure"  # a failure matrix.expected_failures declares: never shown as FAILED
 # Every word the status column shows; the column is as wide as the longest.
@@ -53,10 +60,38 @@ class EtforgeReporter(ConsoleReporter):
         self.touched_cells: dict = {}
         self.executed = 0
         self.up_to_date = 0
+        self.workers = max(1, int(options.get("num_process") or 0))
+        self.live: LiveLine | None = None
+
+    def initialize(self, tasks, selected_tasks):
+        """On a terminal, start the progress line over the tasks this run may execute."""
+        if self.view is None or not _is_terminal(self.outstream):
+            return
+        names = [n for n in _reachable(tasks, selected_tasks) if tasks[n].actions and n in self._specs]
+        cells = self.view.cells_by_task
+        progress = Progress(
+            tasks={n: (cells[n].name if n in cells else None) for n in names},
+            durations=recorded_durations({n: self._specs[n] for n in names}),
+            workers=self.workers,
+        )
+        self.live = LiveLine(self.outstream, progress)
 
     def _line(self, text: str) -> None:
-        self.write(f"[{time.strftime('%H:%M:%S')}] {text}\n")
+        line = f"[{time.strftime('%H:%M:%S')}] {text}"
+        if self.live is not None:
+            self.live.print(line)
+            return
+        self.write(line + "\n")
         self.outstream.flush()
+
+    def _seen(self, task, started: bool = False) -> None:
+        if self.live is None:
+            return
+        if started:
+            self.live.progress.start(task.name)
+        else:
+            self.live.progress.finish(task.name)
+        self.live.refresh()
 
     def _touch(self, task) -> None:
         cell = (self.view.cells_by_task if self.view else {}).get(task.name)
@@ -69,6 +104,7 @@ class EtforgeReporter(ConsoleReporter):
             self.executed += 1
             self._touch(task)
             self._line(f"{'start':<{WIDTH}} {task.name}")
+            self._seen(task, started=True)
 
     def _finish_line(self, task, failed_exc=None):
         elapsed = time.monotonic() - self.started.get(task.name, time.monotonic())
@@ -97,6 +133,7 @@ class EtforgeReporter(ConsoleReporter):
     def add_success(self, task):
         if task.name in self.started:
             self._finish_line(task)
+        self._seen(task)
 
     def add_failure(self, task, fail):
         self._touch(task)
@@ -104,15 +141,21 @@ class EtforgeReporter(ConsoleReporter):
             self._finish_line(task, fail)
         elif task.name in self._specs:  # never started: a dependency failed
             self._line(f"{'not run':<{WIDTH}} {task.name}  ({fail.get_msg().strip().splitlines()[-1]})")
+        self._seen(task)
 
     def skip_uptodate(self, task):
         self.up_to_date += 1
         self._touch(task)
+        self._seen(task)
 
     def skip_ignore(self, task):
         self._touch(task)
+        self._seen(task)
 
     def complete_run(self):
+        if self.live is not None:  # the line goes; the table follows the last task line
+            self.live.stop()
+            self.live = None
         if self.runtime_errors:
             super().complete_run()
         self._write_table()
@@ -132,3 +175,23 @@ class EtforgeReporter(ConsoleReporter):
             return
         self.write(f"\n{plan.name}: {self.executed} task(s) run, {self.up_to_date} up to date\n")
         self.write(summary.render(summary.table(plan, results)) + "\n")
+
+
+def _is_terminal(stream) -> bool:
+    """A person watching: a TTY, not CI (CI runners often give a pseudo-terminal), not TERM=dumb."""
+    isatty = getattr(stream, "isatty", None)
+    if not (callable(isatty) and isatty()):
+        return False
+    return not os.environ.get("CI") and os.environ.get("TERM") != "dumb"
+
+
+def _reachable(tasks: dict, selected) -> list:
+    """The tasks a run of ``selected`` may execute: them and what they depend on (doit runs those)."""
+    out, stack = {}, list(selected or tasks)
+    while stack:
+        name = stack.pop()
+        if name in out or name not in tasks or name.startswith("_"):
+            continue
+        out[name] = None
+        stack += list(tasks[name].task_dep) + list(tasks[name].setup_tasks)
+    return list(out)
