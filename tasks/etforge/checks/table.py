@@ -28,6 +28,7 @@ from etforge.checks.numerics import Numerics, OnDevice
 from etforge.checks.runtime_window import RuntimeWindow
 from etforge.checks.runtime_window import derive as derive_runtime_window
 from etforge.checks.size import SizeGate
+from etforge.checks.task_metrics import Accuracy, UserMetric
 from etforge.checks.vela import Vela
 
 Derive = Callable[..., "Check | None"]  # (plan, cell, program: ProgramFacts) -> the check, or None: not applicable
@@ -75,6 +76,8 @@ CHECKS = CheckTable(
         CheckKind(SizeGate),
         CheckKind(Vela),
         CheckKind(NotRun),
+        CheckKind(Accuracy),
+        CheckKind(UserMetric),
         CheckKind(LlmQuality),
         CheckKind(Budgets, derive=derive_budgets),
         CheckKind(RuntimeWindow, derive=derive_runtime_window),

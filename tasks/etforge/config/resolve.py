@@ -43,6 +43,7 @@ from etforge.config.model import (
 from etforge.config.remote_url import check_remote_setting
 from etforge.config.selection import cache_settings
 from etforge.config.targets import TargetResolver
+from etforge.config.task_data import task_entries
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
 from etforge.config.torchvision_names import torchvision_source
 from etforge.config.validation_memo import ValidationMemo, validation_memo
@@ -224,7 +225,9 @@ class _Resolver:
                     path + (kind,), f"no images ({', '.join(defaults.IMAGE_SUFFIXES)}) in {spec[kind]!r}"
                 )
             content = digest({self.rel(p): self.file_digest(p, path + (kind,)) for p in images})
-        return {**spec, kind: self.rel(full), "sha256": content}
+        # validation's labels and user metrics (etforge.config.task_data), each with its digest
+        found = (shapes, None) if kind == "npz" else (None, images)
+        return {**spec, kind: self.rel(full), "sha256": content, **task_entries(self, spec, path, inputs, *found)}
 
     def member(self, recipe_name: str, options: dict, path: tuple) -> BackendMember:
         recipe = self.recipes.load("backend", recipe_name)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from etforge.builders.capture.reference import REFERENCE
+from etforge.builders.numerics.task_metrics import has_task_data, task_checks
 from etforge.checks.numerics import Numerics
 from etforge.core.errors import BadValue
 from etforge.pipeline.results import BuildRequest, BuildResult, TaskStatus
@@ -57,6 +58,7 @@ def validate_stage(request: BuildRequest) -> BuildResult:
         program_sha256=program_sha256,
         quantized=graph.files["model.pt2"] if here and graph is not None else None,
         rescued=bool(graph is not None and graph.info.get("rescue")),
+        root=request.plan.root,
     )
 
 
@@ -98,12 +100,14 @@ def build_validate(
     program_sha256: str | None = None,
     quantized: Path | None = None,
     rescued: bool = False,
+    root: Path | None = None,
 ) -> BuildResult:
     """Validate ``pte`` against the capture's ``reference``; ``program``: the capture's model.pt2,
     used to find the first divergent node when an fp32 cell misses a threshold; ``runner``: what
     runs it when the ExecuTorch runtime cannot (default: the runtime); ``quantized``: a quantized
     cell's graph (the quantize stage's model.pt2), used with ``program`` to find the first divergent
-    layer when the cell misses a threshold or ``rescued`` (keep_float: auto changed it)."""
+    layer when the cell misses a threshold or ``rescued`` (keep_float: auto changed it); ``root``: the
+    project, whose labels and metric functions give the task checks (etforge.builders.numerics.task_metrics)."""
     import numpy as np
 
     from etforge.builders.capture.reference import load_reference_samples, reference_methods
@@ -134,7 +138,12 @@ def build_validate(
         for m, path, label in zip(metrics, ref.output_names, labels):
             m.update(path=path, name=label)
         misses = verdict(metrics, cell.thresholds, labels)
-    notes = []
+    notes, tasks = [], []
+    if root is not None and has_task_data(cell):
+        if ref.ragged:
+            notes.append("labels and metrics not applied: outputs of dynamic-shape models are not stacked per sample")
+        else:
+            tasks = task_checks(cell, root, ref.count, list(ref.outputs), actual)
     if not classification and any(k in cell.thresholds for k in TOPK_THRESHOLDS):
         notes.append(
             f"top-k thresholds not applied: model task is {getattr(cell.model, 'task', 'other')!r}, "
@@ -155,6 +164,7 @@ def build_validate(
         "passed": not misses,
         "misses": misses,
         "notes": notes,
+        **({"task_metrics": [c.to_json() for c in tasks]} if tasks else {}),
     }
     if runner is not None and runner.target:  # another CPU's ExecuTorch runtime
         report["target"] = runner.target
@@ -177,7 +187,7 @@ def build_validate(
     check = numerics_check(
         metrics, misses, inputs=ref.source, samples=ref.count, runner=runner, first_divergence=divergence_text
     )
-    return _verdict(out, program_sha256, check)
+    return _verdict(out, program_sha256, check, tasks)
 
 
 def numerics_check(metrics: list, misses: list, runner: Runner | None = None, **fields) -> Numerics:
@@ -208,11 +218,13 @@ def numerics_check(metrics: list, misses: list, runner: Runner | None = None, **
     return Numerics.of({**fields, **figures, "outputs": outputs, "misses": list(misses), "passed": not misses})
 
 
-def _verdict(numerics: Path, program_sha256: str, check: Numerics) -> BuildResult:
-    """The validate stage's result: numerics.json and the verdict, failed when the check failed."""
-    verdict = Verdict(program_sha256=program_sha256, checks=(check,))
-    if check.failed:
-        return BuildResult(files={NUMERICS: numerics}, result=verdict, status=TaskStatus.FAILED, reason=check.reason())
+def _verdict(numerics: Path, program_sha256: str, check: Numerics, tasks: list | None = None) -> BuildResult:
+    """The validate stage's result: numerics.json and the verdict, failed when a check failed."""
+    verdict = Verdict(program_sha256=program_sha256, checks=(check, *(tasks or ())))
+    failed = [c.reason() for c in verdict.checks if c.failed]
+    if failed:
+        reason = "; ".join(r for r in failed if r)
+        return BuildResult(files={NUMERICS: numerics}, result=verdict, status=TaskStatus.FAILED, reason=reason)
     return BuildResult(files={NUMERICS: numerics}, result=verdict)
 
 
