@@ -104,3 +104,17 @@ def test_a_good_token_file_joins_the_model_by_digest(tmp_path):
     np.savez(tmp_path / "data" / "tokens.npz", ids=np.arange(4, 21))
     second = resolve(project.pipeline).models["tiny_llm"].validation
     assert first["tokens"] == "data/tokens.npz" and first["sha256"] != second["sha256"]
+
+
+def test_a_gate_without_a_token_file_fails_the_cell_and_no_gate_adds_no_check():
+    from types import SimpleNamespace
+
+    from etforge.builders.llm.quality import quality_check
+
+    cell = SimpleNamespace(model=SimpleNamespace(name="tiny_llm", validation=None))
+    assert quality_check(cell, None, None, {}, None, {"sqnr_db": 10}) is None
+    check = quality_check(cell, None, None, {}, None, {"max_kl": 0.1})
+    assert (
+        check.failed
+        and check.reason() == "max_kl: no validation tokens to measure it (models.tiny_llm.validation.tokens)"
+    )
