@@ -35,7 +35,7 @@ CELL = "tagger/xnnpack/fp32"
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("profile") / "proj", PIPELINE)
-    run = project.doit("benchmark")
+    run = project.doit()  # every stage: the report shows the profile
     assert run.returncode == 0, run.stdout + run.stderr
     return project
 
@@ -82,3 +82,12 @@ def test_the_kept_etdump_and_etrecord_open_in_the_inspector(built):
         )
     names = [e.name for block in inspector.event_blocks for e in block.events]
     assert "DELEGATE_CALL" in names and "OPERATOR_CALL" in names
+
+
+def test_the_report_shows_the_profile(built):
+    page = (built.out / "report.html").read_text()
+    table = page[page.index('id="profiles"') :]
+    table = table[: table.index("</table>")]
+    assert f'data-cell="{CELL}"' in table
+    assert "delegate: XnnpackBackend: aten.linear.default" in table and "portable: aten.embedding.default" in table
+    assert "1 / 1" in table  # delegate / portable calls

@@ -6,7 +6,7 @@ manifests and release read too); latency comes from an optional benchmark
 mapping (cell name -> {"p50_ms": ...}) and optional baseline regression flags. Chart geometry is
 computed in etforge.publish.report.charts; ``templates/report.html.j2`` only emits
 the elements, so every label is escaped by Jinja2. The page needs no network: inline CSS, inline
-SVG, no scripts. Output is deterministic (no timestamps, fixed ordering,
+SVG, one inline script (the cell table's filters). Output is deterministic (no timestamps, fixed ordering,
 rounded coordinates) so an unchanged run rewrites the same bytes.
 
 This module must not import torch or executorch.
@@ -14,6 +14,7 @@ This module must not import torch or executorch.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from etforge.checks.base import finite as _num
@@ -27,6 +28,8 @@ from etforge.publish.report.charts import BACKEND_MARKERS, bar_chart, marker_pat
 from etforge.publish.report.cost_charts import planned_chart, size_breakdown_chart
 from etforge.publish.report.cost_fields import EMPTY as COST_EMPTY
 from etforge.publish.report.cost_fields import cost_fields
+from etforge.publish.report.glance import glance
+from etforge.publish.report.judges import judged_by
 from etforge.publish.report.llm_table import COLUMNS as LLM_COLUMNS
 from etforge.publish.report.llm_table import llm_rows
 from etforge.publish.report.overview import overview
@@ -172,6 +175,7 @@ def cell_data(plan, cell, result: outcome.CellOutcome, bench: dict, flags: dict)
         "size_bytes": size,
         "size_text": summary.human_size(size),
         "checks": check_cells(result),
+        "judged_by": [asdict(chip) for chip in judged_by(facts.checks)],  # every runtime that ran it
         "accuracy": accuracy,
         "accuracy_text": accuracy_text,
         "accuracy_label": accuracy_label,
@@ -203,6 +207,7 @@ def rejected_data(rejected) -> dict:
         "size_bytes": None,
         "size_text": "-",
         "checks": {},
+        "judged_by": [],
         "accuracy": None,
         "accuracy_text": "-",
         "accuracy_label": "",
@@ -236,6 +241,39 @@ def _order(plan):
 
 
 # --------------------------------------------------------------------------- page
+
+
+def profile_rows(rows: list, bench: dict, top: int = 3) -> list:
+    """Per benchmarked cell, its profile: the delegate/portable split (percent of the run, for a bar),
+    call counts and its ``top`` operators; ``note`` when the ETDump gave none. Shown, never gated."""
+    out = []
+    for row in rows:
+        profile = (bench.get(row["cell"]) or {}).get("profile")
+        if not isinstance(profile, dict):
+            continue
+        total, delegate, portable = (_num(profile.get(k)) for k in ("total_ms", "delegate_ms", "portable_ms"))
+        split = [100 * v / total if total and v is not None else 0.0 for v in (delegate, portable)]
+        ops = [op for op in profile.get("top") or () if isinstance(op, dict)][:top]
+        out.append(
+            {
+                "cell": row["cell"],
+                "note": profile.get("note"),
+                "total": format_ms(total),
+                "delegate_pct": round(split[0], 1),
+                "portable_pct": round(split[1], 1),
+                "calls": f"{profile.get('delegate_calls', '-')} / {profile.get('portable_calls', '-')}",
+                "top": [
+                    {
+                        "name": op.get("name"),
+                        "kind": op.get("kind"),
+                        "ms": format_ms(_num(op.get("ms"))),
+                        "module": op.get("module") or "",
+                    }
+                    for op in ops
+                ],
+            }
+        )
+    return out
 
 
 def build_context(
@@ -315,6 +353,7 @@ def build_context(
         "llm_columns": [heading for heading, _, _ in LLM_COLUMNS],
         "llm_rows": llm_rows(rows, bench),  # the benchmark's LLM figures (etforge.publish.report.llm_table)
         "has_bench": any(r["p50_ms"] is not None for r in rows),
+        "profile_rows": profile_rows(rows, bench),  # per-operator profiles (etforge.builders.bench.profile)
         "random_cells": [r["cell"] for r in rows if r["random_inputs"]],
         "provisional_cells": [r["cell"] for r in rows if r["status"] == "provisional"],
         "unexpected_cells": [r["cell"] for r in rows if r["status"] == "unexpectedly-passing"],
@@ -324,6 +363,7 @@ def build_context(
         "regressions": [{"cell": c, "text": t} for c, t in sorted(flags.items())],
         "unknown_regressions": sorted(set(flags) - known),
         "toolchain": sorted((plan.toolchain or {}).items()),
+        **glance(rows, STATUS_ORDER),  # the notes' legend, the filters, the cells to look at first
         "changes": None,  # "changes since <baseline>": report_content fills it (etforge diff)
     }
 
