@@ -6,10 +6,18 @@ and portable, fp32 and int8; a model whose factory raises, for a failed cell; a
 QNN cell this host cannot lower, for a skipped one and, with int8, a refused
 one). The page is then loaded in Debian's `chromium`: the test reads the DOM
 after rendering and a screenshot, not just the file.
+
+The page must read at a glance at 1,280-1,440 px. A second page of the same run, with twelve more
+(rejected) backends for a 15-column overview like the default pipeline's, is loaded in a wrapper page
+that iframes it and writes the layout's bounding boxes into its own DOM (Chromium's --dump-dom, no
+driver): the overview scrolls inside its own box with the model column in view, nothing spills past
+the window, and no two cells' text boxes overlap.
 """
 
 from __future__ import annotations
 
+import html as html_lib
+import json
 import re
 import subprocess
 from html.parser import HTMLParser
@@ -40,6 +48,8 @@ CHROMIUM_FLAGS = [
     "--hide-scrollbars",
 ]
 WINDOW = (1400, 2000)
+WIDTHS = (1280, 1440)  # the page must work across laptop screens
+EXTRA_BACKENDS = [f"npu_{i:02d}" for i in range(12)]  # with xnnpack, portable, qnn: 15 columns
 
 PIPELINE = """\
 name: t
@@ -72,6 +82,51 @@ def build():
     raise RuntimeError("this factory is broken on purpose")
 """
 HOSTILE = RejectedCell("cnn", "portable", "int3", "<script>document.title='pwned'</script> & <b>no</b>")
+# Test-only wrapper: iframes the report at %WIDTH% px and writes its layout into <pre id="m"> as JSON
+# (the overview's box and table, the model column before and after scrolling the box to its end, each
+# table cell's text boxes in the headers and first rows).
+MEASURE = """<!DOCTYPE html>
+<html><head><meta charset="utf-8"></head><body style="margin:0">
+<iframe id="f" src="%SRC%" style="border:0; width:%WIDTH%px; height:2400px"></iframe>
+<pre id="m">pending</pre>
+<script>
+document.getElementById("f").addEventListener("load", function () {
+  var d = this.contentDocument, w = this.contentWindow;
+  function r(e) { var b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; }
+  function texts(cells) {
+    return cells.map(function (el) {
+      var range = d.createRange(); range.selectNodeContents(el);
+      return Array.from(range.getClientRects()).filter(function (b) { return b.width > 0 && b.height > 0; })
+        .map(function (b) { return [b.left, b.top, b.right, b.bottom]; });
+    });
+  }
+  var box = d.getElementById("overview-box"), table = d.getElementById("overview");
+  var first = table.querySelector("tbody th"), out = {};
+  out.viewport = w.innerWidth; out.page_width = d.documentElement.scrollWidth;
+  out.box = r(box); out.table = r(table); out.overflow = w.getComputedStyle(box).overflowX;
+  out.box_client = box.clientWidth; out.box_scroll = box.scrollWidth;
+  out.model_before = r(first);
+  box.scrollLeft = box.scrollWidth;
+  out.model_after = r(first); out.last_header_after = r(table.querySelector("thead th:last-child"));
+  box.scrollLeft = 0;
+  out.matrix_box = r(d.getElementById("matrix-box"));
+  var rows = Array.from(d.querySelectorAll("#matrix tbody tr.cell-row")).slice(0, 8);
+  out.note = r(rows[0].querySelector("td.note"));
+  var cells = Array.from(d.querySelectorAll("#overview thead th, #matrix thead th"));
+  Array.from(table.querySelectorAll("tbody tr")).slice(0, 3).forEach(function (tr) { cells = cells.concat(Array.from(tr.children)); });
+  rows.forEach(function (tr) { cells = cells.concat(Array.from(tr.children)); });
+  out.texts = texts(cells);
+  // the state filter's "needs a look" choice, then back to all
+  var state = d.querySelector('#filters select[data-filter="status"]');
+  state.value = "attention"; state.dispatchEvent(new Event("change"));
+  out.attention_rows = Array.from(d.querySelectorAll("#matrix tbody tr.cell-row"))
+    .filter(function (tr) { return !tr.hidden; }).map(function (tr) { return tr.dataset.cell; });
+  state.value = ""; state.dispatchEvent(new Event("change"));
+  document.getElementById("m").textContent = JSON.stringify(out);
+});
+</script>
+</body></html>
+"""
 
 
 class Dom(HTMLParser):
@@ -167,6 +222,29 @@ def page(tmp_path_factory):
     write_report(plan, plan.cells, rejected, out, bench=bench, baseline_flags=flags)
     first = out.read_bytes()
     write_report(plan, plan.cells, rejected, out, bench=bench, baseline_flags=flags)
+    wide = root / "wide.html"  # as wide as the default pipeline's overview: 15 backend columns
+    extra = [RejectedCell("cnn", b, "fp32", "no recipe for this backend on this host") for b in EXTRA_BACKENDS]
+    write_report(plan, plan.cells, rejected + extra, wide, bench=bench, baseline_flags=flags)
+    layout, shots = {}, {}
+    for width in WIDTHS:
+        wrapper = root / f"measure-{width}.html"
+        wrapper.write_text(MEASURE.replace("%SRC%", wide.name).replace("%WIDTH%", str(width)))
+        measured = chromium(
+            wrapper.as_uri(),
+            root / f"profile-m{width}",
+            "--dump-dom",
+            "--allow-file-access-from-files",  # the wrapper reads the iframed page's layout
+            "--virtual-time-budget=2000",
+            f"--window-size={width},2400",
+        )
+        found = re.search(r'<pre id="m">(.*?)</pre>', measured.stdout, re.S)
+        assert found, measured.stderr[-2000:]
+        layout[width] = json.loads(html_lib.unescape(found.group(1)))
+        shots[width] = root / f"wide-{width}.png"
+        capture = chromium(
+            wide.as_uri(), root / f"profile-s{width}", f"--screenshot={shots[width]}", f"--window-size={width},1600"
+        )
+        assert capture.returncode == 0, capture.stderr[-2000:]
     dump = chromium(out.as_uri(), root / "profile-dom", "--dump-dom")
     assert dump.returncode == 0, dump.stderr[-2000:]
     shot = root / "report.png"
@@ -174,7 +252,7 @@ def page(tmp_path_factory):
         out.as_uri(), root / "profile-shot", f"--screenshot={shot}", f"--window-size={WINDOW[0]},{WINDOW[1]}"
     )
     assert capture.returncode == 0, capture.stderr[-2000:]
-    print(f"report: {out}\nscreenshot: {shot}")
+    print(f"report: {out}\nscreenshot: {shot}\nwide: {wide}, {', '.join(map(str, shots.values()))}")
     return {
         "plan": plan,
         "rejected": rejected,
@@ -185,6 +263,8 @@ def page(tmp_path_factory):
         "dom": Dom(dump.stdout),
         "dom_text": dump.stdout,
         "shot": shot,
+        "layout": layout,
+        "shots": shots,
     }
 
 
@@ -206,8 +286,8 @@ def test_table_has_one_row_per_cell_with_its_status_and_reason(page):
     assert "QNN_SDK_ROOT" in text["cnn/qnn/fp32"]
     for r in page["rejected"]:
         assert r.reason in " ".join(text[r.name].split()), text[r.name]
-    # Escaped, never markup: the hostile reason is text and there is no script at all.
-    assert not dom.find("script") and not dom.find("b")
+    # Escaped, never markup: the hostile reason is text; the one script is the page's own filters.
+    assert [a.get("id") for a in dom.find("script")] == ["filters-js"] and not dom.find("b")
     assert "<title>t 0.0.1" in page["dom_text"]
 
 
@@ -294,10 +374,94 @@ def test_the_page_opens_with_the_model_backend_matrix_and_marks_the_best(page):
     assert dom.find("g", data_cell="cnn/xnnpack/fp32")
 
 
+def _overlap(a, b) -> float:
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    return w * h if w > 0 and h > 0 else 0.0
+
+
+def test_the_overview_fits_or_scrolls_in_its_own_box_at_laptop_widths(page):
+    for width, m in page["layout"].items():
+        assert m["viewport"] == width
+        assert m["page_width"] <= width, (width, m["page_width"])  # nothing pushes the page sideways
+        left, _, right, _ = m["box"]
+        assert right <= width and m["matrix_box"][2] <= width
+        if m["table"][2] > right + 0.5:  # wider than the window: it scrolls inside its box ...
+            assert m["overflow"] in ("auto", "scroll") and m["box_scroll"] > m["box_client"], m
+            assert m["last_header_after"][2] <= right + 1  # ... to its last backend column
+            # ... with the model column fixed at the box's left edge
+            assert abs(m["model_after"][0] - left) <= 1 and abs(m["model_after"][0] - m["model_before"][0]) <= 1
+        assert m["note"][2] - m["note"][0] >= 250, m["note"]  # the reason column is no narrow strip
+    assert page["layout"][1280]["table"][2] > page["layout"][1280]["box"][2]  # 15 columns do not fit 1,280 px
+
+
+def test_no_text_overlaps_in_the_tables_at_laptop_widths(page):
+    for width, m in page["layout"].items():
+        boxes = [(i, b) for i, cell in enumerate(m["texts"]) for b in cell]
+        assert len(m["texts"]) > 100 and len(boxes) > 100
+        clashes = [
+            (i, a, j, b) for k, (i, a) in enumerate(boxes) for j, b in boxes[k + 1 :] if i != j and _overlap(a, b) > 1
+        ]
+        assert not clashes, (width, clashes[:5])
+
+
+def test_wide_page_screenshots_at_1280_and_1440(page):
+    from PIL import Image
+
+    for width, shot in page["shots"].items():
+        with Image.open(shot) as img:
+            assert img.size == (width, 1600)
+            colours = img.convert("RGB").getcolors(maxcolors=1 << 20)
+        assert colours is not None and len(colours) > 50
+        assert (0xEF, 0xE6, 0xFF) in {c for _, c in colours}  # the rejected chips of the extra columns
+
+
+def test_filters_and_the_cells_to_look_at_first(page):
+    dom = page["dom"]
+    assert {a["data-filter"] for a in dom.find("select", data_filter=True)} == {"status", "backend", "quant"}
+    options = {a["value"] for a in dom.find("option", value=True)}
+    assert {"failed", "skipped", "ok", "xnnpack", "qnn", "int8", "attention"} <= options
+    links = [a["href"] for t, a in dom.elements if t == "a" and a.get("href", "").startswith("#cell-")]
+    assert links[0] == "#cell-broken/portable/fp32"  # the failing cell, one click away
+    assert dom.find("tr", id="cell-broken/portable/fp32")
+    for m in page["layout"].values():  # the filter, run in Chromium: only the cells that need a look
+        assert m["attention_rows"] == ["broken/portable/fp32"], m["attention_rows"]
+    assert re.search(r'<span id="shown" class="sub">\d+ cell\(s\) shown</span>', page["dom_text"])
+
+
+def test_notes_many_cells_share_are_said_once_in_a_legend(page):
+    dom, text = page["dom"], page["dom_text"]
+    shared = "validated on seeded random inputs only (name data under models.linreg.validation in pipeline.yaml)"
+    shown = html_lib.unescape(re.sub(r"<[^>]*>", " ", text))  # the page's text, without tooltips
+    assert shown.count(shared) == 1, shown.count(shared)  # once, in the legend
+    entry = re.search(r'<div id="(N\d+)"><dt>\[N\d+\]</dt><dd>' + re.escape(shared), text)
+    assert entry, "the linreg cells' shared note is not in the legend"
+    tag = entry.group(1)
+    for cell in ("linreg/xnnpack/fp32", "linreg/portable/int8"):
+        assert f"[{tag}]" in dom.row_text[cell] and shared not in dom.row_text[cell]
+    tagged = [a for a in dom.find("a", href=f"#{tag}") if a.get("title") == shared]
+    assert len(tagged) >= 3
+    assert "no recipe for this backend on this host" not in text  # the wide page's, not this one's
+
+
+def test_judged_by_names_every_runtime_that_ran_the_cell(page):
+    dom = page["dom"]
+    chips = [a for a in dom.find("span", data_verdict=True)]
+    assert chips and {a["data-verdict"] for a in chips} <= {"passed", "failed", "not run", "on device"}
+    for cell in ("cnn/xnnpack/fp32", "linreg/xnnpack/fp32", "cnn/portable/int8"):
+        row = dom.row_text[cell]
+        assert "✓ host ExecuTorch" in row, row  # this host's ExecuTorch runtime judged and passed it
+    titles = [a["title"] for a in chips]
+    assert any(t.startswith("this host's ExecuTorch runtime: passed (validated on npz data/val.npz") for t in titles)
+    assert "host ExecuTorch" not in dom.row_text["broken/portable/fp32"]  # never built: nothing ran it
+    assert "host ExecuTorch" not in dom.row_text["cnn/qnn/fp32"]  # skipped: no runtime here judged it
+
+
 def test_report_is_deterministic_and_self_contained(page):
     html = page["html"].read_text(encoding="utf-8")
     assert page["first"] == page["html"].read_bytes()
-    for needle in ("http://", "https://", "<link", "<script", "@import", "url("):
+    assert html.count("<script") == 1 and '<script id="filters-js">' in html  # inline, nothing fetched
+    for needle in ("http://", "https://", "<link", "<script src", "@import", "url(", "fetch(", "XMLHttpRequest"):
         assert needle not in html.replace('xmlns="http://www.w3.org/2000/svg"', ""), needle
 
 

@@ -17,6 +17,7 @@ manifests, ``etforge diff``, the release) call only these and never name a check
     check.figures()      the numbers ``etforge diff`` compares, each with its direction and tolerance
     check.structure()    facts that say what changed when the program's bytes changed (not judged)
     check.manifest()     what the manifests say of it for a shipped variant
+    check.judge()        the runtime that judged the program and its verdict (a ``Judge``), or None
 
 ``gates`` says what a failure stops: the cell (``cell``), only a release (``release``, the
 runtime window), or nothing (``never``: information, e.g. Vela's estimates).
@@ -73,6 +74,22 @@ def finite(value):
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return value
+
+
+VERDICTS = ("passed", "failed", "not run", "on device")
+
+
+@dataclass(frozen=True)
+class Judge:
+    """Who ran a cell's program to judge it and what came of it: the report's "judged by" chips.
+
+    ``runtime``: this host's ExecuTorch runtime, an aarch64 core under qemu-user, the TOSA reference
+    model, a proxy, the device; ``verdict``: one of VERDICTS; ``why``: one line behind it (what was
+    missing, the missed threshold, what it measured)."""
+
+    runtime: str
+    verdict: str
+    why: str = ""
 
 
 class ProgramFacts(Protocol):
@@ -140,6 +157,11 @@ class Check(TypedRecord):
 
     def manifest(self) -> dict:
         return {}
+
+    def judge(self) -> Judge | None:
+        """The runtime that ran the program for this check and its verdict; None: no runtime ran it
+        (a check read off the program's bytes: size, delegation, budgets)."""
+        return None
 
     def to_json(self) -> dict:
         return {"check": self.kind, **super().to_json()}

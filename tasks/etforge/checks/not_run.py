@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from etforge.checks.base import Check
+from etforge.checks.base import Check, Judge
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,3 +44,6 @@ class NotRun(Check):
 
     def manifest(self) -> dict:
         return {f"numerics@{self.target}": {"checked": "not run", "why": self.why}}
+
+    def judge(self) -> Judge:
+        return Judge(str(self.target), "not run", self.why or "")

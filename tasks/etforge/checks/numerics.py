@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from etforge.checks.base import Check, Figure, finite
+from etforge.checks.base import Check, Figure, Judge, finite
 from etforge.core.typed import TypedRecord
 
 
@@ -141,6 +141,19 @@ class Numerics(Check):
             return {self.key: {**out, "checked": self.target}}
         return out
 
+    def judge(self) -> Judge:
+        runtime = self.target or self.runner or HOST_RUNTIME
+        if self.proxy and not self.target:
+            runtime = f"{runtime}, by proxy"
+        verdict = "not run" if self.passed is None else "passed" if self.passed else "failed"
+        why = self.reason() if self.passed is False else self.detail()
+        if self.proxy and not self.target:
+            why = "; ".join(s for s in (why, f"proxy: {self.proxy}") if s)
+        return Judge(runtime, verdict, why)
+
+
+HOST_RUNTIME = "this host's ExecuTorch runtime"  # a Numerics with neither target nor runner
+
 
 def _agreement(name: str, value) -> Figure:
     return Figure(name, value, " points", "higher", "top_k", scale=100, digits=4)
@@ -172,6 +185,9 @@ class OnDevice(Check):
 
     def detail(self) -> str:
         return f"checked on the device: {self.test_cases} test case(s), rtol={self.rtol}, atol={self.atol}"
+
+    def judge(self) -> Judge:
+        return Judge("the device (bundled .bpte)", "on device", self.detail())
 
     def manifest(self) -> dict:
         return {
