@@ -118,3 +118,11 @@ def test_a_gate_without_a_token_file_fails_the_cell_and_no_gate_adds_no_check():
         check.failed
         and check.reason() == "max_kl: no validation tokens to measure it (models.tiny_llm.validation.tokens)"
     )
+
+
+def test_a_cell_validated_on_the_seeded_prompt_alone_is_provisional():
+    from etforge.builders.llm.export import REFERENCE_SOURCE
+    from etforge.checks.numerics import Numerics
+
+    assert Numerics.of({"inputs": REFERENCE_SOURCE}).provisional
+    assert not Numerics.of({"inputs": "tokens data/tokens.npz (llm)"}).provisional
