@@ -132,7 +132,9 @@ def test_a_user_metric_passes_fails_and_a_non_float_is_one_line(tmp_path):
     root = tmp_path / "proj"
     (root / "metrics").mkdir(parents=True)
     (root / "metrics" / "__init__.py").write_text("")
-    (root / "metrics" / "m.py").write_text(METRIC + "\ndef words(outputs, labels):\n    return 'high'\n")
+    (root / "metrics" / "m.py").write_text(
+        METRIC + "\ndef words(outputs, labels):\n    return 'high'\n\ndef broken(outputs, labels):\n    return 1 / 0\n"
+    )
     labels = np.array([0, 1])
     eager, program = [logits([[2, 0], [0, 2]])], [logits([[2, 0], [2, 0]])]
     spec = {"function": "metrics.m:score", "min": 0.4}
@@ -144,3 +146,6 @@ def test_a_user_metric_passes_fails_and_a_non_float_is_one_line(tmp_path):
     with pytest.raises(BadValue) as err:
         user_metric("w", {"function": "metrics.m:words"}, root, eager, program, labels)
     assert str(err.value) == "metric w (metrics.m:words) returned str, expected a float"
+    with pytest.raises(BadValue) as err:
+        user_metric("b", {"function": "metrics.m:broken"}, root, eager, program, labels)
+    assert str(err.value) == "metric b (metrics.m:broken) raised ZeroDivisionError: division by zero"

@@ -154,7 +154,12 @@ def user_metric(name: str, spec: dict, root: Path, eager: list, program: list, l
 def _call(name: str, ref: str, function, outputs, labels) -> float:
     import numpy as np
 
-    value = function(outputs, labels)
+    from etforge.core.text import first_line
+
+    try:
+        value = function(outputs, labels)
+    except Exception as exc:  # the user's code: one line naming it, not a traceback into etforge
+        raise BadValue(f"metric {name} ({ref}) raised {first_line(exc)}") from exc
     if isinstance(value, np.ndarray) and value.shape == ():
         value = value[()]
     if isinstance(value, bool | np.bool_) or not isinstance(value, int | float | np.integer | np.floating):
