@@ -187,7 +187,8 @@ def _is_terminal(stream) -> bool:
 
 def _reachable(tasks: dict, selected) -> list:
     """The tasks a run of ``selected`` may execute: them and what they depend on (doit runs those)."""
-    out, stack = {}, list(selected or tasks)
+    out: dict[str, None] = {}
+    stack = list(selected or tasks)
     while stack:
         name = stack.pop()
         if name in out or name not in tasks or name.startswith("_"):
