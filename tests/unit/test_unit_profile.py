@@ -82,3 +82,14 @@ def test_the_profile_survives_the_benchmark_records_json_form():
     damaged["profile"]["delegate_ms"] = "NaN"
     assert BenchmarkResult.from_json(damaged).profile.top == ()
     assert BenchmarkResult.from_json(damaged).profile.delegate_ms is None
+
+
+def test_without_an_etrecord_a_portable_operator_is_named_by_its_kernel():
+    events = [
+        Event("Method::execute", (1.0,)),
+        Event("native_call_embedding.out", (0.2,)),
+        Event("OPERATOR_CALL", (0.3,)),
+        Event("DELEGATE_CALL", (0.5,), "XnnpackBackend"),
+    ]
+    top = summarize_events(events).top
+    assert [(t.name, t.kind) for t in top] == [("XnnpackBackend", "delegate"), ("embedding.out", "portable")]

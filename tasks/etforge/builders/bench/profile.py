@@ -63,9 +63,14 @@ def summarize_events(events: Iterable[Event], top: int = TOP) -> OperatorProfile
     runs = max((len(e.raw_ms) for e in events if e.name == EXECUTE), default=0)
     total = _median(next((e.raw_ms for e in events if e.name == EXECUTE), ()))
     sites = []
+    kernel = None  # the native_call_<op> event the runtime logs just before its OPERATOR_CALL
     for event in events:
+        if event.name.startswith("native_call_"):
+            kernel = event.name.removeprefix("native_call_")
         if event.inside_delegate or event.name not in (DELEGATE_CALL, OPERATOR_CALL):
             continue
+        if event.name == OPERATOR_CALL and not event.op_types and kernel:  # no ETRecord: the kernel names it
+            event = replace(event, op_types=(kernel,))
         ms = _median(event.raw_ms)
         if ms is not None:
             sites.append((event, ms))
@@ -153,12 +158,20 @@ def record_profile(
     del module
     if why:
         return out, OperatorProfile(note=why, etdump=kept[0], etrecord=kept[1])
+    unmapped = None
     try:
-        profile = summarize_events(events_of(_inspector(out, etrecord)))
+        try:
+            inspector = _inspector(out, etrecord)
+        except Exception as exc:  # e.g. KeyError 'forward' for a program whose methods have other names
+            if etrecord is None:
+                raise
+            unmapped = f"operators not mapped to the model's modules: the ETRecord did not apply ({_line(exc)})"
+            inspector = _inspector(out, None)
+        profile = summarize_events(events_of(inspector))
     except Exception as exc:
         why = f"no profile: the devtools Inspector could not read it: {_line(exc)}"
         return out, OperatorProfile(note=why, etdump=kept[0], etrecord=kept[1])
-    return out, replace(profile, etdump=kept[0], etrecord=kept[1])
+    return out, replace(profile, etdump=kept[0], etrecord=kept[1], note=profile.note or unmapped)
 
 
 def _inspector(etdump: Path, etrecord: Path | None):
