@@ -49,7 +49,7 @@ class Numerics(Check):
     nonfinite_values: int | None = None
     outputs: tuple = ()  # per output of several: {"output", "sqnr_db", "top1_agreement", "top5_agreement"}
     misses: tuple = ()  # one line per threshold missed
-    first_divergence: str | None = None  # a cell that missed: where the program leaves eager (fp32: node; quantized: layer)
+    first_divergence: str | None = None  # a missed cell: where it leaves eager (fp32: node; quantized: layer)
     generation: Generation | None = None
 
     @property
