@@ -151,7 +151,7 @@ def test_an_llm_program_says_which_library_the_aarch64_runtime_lacks(built, tmp_
     run = project.doit("target", "report")
     assert run.returncode == 0, run.stdout + run.stderr
     cell = summary(project)["tiny_llm/xnnpack/fp32"]
-    assert cell["status"] == "ok"  # its host verdict stands
+    assert cell["status"] in ("ok", "provisional"), cell  # its host verdict stands: not failed, not unjudged
     assert cell["checks"][f"SQNR dB ({A76})"] == cell["checks"][f"SQNR dB ({A72})"] == "not run"
     assert (
         f"not checked on {A76}, {A72}: needs llama::custom_sdpa.out, llama::update_cache.out, which no library "
