@@ -723,7 +723,7 @@ def test_odd_names_make_valid_unique_dart_and_cmake_identifiers(tmp_path):
     pipeline = "name: t\nmodels:\n" + "".join(
         f"  {n}:\n    python: models.linreg:build\n    inputs: [{{shape: [1, 4]}}]\n" for n in names
     )
-    pipeline += "backends:\n  xnnpack: {}\n  portable: {}\nquantization: [fp32]\n"
+    pipeline += "backends:\n  xnnpack: {}\n  portable: {}\nquantization: [fp32]\ntargets: false\n"
     project = make_project(tmp_path / "proj", pipeline)
     plan = resolve(project.pipeline)
     for cell in plan.cells:
@@ -764,7 +764,7 @@ def test_two_variants_with_one_file_name_are_refused(tmp_path):
         "name: t\nmodels:\n"
         "  m:\n    python: models.linreg:build\n    inputs: [{shape: [1, 4]}]\n"
         "  m_xnnpack:\n    python: models.linreg:build\n    inputs: [{shape: [1, 4]}]\n"
-        "backends:\n  portable: {}\n  xnnpack_portable: {recipe: portable}\nquantization: [fp32]\n"
+        "backends:\n  portable: {}\n  xnnpack_portable: {recipe: portable}\nquantization: [fp32]\ntargets: false\n"
     )
     project = make_project(tmp_path / "proj", pipeline)
     plan = resolve(project.pipeline)

@@ -81,7 +81,7 @@ def test_every_backend_recipe_is_covered_and_well_formed():
     for name in names:
         doc = recipe(name)
         assert doc["name"] == name and doc["kind"] == "backend" and doc["description"]
-        runtime_keys = {"delegates", "host_runnable", "cmake_targets", "validated_by", "probe"}
+        runtime_keys = {"delegates", "host_runnable", "cmake_targets", "validated_by", "probe", "targets"}
         assert {"delegates", "host_runnable"} <= set(doc["runtime"]) <= runtime_keys
         # what checks a program the runtime cannot run (validated_by) or says what is missing (probe)
         for ref in ((doc["runtime"].get("validated_by") or {}).get("runner"), doc["runtime"].get("probe")):

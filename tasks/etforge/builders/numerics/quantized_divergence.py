@@ -132,12 +132,18 @@ def _layer_readings(program, tensors: list) -> dict:
 
     module = program.module()
     values: dict = {}
+    # a graph whose inputs are half (an fp16 cell's) takes the samples cast to them, as the program does
+    wanted = [n.meta.get("val") for n in module.graph.nodes if n.op == "placeholder"]
+    tensors = [
+        t.to(w.dtype) if isinstance(w, torch.Tensor) and t.is_floating_point() and w.is_floating_point() else t
+        for t, w in zip(tensors, wanted + [None] * (len(tensors) - len(wanted)), strict=False)
+    ]
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, node):
             value = super().run_node(node)
             if isinstance(value, torch.Tensor) and value.is_floating_point():
-                values[node.name] = value.detach()
+                values[node.name] = value.detach().float()
             return value
 
     with torch.no_grad():
