@@ -22,23 +22,29 @@ REPO = Path(__file__).resolve().parent.parent
 # first. `make test` hands whole modules to its workers (--dist loadfile) in collection order, and
 # pytest-xdist would otherwise order them by test count, which puts these few-test, long modules
 # last and leaves one worker finishing them alone; longest first keeps the workers busy to the end.
-LONGEST_FIRST = (
-    "test_faults_recover.py",  # 245
-    "test_machines_share_a_cache.py",  # 147
-    "test_build_once_rebuild_what_changed.py",  # 146
-    "test_releases_are_reproducible.py",  # 96
-    "test_keys_cover_every_input.py",  # 88
-    "test_accuracy_rescue.py",  # 73
-    "test_numerics_against_eager.py",  # 70
-    "test_quantized_cells.py",  # 66
-    "test_llm_export_and_decode.py",  # 60
-    "test_encoders_with_padding_masks.py",  # 60
+LONGEST_FIRST = (  # seconds each took in a full run (--durations), for balancing the workers
+    "test_faults_recover.py",  # 320
+    "test_build_once_rebuild_what_changed.py",  # 250
+    "test_releases_are_reproducible.py",  # 186
+    "test_machines_share_a_cache.py",  # 165
+    "test_keys_cover_every_input.py",  # 162
+    "test_llm_export_and_decode.py",  # 122
+    "test_aarch64_targets.py",  # 100
+    "test_quantized_cells.py",  # 95
+    "test_llm_quality.py",  # 92
+    "test_weight_group_schemes.py",  # 82
+    "test_accuracy_rescue.py",  # 74
+    "test_encoders_with_padding_masks.py",  # 68
+    "test_hf_tasks.py",  # 60
     "test_hf_seq2seq.py",  # 60
-    "test_llm_schemes.py",  # 45
-    "test_dynamic_shapes.py",  # 44
-    "test_multi_method_programs.py",  # 43
-    "test_hf_tasks.py",  # 42
-    "test_weight_group_schemes.py",  # 41
+    "test_dynamic_shapes.py",  # 57
+    "test_installed_tool.py",  # 53
+    "test_numerics_against_eager.py",  # 53
+    "test_llm_families.py",  # 53
+    "test_html_report.py",  # 50
+    "test_llm_schemes.py",  # 50
+    "test_repro.py",  # 43
+    "test_llm_kv_heads.py",  # 42
 )
 
 

@@ -50,6 +50,7 @@ models:
 backends:
   xnnpack: {}
 quantization: [8da4w]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 """
 CELL = "fragile/xnnpack/8da4w"
 

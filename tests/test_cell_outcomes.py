@@ -53,6 +53,7 @@ backends:
   portable: {{}}
   vulkan: {{}}
 quantization: [fp32]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 matrix:
   exclude: [{{backend: vulkan}}, {{model: cnn, backend: portable}}, {{model: broken, backend: portable}}]
   include: [{{model: linreg, backend: vulkan, quantization: fp32}}]
@@ -373,6 +374,7 @@ models:
 backends:
   xnnpack: {}
 quantization: [fp16]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 matrix:
   expected_failures:
 """

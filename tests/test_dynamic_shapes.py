@@ -25,6 +25,7 @@ backends:
   portable: {}
   openvino: {}
 quantization: [fp32, int8, 8da8w]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 matrix:
   exclude: [{backend: portable, quantization: int8}]
 """
@@ -114,6 +115,7 @@ models:
 backends:
   portable: {}
 quantization: [fp32]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 """,
     )
     (project.root / "models" / "strided.py").write_text(

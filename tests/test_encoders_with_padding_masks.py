@@ -38,6 +38,7 @@ backends:
   portable: {{}}
   coreml: {{}}
 quantization: [fp32, int8]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 matrix:
   product: false
   include:

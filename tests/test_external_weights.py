@@ -41,6 +41,7 @@ backends:
   portable: {external_weights: true}
   inline: {recipe: xnnpack}
 quantization: [fp32]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 matrix:
   product: false
   include:

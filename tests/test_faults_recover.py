@@ -362,6 +362,7 @@ def test_a_dangling_artifacts_symlink_gets_its_own_message(tmp_path, link):
     ]
 
 
+@pytest.mark.slow  # the final writes' and native code's limits below cover it in the default run
 def test_a_build_under_a_file_size_limit_fails_cleanly_and_the_next_run_finishes(tmp_path):
     project = tiny_project(tmp_path / "proj")
     db = database(project)
@@ -511,7 +512,10 @@ def test_a_module_replaced_with_its_old_size_and_mtime_is_not_served_stale(built
     "factory, args, reason",
     [
         ("exits", (), "SystemExit: the code called sys.exit(0)"),
-        ("exits", ("-n", "2", "-P", "process"), "SystemExit: the code called sys.exit(0)"),
+        # the same exit in a worker process: os-exit below covers the hard exit there too
+        pytest.param(
+            "exits", ("-n", "2", "-P", "process"), "SystemExit: the code called sys.exit(0)", marks=pytest.mark.slow
+        ),
         # the JSON reporter and another exit code repeat the in-process path: `make test-all`
         pytest.param("exits", ("-r", "json"), "SystemExit: the code called sys.exit(0)", marks=pytest.mark.slow),
         # doit's and etforge's arguments are not the model's: parse_args() exits with 2

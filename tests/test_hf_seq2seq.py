@@ -53,6 +53,7 @@ models:
 backends:
   xnnpack: {{}}
 quantization: [fp32]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 """
 METHODS = {"encoder", "text_decoder"}
 

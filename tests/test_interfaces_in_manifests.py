@@ -34,6 +34,7 @@ models:
 backends:
   xnnpack: {}
 quantization: [fp32]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 """
 
 SEQ, SEQ2SEQ = "seq/xnnpack/fp32", "seq2seq/xnnpack/fp32"

@@ -35,6 +35,7 @@ models:
 backends:
   xnnpack: {{}}
 quantization: [fp32]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 """
 
 

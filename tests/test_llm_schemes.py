@@ -36,6 +36,7 @@ models:
   xnnpack: {{}}
   coreml: {{}}
 quantization: [fp32, fp16]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 matrix:
   product: false
   include:

@@ -59,6 +59,7 @@ def test_ci_shards_upload_and_a_fresh_checkout_downloads_everything(remote_env, 
     assert not list((laptop.out / "logs").glob("export__*")) if (laptop.out / "logs").exists() else True
 
 
+@pytest.mark.slow  # tests/test_hostile_remote_entries.py covers damaged remote entries in the default run
 def test_a_corrupt_remote_blob_is_discarded_and_rebuilt(tmp_path):
     shared = tmp_path / "shared-cache"
     shared.mkdir()
@@ -104,7 +105,10 @@ def unsigned(url: str) -> str:
     return f"{WARNING} {url}: ETFORGE_CACHE_KEY is not set: entries are neither signed nor checked in this run"
 
 
-@pytest.mark.parametrize("read_only", [False, True], ids=["writable", "read-only"])
+# read-only: the cold store below covers an unreachable read-only remote in `make test-all`
+@pytest.mark.parametrize(
+    "read_only", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["writable", "read-only"]
+)
 def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(
     built_linreg, tmp_path, read_only, s3_env
 ):
@@ -137,6 +141,7 @@ def test_an_unreachable_remote_warns_once_and_the_local_cache_carries_the_run(
     assert all(state(laptop, t)["cached"] for t in ("capture:linreg", f"export:{CELL}", f"validate:{CELL}"))
 
 
+@pytest.mark.slow  # the writable case above runs by default; this repeats it from a cold store
 def test_a_cold_store_with_an_unreachable_read_only_remote_builds_locally(tmp_path):
     project = make_project(tmp_path / "proj", LINREG_PIPELINE)
     run = project.doit(f"export:{CELL}", extra_env=unreachable(tmp_path, f"s3://{BUCKET}/cold", read_only=True))

@@ -31,6 +31,7 @@ models:
 backends:
   xnnpack: {}
 quantization: [fp32, int8]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 matrix:
   exclude: [{model: unranged, quantization: int8}]
 """
@@ -190,6 +191,7 @@ models:
 backends:
   portable: {}
 quantization: [fp32]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 """,
     )
     (project.root / "models" / "counts.py").write_text(

@@ -23,6 +23,7 @@ backends:
   xnnpack: {}
   portable: {}
 quantization: [fp32, int8, 8da8w]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 matrix:
   exclude: [{backend: portable, quantization: 8da8w}]
 """

@@ -31,6 +31,7 @@ backends:
   xnnpack: {}
   portable: {}
 quantization: [fp32, fp16, int8, int8_dynamic, 8da4w, 8da8w]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 matrix:
   exclude: [{model: mlp}, {model: convnet}]
   include:

@@ -42,6 +42,7 @@ backends:
   xnnpack: {}
   coreml: {}
 quantization: [fp32, int8, 8da4w, 8da8w, coreml_int4w]
+targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 quantization_options: {8da4w: {embedding: 4}, coreml_int4w: {group_size: 32}}
 matrix:
   product: false
