@@ -107,8 +107,9 @@ def _judge(request: BuildRequest, target, files: dict, reference: Path, program:
     except NotRunnable as exc:
         return NotRun(target=target.label, why=str(exc)), {"not_run": str(exc)}
     verdict = built.result
-    (check,) = verdict.checks if isinstance(verdict, Verdict) else (None,)
-    if not isinstance(check, Numerics):
+    # the numerics check (a target judges the program's outputs; task metrics stay the host's)
+    check = next((c for c in verdict.checks if isinstance(c, Numerics)), None) if isinstance(verdict, Verdict) else None
+    if check is None:
         raise BuildError(f"the validation on {target.label} gave no numerics check")
     # A target's misses name it: the cell's reason says which runtime missed.
     check = replace(check, misses=tuple(f"{target.label}: {miss}" for miss in check.misses))
