@@ -385,39 +385,39 @@ matrix:
     [
         (
             '{model: lineg, reason: "r", link: "https://x.org/1"}',
-            11,
+            12,
             "matrix.expected_failures[0].model",
             "model 'lineg' is not declared in 'models'; declared: linreg",
         ),
         (
             '{model: linreg, link: "https://x.org/1"}',
-            11,
+            12,
             "matrix.expected_failures[0]",
             "missing required key 'reason'",
         ),
         (
             '{model: linreg, reason: "r", link: "issue 12"}',
-            11,
+            12,
             "matrix.expected_failures[0].link",
             "expected an http(s) URL of the issue that tracks it, e.g. https://github.com/pytorch/executorch/issues/1234, "
             'got "issue 12"',
         ),
         (
             '{model: linreg, reason: "  ", link: "https://x.org/1"}',
-            11,
+            12,
             "matrix.expected_failures[0].reason",
             'expected a one-line reason why the cell fails, got "  "',
         ),
         (
             '{reason: "r", link: "https://x.org/1"}',
-            11,
+            12,
             "matrix.expected_failures[0]",
             "expected a mapping naming at least one of model, backend, quantization, with a reason and a link, "
             "got a mapping with keys reason, link",
         ),
         (
             '{model: linreg, backend: xnnpack, quantization: fp16, reason: "r", link: "https://x.org/1", why: 1}',
-            11,
+            12,
             "matrix.expected_failures[0].why",
             "unknown key 'why'",
         ),
@@ -446,7 +446,7 @@ def test_an_expected_failure_that_names_no_cell_is_an_error(tmp_path):
     )
     with pytest.raises(PipelineError) as error:
         resolve(path)
-    assert (error.value.line, error.value.key) == (13, "matrix.expected_failures[1]")
+    assert (error.value.line, error.value.key) == (14, "matrix.expected_failures[1]")
     assert error.value.message == (
         "names no cell of the matrix (only refused combinations, which never build: "
         "linreg/portable/fp16); remove the entry"
@@ -455,4 +455,4 @@ def test_an_expected_failure_that_names_no_cell_is_an_error(tmp_path):
     path.write_text(path.read_text().rsplit("    - {backend: portable", 1)[0])
     plan = resolve(path)
     assert [c.name for c in plan.cells if plan.expected_failure(c)] == ["linreg/xnnpack/fp32", "linreg/xnnpack/fp16"]
-    assert plan.expected_failure(plan.cells[0]).where.endswith("pipeline.yaml:12: matrix.expected_failures[0]")
+    assert plan.expected_failure(plan.cells[0]).where.endswith("pipeline.yaml:13: matrix.expected_failures[0]")

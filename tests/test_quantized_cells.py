@@ -177,7 +177,7 @@ def test_a_wrong_combination_named_explicitly_is_refused_at_plan_time(tmp_path):
     assert str(info.value).endswith(
         "matrix.include[0]: mlp/portable/8da4w is refused: 8da4w is not available for portable (available for: xnnpack)"
     )
-    assert ":21:" in str(info.value)
+    assert ":22:" in str(info.value)
 
 
 # --------------------------------------------------------------------------- the size gate
