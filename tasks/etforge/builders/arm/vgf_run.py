@@ -92,7 +92,6 @@ class VgfInterpreter(PteInterpreter):
 
     def _vgf_delegate(self, call, envs: list) -> None:
         import numpy as np
-        import torch
 
         entry = self.plan.delegates[call.delegate_index]
         if entry.id != "VgfBackend":
@@ -111,10 +110,7 @@ class VgfInterpreter(PteInterpreter):
         for env in envs:
             given = []
             for index, (dims, dtype) in zip(call.args, inputs):
-                order = list(self.plan.values[index].val.dim_order)
-                x = self._value(index, env)
-                x = x.permute(order) if order and order != sorted(order) else x  # the order it is stored in
-                array = np.ascontiguousarray(x.detach().numpy())
+                array = np.ascontiguousarray(self._stored(index, env).detach().numpy())
                 if list(array.shape) != dims or array.dtype != np.dtype(dtype):
                     raise BuildError(f"a VGF input is {array.dtype}{list(array.shape)}, its graph takes {dtype}{dims}")
                 given.append(array)
@@ -122,13 +118,7 @@ class VgfInterpreter(PteInterpreter):
         results = run_scenario(self.stack, template, batches, folder)
         for env, found in zip(envs, results):
             for index, y in zip(call.args[len(inputs) :], found):
-                tensor = self.plan.values[index].val
-                sizes, dtype = self._meta(tensor)
-                order = list(tensor.dim_order)
-                out = torch.from_numpy(np.ascontiguousarray(y)).to(dtype)
-                if order and order != sorted(order):  # written in dim order: back to the logical sizes
-                    out = out.reshape([sizes[k] for k in order]).permute(list(np.argsort(order))).contiguous()
-                env[index] = out.reshape(sizes)
+                env[index] = self._logical(index, y)
         self.trace.append(f"delegate:{entry.id}")
 
 

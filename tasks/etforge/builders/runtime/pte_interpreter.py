@@ -131,30 +131,36 @@ class PteInterpreter:
         overload(*args, **kwargs)  # writes the out= tensor(s) held in env
         self.trace.append(f"{op.name}.{op.overload}")
 
-    def _delegate(self, call, env: dict) -> None:
+    def _stored(self, index: int, env: dict):
+        """Value ``index`` as a delegate takes it: in its dim order (channels-last stays channels-last)."""
+        order = list(self.plan.values[index].val.dim_order)
+        x = self._value(index, env)
+        return x.permute(order) if order and order != sorted(order) else x
+
+    def _logical(self, index: int, array):
+        """A delegate's output for value ``index`` (written in its dim order) at the value's logical sizes."""
         import numpy as np
         import torch
 
+        tensor = self.plan.values[index].val
+        sizes, dtype = self._meta(tensor)
+        order = list(tensor.dim_order)
+        out = torch.from_numpy(np.ascontiguousarray(array)).to(dtype)
+        if order and order != sorted(order):  # written in dim order: back to the logical sizes
+            out = out.reshape([sizes[k] for k in order]).permute(list(np.argsort(order))).contiguous()
+        return out.reshape(sizes)
+
+    def _delegate(self, call, env: dict) -> None:
         from etforge.builders.arm.tosa_graph import run_tosa, tosa_io
 
         entry = self.plan.delegates[call.delegate_index]
         payload = bytes(self.program.backend_delegate_data[entry.processed.index].data)
         tosa = self.delegate(entry.id, payload)
         inputs, _, _ = tosa_io(tosa)
-        given = []
-        for index in call.args[: len(inputs)]:  # a delegate input in a non-default dim order goes in that order
-            order = list(self.plan.values[index].val.dim_order)
-            x = self._value(index, env)
-            given.append(x.permute(order) if order and order != sorted(order) else x)
+        given = [self._stored(index, env) for index in call.args[: len(inputs)]]
         outputs = run_tosa(tosa, [x.detach().contiguous().numpy() for x in given])
         for index, y in zip(call.args[len(inputs) :], outputs):
-            tensor = self.plan.values[index].val
-            sizes, dtype = self._meta(tensor)
-            order = list(tensor.dim_order)
-            out = torch.from_numpy(np.ascontiguousarray(y)).to(dtype)
-            if order and order != sorted(order):  # written in dim order: back to the logical sizes
-                out = out.reshape([sizes[k] for k in order]).permute(list(np.argsort(order))).contiguous()
-            env[index] = out.reshape(sizes)
+            env[index] = self._logical(index, y)
         self.trace.append(f"delegate:{entry.id}")
 
 
