@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import sys
 
+from doit.cmd_base import DoitCmdBase
 from doit.doit_cmd import DoitMain
 
 from etforge.app.loader import SELECTION_OPTIONS, PipelineLoader
@@ -104,16 +105,17 @@ def check_flags(app: EtforgeMain, args: list, commands: set) -> None:
     if not flags:
         return
     name = args[0] if args and args[0] in commands else "run"
-    cmds = app.get_cmds()
-    command = cmds.get_plugin(name)(
-        task_loader=app.task_loader, config=app.config, bin_name=app.BIN_NAME, cmds=cmds, opt_vals={}
-    )
-    known = {f"--{o.long}" for o in command.cmdparser.options if o.long}
-    known |= {f"--{o.inverse}" for o in command.cmdparser.options if getattr(o, "inverse", None)}
-    short = {f"-{o.short}" for o in command.cmdparser.options if o.short}
-    if name == "run":
+    command = app.get_cmds().get_plugin(name)
+    # the options DoitCmdBase.get_options parses, read off the class: instantiating a command scans
+    # the installed plugins again, on every run that has a flag
+    options = tuple(command.cmd_options)
+    if issubclass(command, DoitCmdBase):
+        options = tuple(command.base_options) + tuple(app.task_loader.cmd_options) + options
+    known = {f"--{o['long']}" for o in options if o.get("long")}
+    known |= {f"--{o['inverse']}" for o in options if o.get("inverse")}
+    short = {f"-{o['short']}" for o in options if o.get("short")}
+    if name == "run":  # a stage's own flags; and `etforge export --x` names the stage the user typed
         known |= {f"--{opt.replace('_', '-')}" for stage in STAGES for opt, _ in stage.matrix.options}
-    if name == "run":  # `etforge export --x`: name the stage or task the user typed
         name = next((a for a in upto if not a.startswith("-") and a != "run"), "run")
     for flag in flags:
         if flag.split("=", 1)[0] in known or flag[:2] in short:
