@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from doit.cmd_base import tasks_and_deps_iter
 from doit.reporter import ConsoleReporter
 
 from etforge.cache.durations import recorded_durations
@@ -67,7 +68,9 @@ class EtforgeReporter(ConsoleReporter):
         """On a terminal, start the progress line over the tasks this run may execute."""
         if self.view is None or not _is_terminal(self.outstream):
             return
-        names = [n for n in _reachable(tasks, selected_tasks) if tasks[n].actions and n in self._specs]
+        # the selection and what it depends on: what this run may execute
+        reachable = tasks_and_deps_iter(tasks, [n for n in selected_tasks or tasks if n in tasks])
+        names = list(dict.fromkeys(t.name for t in reachable if t.actions and t.name in self._specs))
         cells = self.view.cells_by_task
         progress = Progress(
             tasks={n: (cells[n].name if n in cells else None) for n in names},
@@ -183,16 +186,3 @@ def _is_terminal(stream) -> bool:
     if not (callable(isatty) and isatty()):
         return False
     return not os.environ.get("CI") and os.environ.get("TERM") != "dumb"
-
-
-def _reachable(tasks: dict, selected) -> list:
-    """The tasks a run of ``selected`` may execute: them and what they depend on (doit runs those)."""
-    out: dict[str, None] = {}
-    stack = list(selected or tasks)
-    while stack:
-        name = stack.pop()
-        if name in out or name not in tasks or name.startswith("_"):
-            continue
-        out[name] = None
-        stack += list(tasks[name].task_dep) + list(tasks[name].setup_tasks)
-    return list(out)
