@@ -20,7 +20,6 @@ interrupted setup leaves nothing half-made.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -35,6 +34,7 @@ from pathlib import Path
 from etforge.config import target_runtime as tr
 from etforge.config.tools import installed_version
 from etforge.core.atomic import atomic_write_text
+from etforge.core.digest import sha256_file
 from etforge.core.errors import BuildError, Unsupported
 
 # What of the wheel is unpacked: the runtime libraries and CMake package, and every native library
@@ -131,7 +131,7 @@ def _download(into: Path, say: Callable[[str], None]) -> Path:
     wheel = into / tr.WHEEL.file
     if run.returncode != 0 or not wheel.is_file():
         raise BuildError(f"pip could not download {tr.WHEEL.file}: {_last_line(run.stderr or run.stdout)}")
-    actual = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    actual = sha256_file(wheel)
     if actual != tr.WHEEL.sha256:
         raise BuildError(f"{tr.WHEEL.file} has sha256 {actual}, etforge pins {tr.WHEEL.sha256}: not used")
     return wheel
@@ -172,7 +172,7 @@ def build_runner(say: Callable[[str], None]) -> dict:
             "qemu": tr.qemu_version(),
             "wheel": {"version": tr.WHEEL.version, "sha256": tr.WHEEL.sha256},
             "sources": tr.sources_digest(),
-            "binary_sha256": hashlib.sha256(binary.read_bytes()).hexdigest(),
+            "binary_sha256": sha256_file(binary),
             **probe_runtime(binary),
         }
         atomic_write_text(staging / tr.RUNNER_RECORD, json.dumps(record, indent=2, sort_keys=True) + "\n")
