@@ -165,6 +165,13 @@ def compare_samples(reference: np.ndarray, actual: np.ndarray, classification: b
     return metrics
 
 
+def in_top_k(scores: np.ndarray, targets: np.ndarray, k: int) -> np.ndarray:
+    """Per row of ``scores`` [rows, classes]: whether its ``targets`` class is among its ``k`` highest.
+    A stable sort on the negated scores: ties keep the lowest index first, as argmax does."""
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.any(top == targets[:, None], axis=1)
+
+
 def topk_agreement(reference: np.ndarray, actual: np.ndarray, k: int = TOP_K) -> dict:
     """Top-1 and top-k agreement of ``actual`` with ``reference`` over rows of the last axis.
 
@@ -175,10 +182,7 @@ def topk_agreement(reference: np.ndarray, actual: np.ndarray, k: int = TOP_K) ->
     finite_rows = np.all(np.isfinite(act), axis=1)
     eager_top1 = np.argmax(ref, axis=1)
     program_top1 = np.argmax(act, axis=1)
-    k = min(k, classes)
-    # Stable sort on the negated scores: ties keep the lowest index first, as argmax does.
-    program_topk = np.argsort(-act, axis=1, kind="stable")[:, :k]
-    in_topk = np.any(program_topk == eager_top1[:, None], axis=1) & finite_rows
+    in_topk = in_top_k(act, eager_top1, min(k, classes)) & finite_rows
     return {
         "top1_agreement": float(np.mean((program_top1 == eager_top1) & finite_rows)),
         "top5_agreement": float(np.mean(in_topk)),

@@ -78,10 +78,11 @@ def topk_accuracy(logits, labels, k: int) -> float:
     """The share of rows whose label is among their ``k`` highest scores; NaN when any score is not finite."""
     import numpy as np
 
+    from etforge.builders.numerics.compare import in_top_k
+
     if not np.isfinite(logits).all():
         return math.nan
-    top = np.argsort(-logits, axis=1, kind="stable")[:, :k]
-    return float((top == labels[:, None]).any(axis=1).mean())
+    return float(in_top_k(logits, labels, k).mean())
 
 
 def accuracy_check(eager, program, labels, source: str, max_drop: float | None) -> Accuracy:
