@@ -1,10 +1,12 @@
-"""Perplexity and KL divergence of the tiny LLM's fp32 and 8da4w cells on a validation token file,
-with the ``max_kl`` gate, through one real build (capture, quantize, export, validate).
+"""Perplexity and KL divergence of the tiny LLM's fp32 and 8da4w cells on a validation text and its
+tokenizer, with the ``max_kl`` gate, through one real build (capture, quantize, export, validate).
 
 One project, built once for the module: the tiny untied Llama of tests/conftest.py, a 4-token
-prompt and 8 decode steps, validated on the first 12 ids of ``data/tokens.npz``. fp32 passes and is
-``ok`` (real tokens, not a seeded prompt); 8da4w carries a ``max_kl`` far below what 4-bit weights
-cost on a random model, so it fails on it.
+prompt and 8 decode steps, validated on the first 12 ids of ``data/val.txt`` as its tokenizer
+(a word-level ``tokenizer.json``: word ``w<i>`` is id i, ``<s>`` first) encodes it. fp32 passes and
+is ``ok`` (real text, not a seeded prompt); 8da4w carries a ``max_kl`` far below what 4-bit weights
+cost on a random model, so it fails on it. (A token file's ids go the same way: read_token_ids,
+tests/unit/test_unit_llm_quality.py.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tests.unit.support import word_tokenizer_json  # noqa: E402
+
 MAX_KL = 0.0001
 PIPELINE = f"""\
 name: t
@@ -32,7 +36,7 @@ models:
       task: text-generation
       config: {TINY_LLAMA_CONFIG}
       llm: {{max_context_len: 16, prompt_len: 4, decode_steps: 8, dynamic_shapes: true}}
-    validation: {{tokens: data/tokens.npz}}
+    validation: {{text: data/val.txt, tokenizer: data/tokenizer.json}}
     thresholds:
       fp32: {{max_ppl_ratio: 1.001, max_kl: 0.0001}}
       8da4w: {{sqnr_db: 0, top1_agreement: 0, max_kl: {MAX_KL}}}
@@ -49,7 +53,10 @@ def built(tmp_path_factory):
     project = make_project(tmp_path_factory.mktemp("llmq") / "proj", PIPELINE)
     (project.root / "data").mkdir()
     ids = np.random.default_rng(11).integers(3, 512, size=40)  # more than one window: the first is used
-    np.savez(project.root / "data" / "tokens.npz", ids=ids)
+    (project.root / "data" / "val.txt").write_text(" ".join(f"w{i}" for i in ids), encoding="utf-8")
+    word_tokenizer_json(
+        project.root / "data" / "tokenizer.json", ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(3, 512)]
+    )
     project.run = project.doit("validate")
     return project
 
@@ -84,6 +91,8 @@ def test_an_llm_cell_validated_on_real_tokens_is_ok(built):
     assert state(built, "validate:tiny_llm/xnnpack/fp32")["status"] == "ok", built.run.stdout[-3000:]
     judged = outcome.cell_outcome(plan, cell, host_fingerprint())
     assert judged.status != "provisional" and "seeded random" not in judged.reason, judged
+    report = json.loads((built.out / "tiny_llm" / "tiny_llm_xnnpack_fp32.numerics.json").read_text())
+    assert report["inputs"] == "text data/val.txt (tokenizer data/tokenizer.json) (llm)", report["inputs"]
 
 
 def test_max_kl_fails_the_8da4w_cell_with_both_figures(built):

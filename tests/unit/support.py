@@ -173,3 +173,14 @@ def upstream_union(listed: list, workdir: Path) -> dict:
         capture_output=True,
     )
     return yaml.safe_load((workdir / "union" / "selected_operators.yaml").read_text())
+
+
+def word_tokenizer_json(path: Path, vocab: list) -> None:
+    """A word-level Hugging Face tokenizer.json over ``vocab`` (id = index) that prepends ``<s>`` (id 1),
+    as a Llama tokenizer's template does: a model's tokenizer without a download."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=vocab[0]))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer.save(str(path))

@@ -1,9 +1,10 @@
 """Perplexity and KL of an LLM cell (etforge.builders.llm.quality), its check and the token file's
-one-line errors (etforge.config.llm_tokens), in-process: no torch, no model run."""
+or text's one-line errors (etforge.config.llm_tokens), in-process: no torch, no model run."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from etforge.checks.llm_quality import LlmQuality
 from etforge.checks.table import CHECKS
 from etforge.config.resolve import resolve
 from etforge.core.errors import EtforgeError
-from tests.unit.support import make_unit_project
+from tests.unit.support import make_unit_project, word_tokenizer_json
 
 V = 64
 
@@ -116,7 +117,7 @@ def test_a_gate_without_a_token_file_fails_the_cell_and_no_gate_adds_no_check():
     check = quality_check(cell, None, None, {}, None, {"max_kl": 0.1})
     assert (
         check.failed
-        and check.reason() == "max_kl: no validation tokens to measure it (models.tiny_llm.validation.tokens)"
+        and check.reason() == "max_kl: no validation tokens to measure it (models.tiny_llm.validation.tokens or .text)"
     )
 
 
@@ -126,3 +127,62 @@ def test_a_cell_validated_on_the_seeded_prompt_alone_is_provisional():
 
     assert Numerics.of({"inputs": REFERENCE_SOURCE}).provisional
     assert not Numerics.of({"inputs": "tokens data/tokens.npz (llm)"}).provisional
+
+
+TEXT = "the cat sat on the mat and the dog sat on the log " * 2
+WORDS = ["<unk>", "<s>", "</s>", "the", "cat", "sat", "on", "mat", "and", "dog", "log"]
+
+
+def _tokenizer_json(path: Path, vocab: list = WORDS) -> None:
+    word_tokenizer_json(path, vocab)
+
+
+def _text_project(tmp_path, text: str = TEXT, validation: str = "{text: data/val.txt, tokenizer: data/tok.json}"):
+    project = make_unit_project(tmp_path, LLM.replace("{tokens: data/tokens.npz}", validation), models=())
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "val.txt").write_text(text, encoding="utf-8")
+    _tokenizer_json(tmp_path / "data" / "tok.json")
+    return project
+
+
+def test_a_text_and_its_tokenizer_give_the_tokenizers_ids_and_join_the_key(tmp_path):
+    from etforge.config.llm_tokens import read_token_ids, token_source
+
+    project = _text_project(tmp_path)
+    first = resolve(project.pipeline).models["tiny_llm"].validation
+    assert first["text"] == "data/val.txt" and first["tokenizer"] == "data/tok.json"
+    ids = read_token_ids(tmp_path, first)
+    assert ids.tolist()[:6] == [1, 3, 4, 5, 6, 3]  # <s> the cat sat on the
+    assert token_source(first) == "text data/val.txt (tokenizer data/tok.json)"
+    _tokenizer_json(tmp_path / "data" / "tok.json", WORDS[:3] + list(reversed(WORDS[3:])))
+    second = resolve(project.pipeline).models["tiny_llm"].validation
+    assert second["sha256"] != first["sha256"]  # another tokenizer: other ids, another key
+    assert read_token_ids(tmp_path, second).tolist()[:3] == [1, 10, 9]
+
+
+def test_token_files_and_texts_read_the_same_way(tmp_path):
+    from etforge.config.llm_tokens import read_token_ids
+
+    (tmp_path / "data").mkdir()
+    np.savez(tmp_path / "data" / "tokens.npz", ids=np.arange(3, 15).reshape(3, 4))
+    assert read_token_ids(tmp_path, {"tokens": "data/tokens.npz"}).tolist() == list(range(3, 15))
+
+
+@pytest.mark.parametrize(
+    "text, validation, key, message",
+    [
+        ("the cat", None, "text", "holds 3 token ids, too short for one window of 8"),
+        (TEXT, "{text: data/val.txt}", "text", "needs the model's tokenizer: name its tokenizer.json"),
+        (TEXT, "{text: data/val.txt, tokenizer: data/none.json}", "tokenizer", "tokenizer 'data/none.json' not found"),
+        (TEXT, "{text: data/gone.txt, tokenizer: data/tok.json}", "text", "text file 'data/gone.txt' not found"),
+        (TEXT, "{text: data/val.txt, tokenizer: data/val.txt}", "text", "cannot be encoded"),
+        (TEXT, "{npz: data/x.npz, tokenizer: data/tok.json}", "tokenizer", "goes with a validation 'text'"),
+    ],
+)
+def test_bad_texts_are_one_line_errors_naming_file_line_and_key(tmp_path, text, validation, key, message):
+    project = _text_project(tmp_path, text, validation or "{text: data/val.txt, tokenizer: data/tok.json}")
+    with pytest.raises(EtforgeError) as raised:
+        resolve(project.pipeline)
+    said = str(raised.value)
+    assert "\n" not in said and message in said, said
+    assert f"pipeline.yaml:10: models.tiny_llm.validation.{key}: " in said, said

@@ -24,7 +24,7 @@ from etforge.config.hf_source import (
 )
 from etforge.config.input_specs import input_specs
 from etforge.config.labels import HostLabels
-from etforge.config.llm_tokens import TOKENS, resolve_tokens
+from etforge.config.llm_tokens import TEXT, TOKENIZER, TOKENS, resolve_tokens
 from etforge.config.manifest_options import check_options as check_manifest_options
 from etforge.config.matrix import MatrixResolver
 from etforge.config.model import (
@@ -192,8 +192,8 @@ class _Resolver:
         return versions
 
     def validation(self, spec: dict | None, path: tuple, source: dict, inputs: tuple) -> dict | None:
-        """The ``validation`` entry: an LLM's token file (etforge.config.llm_tokens), else as calibration."""
-        if spec is not None and TOKENS in spec:
+        """The ``validation`` entry: an LLM's token file or text (etforge.config.llm_tokens), else as calibration."""
+        if spec is not None and (TOKENS in spec or TEXT in spec):
             return resolve_tokens(self, spec, path, source, inputs)
         return self.calibration(spec, path, inputs)
 
@@ -201,8 +201,13 @@ class _Resolver:
         """A ``calibration`` or ``validation`` entry with its content digest; ``inputs``: what it feeds."""
         if spec is None:
             return None
-        if TOKENS in spec:  # schema-valid under the shared $def, meaningless for calibration
-            raise self.doc.error(path + (TOKENS,), "a token file validates an LLM; calibration takes 'npz' or 'images'")
+        for kind in (TOKENS, TEXT):  # schema-valid under the shared $def, meaningless for calibration
+            if kind in spec:
+                raise self.doc.error(
+                    path + (kind,), f"a {kind} file validates an LLM; calibration takes 'npz' or 'images'"
+                )
+        if TOKENIZER in spec:
+            raise self.doc.error(path + (TOKENIZER,), "a tokenizer goes with a validation 'text' (of an LLM)")
         kind = "npz" if "npz" in spec else "images"
         full = self.inside_root(spec[kind], path + (kind,))
         if kind == "npz":

@@ -356,7 +356,10 @@ def _size_gate_moot(plan: Plan, cell: Cell, by_kind: dict, read: Read) -> str:
 def _validation_data_hint(model) -> str:
     """How a provisional cell becomes ok: name data, where the model can take it."""
     if model.kind == "llm":  # a token file (etforge.config.llm_tokens)
-        return f"(name a token file under models.{model.name}.validation.tokens in pipeline.yaml)"
+        return (
+            f"(name a token file or a text and its tokenizer under models.{model.name}.validation "
+            "in pipeline.yaml: tokens, or text and tokenizer)"
+        )
     if model.multi_method or any(i.dims for i in model.inputs):
         return (
             "(validation data files for dynamic-shape and multi-method models are not supported "

@@ -17,10 +17,12 @@ transformers 5.23 (its interfaces moved since 5.0): re-check it when transformer
 
 from __future__ import annotations
 
+from etforge.config.llm_tokens import token_source
+
 ATTENTION = "etforge_et_custom_sdpa"
 PROMPT_SEED_OFFSET = 1  # the prompt's generator seed = plan seed + this (weights use the plan seed)
 # Starts with "random": a cell validated only on it is provisional (etforge.checks.numerics); a token
-# file (validation.tokens) replaces it with real text.
+# file or text (validation.tokens, validation.text) replaces it with real text.
 REFERENCE_SOURCE = "random (seeded) prompt (llm)"
 
 
@@ -295,20 +297,18 @@ def prompt_ids(model_spec, seed: int):
 
 
 def token_window(model_spec, root):
-    """The validation token file's first window [1, prompt_len + decode_steps] (int64), or None
-    without one (etforge.config.llm_tokens checked its length and ids when the plan was built)."""
-    from pathlib import Path
-
-    import numpy as np
+    """The validation tokens' first window [1, prompt_len + decode_steps] (int64), or None without
+    any (etforge.config.llm_tokens checked their length and ids when the plan was built)."""
     import torch
 
-    tokens = (model_spec.validation or {}).get("tokens")
-    if tokens is None:
+    from etforge.config.llm_tokens import TEXT, TOKENS, read_token_ids
+
+    validation = model_spec.validation or {}
+    if TOKENS not in validation and TEXT not in validation:
         return None
     llm = model_spec.source["transformers"]["llm"]
-    with np.load(Path(root) / tokens) as data:
-        ids = data[data.files[0]].reshape(-1)[: llm["prompt_len"] + llm["decode_steps"]]
-    return torch.from_numpy(ids.astype(np.int64))[None]
+    ids = read_token_ids(root, validation)[: llm["prompt_len"] + llm["decode_steps"]]
+    return torch.from_numpy(ids)[None]
 
 
 def eager_reference(model, model_spec, seed: int, root=None) -> tuple:
@@ -341,7 +341,7 @@ def eager_reference(model, model_spec, seed: int, root=None) -> tuple:
     source = REFERENCE_SOURCE
     if window is not None:
         extra["llm_window"] = window[0].numpy()
-        source = f"tokens {model_spec.validation['tokens']} (llm)"
+        source = f"{token_source(model_spec.validation)} (llm)"
     # Non-finite eager decode logits need no check of their own: they make every SQNR NaN, which fails.
     return [(prompt, torch.arange(P))], [[logits[None, :P]]], ["logits"], source, extra
 

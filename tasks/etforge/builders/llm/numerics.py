@@ -32,6 +32,7 @@ import json
 from pathlib import Path
 
 from etforge.checks.numerics import Generation, Numerics
+from etforge.config.llm_tokens import token_source
 from etforge.pipeline.results import BuildResult, TaskStatus
 from etforge.pipeline.stage_results import Verdict
 
@@ -227,7 +228,7 @@ def build_llm_validate(
     report = {
         "cell": cell.canonical(),
         "program_sha256": program_sha256 or sha256_file(pte),
-        "inputs": REFERENCE_SOURCE if window is None else f"tokens {cell.model.validation['tokens']} (llm)",
+        "inputs": REFERENCE_SOURCE if window is None else f"{token_source(cell.model.validation)} (llm)",
         "task": "text-generation",
         "thresholds": thresholds,
         "llm": metrics,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from etforge.config.llm_tokens import token_source
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax in float64 (a large logit does not overflow)."""
@@ -85,7 +87,7 @@ def _show(figures: dict) -> str:
 def untested_gates(thresholds: dict, model_name: str) -> list:
     """A perplexity/KL gate on a cell without a token file: nothing measured it, so it misses."""
     return [
-        f"{key}: no validation tokens to measure it (models.{model_name}.validation.tokens)"
+        f"{key}: no validation tokens to measure it (models.{model_name}.validation.tokens or .text)"
         for key in ("max_ppl_ratio", "max_kl")
         if key in thresholds
     ]
@@ -110,7 +112,7 @@ def quality_check(cell, window, ref_logits, run: dict, same_logits, thresholds: 
     misses = quality_misses(figures, gates)
     return LlmQuality(
         passed=not misses,
-        inputs=f"tokens {cell.model.validation['tokens']}",
+        inputs=token_source(cell.model.validation),
         positions=figures["positions"],
         misses=tuple(misses),
         **{k: finite(v) for k, v in figures.items() if k != "positions"},
