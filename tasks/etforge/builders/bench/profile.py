@@ -161,12 +161,12 @@ def record_profile(
     unmapped = None
     try:
         try:
-            inspector = _inspector(out, etrecord)
+            inspector = open_inspector(out, etrecord)
         except Exception as exc:  # e.g. KeyError 'forward' for a program whose methods have other names
             if etrecord is None:
                 raise
             unmapped = f"operators not mapped to the model's modules: the ETRecord did not apply ({_line(exc)})"
-            inspector = _inspector(out, None)
+            inspector = open_inspector(out, None)
         profile = summarize_events(events_of(inspector))
     except Exception as exc:
         why = f"no profile: the devtools Inspector could not read it: {_line(exc)}"
@@ -174,14 +174,22 @@ def record_profile(
     return out, replace(profile, etdump=kept[0], etrecord=kept[1], note=profile.note or unmapped)
 
 
-def _inspector(etdump: Path, etrecord: Path | None):
+def open_inspector(etdump: Path, etrecord, debug_buffer: Path | None = None):
+    """The devtools Inspector of an ETDump, with an ETRecord (a path or a parsed one) and the debug
+    buffer of a run that logged intermediate outputs (etforge.builders.numerics.etdump_divergence)."""
     import warnings
 
     from executorch.devtools import Inspector
 
-    with warnings.catch_warnings():  # "Output Buffer not found": no debug buffer is asked for
+    if isinstance(etrecord, Path):
+        etrecord = str(etrecord)
+    with warnings.catch_warnings():  # "Output Buffer not found" without a buffer; its tensors are read-only
         warnings.simplefilter("ignore")
-        return Inspector(etdump_path=str(etdump), etrecord=str(etrecord) if etrecord else None)
+        return Inspector(
+            etdump_path=str(etdump),
+            etrecord=etrecord,
+            debug_buffer_path=str(debug_buffer) if debug_buffer else None,
+        )
 
 
 def _line(exc: BaseException) -> str:
