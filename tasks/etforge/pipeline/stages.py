@@ -208,7 +208,9 @@ STAGES = (
         task_doc="run {pte} and compare with eager PyTorch",
         part="validate",
         key_inputs=("thresholds", "host_runnable", "runtime_tools", "toolchain"),
-        upstream=("export", "capture", "graph"),  # graph: a quantized cell's, for its first divergent layer
+        # graph: a quantized cell's, for its first divergent layer; export: the program and, where this
+        # host runs it, its ETRecord, which maps the program's own ETDump to layers (covered by export's key)
+        upstream=("export", "capture", "graph"),
         outputs=(
             ("numerics.json", "numerics_path", "validated_here"),
             ("program.bpte", "bundled_path", "checked_on_device"),

@@ -4,7 +4,12 @@
 over all N samples, the verdict against the cell's thresholds, where the inputs came
 from, and, for an fp32 cell that misses, the first graph node where the program
 diverges from eager (``etforge.builders.numerics.divergence``); for a quantized one that misses
-or that keep_float auto changed, the first layer (``etforge.builders.numerics.quantized_divergence``).
+or that keep_float auto changed, the first layer below the threshold against eager fp32, read
+from the program's own intermediate outputs (an ETDump with debug buffers, mapped to layers by
+the export's ETRecord: ``etforge.builders.numerics.etdump_divergence``) where the program exposes
+its layers, else from the quantized graph replayed per layer
+(``etforge.builders.numerics.quantized_divergence``), the record saying which and why. Only a
+program this host runs gets either search; a diagnosis never fails the validation.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from etforge.builders.bench.profile import ETRECORD
 from etforge.builders.capture.reference import REFERENCE
 from etforge.builders.numerics.task_metrics import has_task_data, task_checks
 from etforge.checks.numerics import Numerics
@@ -59,6 +65,7 @@ def validate_stage(request: BuildRequest) -> BuildResult:
         quantized=graph.files["model.pt2"] if here and graph is not None else None,
         rescued=bool(graph is not None and graph.info.get("rescue")),
         root=request.plan.root,
+        etrecord=export.files.get(ETRECORD) if here else None,  # maps the program's ETDump to layers
     )
 
 
@@ -101,13 +108,16 @@ def build_validate(
     quantized: Path | None = None,
     rescued: bool = False,
     root: Path | None = None,
+    etrecord: Path | None = None,
 ) -> BuildResult:
     """Validate ``pte`` against the capture's ``reference``; ``program``: the capture's model.pt2,
     used to find the first divergent node when an fp32 cell misses a threshold; ``runner``: what
     runs it when the ExecuTorch runtime cannot (default: the runtime); ``quantized``: a quantized
     cell's graph (the quantize stage's model.pt2), used with ``program`` to find the first divergent
-    layer when the cell misses a threshold or ``rescued`` (keep_float: auto changed it); ``root``: the
-    project, whose labels and metric functions give the task checks (etforge.builders.numerics.task_metrics)."""
+    layer when the cell misses a threshold or ``rescued`` (keep_float: auto changed it), from the
+    program's ETDump mapped through ``etrecord`` (the export's) where the program shows its layers;
+    ``root``: the project, whose labels and metric functions give the task checks
+    (etforge.builders.numerics.task_metrics)."""
     import numpy as np
 
     from etforge.builders.capture.reference import load_reference_samples, reference_methods
@@ -180,7 +190,9 @@ def build_validate(
         divergence_text = describe_divergence(report["first_divergence"])
     elif (misses or rescued) and quantized is not None and program is not None:
         worst = _worst_sample(metrics)
-        report["first_divergence"] = _diagnose(program, cell, samples[worst], worst, quantized)
+        report["first_divergence"] = _diagnose(
+            program, cell, samples[worst], worst, quantized, (pte, etrecord, workdir)
+        )
         divergence_text = describe_divergence(report["first_divergence"]) if misses else None
     out = workdir / NUMERICS
     out.write_text(json.dumps(finite_json(report), indent=2, sort_keys=True) + "\n", encoding="utf-8")
@@ -353,17 +365,26 @@ def _worst_sample(metrics: list) -> int:
     return min(worst, key=lambda w: (-float("inf") if w[0] != w[0] else w[0], w[1]))[1] if worst else 0
 
 
-def _diagnose(program: Path, cell, inputs: list, sample: int, quantized: Path | None = None) -> dict:
+def _diagnose(
+    program: Path,
+    cell,
+    inputs: list,
+    sample: int,
+    quantized: Path | None = None,
+    run: tuple[Path, Path | None, Path] | None = None,
+) -> dict:
     """The first divergent node (of a quantized cell: layer), or why it could not be found; never
-    fails the validation itself."""
+    fails the validation itself. ``run``: (the .pte, its ETRecord or None, a work dir) of a quantized
+    cell, whose own intermediate outputs are read where it shows its layers."""
     from etforge.builders.numerics.divergence import first_divergence
-    from etforge.builders.numerics.quantized_divergence import first_divergent_layer
+    from etforge.builders.numerics.etdump_divergence import program_first_divergent_layer
     from etforge.core.text import first_line
 
     found: dict | None
     try:
         if quantized is not None:
-            found = first_divergent_layer(quantized, program, cell, inputs) or {"layer": None}
+            pte, etrecord, workdir = run or (None, None, None)
+            found = program_first_divergent_layer(pte, etrecord, quantized, program, cell, inputs, workdir)
         else:
             found = first_divergence(program, cell, inputs)
     except Exception as exc:  # a diagnosis must not hide the verdict
