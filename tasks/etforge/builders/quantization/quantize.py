@@ -31,6 +31,7 @@ from etforge.pipeline.results import BuildRequest, BuildResult, Rejected
 from etforge.pipeline.stage_results import QuantizeResult
 
 PROGRAM = "model.pt2"
+DIVERGENCE_SAMPLES = 4  # reference samples keep_float auto's per-layer reading pools
 
 
 def pt2e_quantize(program, example_inputs: tuple, quantizer, calibration, fold_quantize: bool = True):
@@ -211,7 +212,7 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
             facts["rescue"] = rescue
     elif transform.method == "torchao":
         model = build_model(cell.model, root)
-        keep, rescue = keep_float(cell, model, samples)
+        keep, rescue = keep_float(cell, model, samples, capture_program)
         steps, facts["layers"] = torchao_steps(cell.quant.name, transform, model, keep)
         if rescue is not None:
             facts["rescue"] = rescue
@@ -225,10 +226,13 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
     return model, inputs, facts
 
 
-def keep_float(cell, model, reference) -> tuple[dict, dict | None]:
+def keep_float(cell, model, reference, capture_program: Path | None = None) -> tuple[dict, dict | None]:
     """(layer -> why it stays in float, the ``auto`` rescue record or None) of the scheme's
-    ``keep_float`` option (etforge.builders.quantization.rescue) for a torchao scheme on ``model`` (not changed)."""
+    ``keep_float`` option (etforge.builders.quantization.rescue) for a torchao scheme on ``model`` (not
+    changed); ``capture_program``: the fp32 capture, whose per-layer reading ranks the layers ``auto`` tries."""
     import copy
+
+    import torch
 
     from etforge.builders.capture.output_select import select_outputs
     from etforge.builders.quantization.rescue import AUTO, auto_keep, eager_sqnr, matching, rescue_reason
@@ -245,15 +249,49 @@ def keep_float(cell, model, reference) -> tuple[dict, dict | None]:
     if threshold is None:
         raise BadValue(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
 
-    def measure(kept: tuple) -> float:
+    last: dict = {}  # the model last measured, which the per-layer reading reads
+
+    def quantized(kept: tuple):
         trial = copy.deepcopy(model)
         trial_steps, _ = torchao_steps(cell.quant.name, transform, trial, dict.fromkeys(kept, ""))
-        quantized = torchao_quantize(trial, trial_steps)
-        return eager_sqnr(select_outputs(quantized, cell.model.outputs), reference)  # as the reference has them
+        return select_outputs(torchao_quantize(trial, trial_steps), cell.model.outputs)  # as the reference has them
+
+    def measure(kept: tuple) -> float:
+        last.clear()
+        last[frozenset(kept)] = trial = quantized(kept)
+        return eager_sqnr(trial, reference)
+
+    def graph(kept: tuple):
+        trial = last.get(frozenset(kept))
+        trial = quantized(kept) if trial is None else trial
+        inputs = tuple(torch.from_numpy(x) for x in reference.sample_inputs(reference.count // 2))
+        return torch.export.export(trial, inputs, strict=False).module()
 
     limit = transform.options.get("keep_float_limit")
-    rescue = auto_keep(taken, measure, float(threshold), int(limit) if limit else None)
+    divergence = divergence_of(graph, capture_program, reference) if capture_program is not None else None
+    rescue = auto_keep(taken, measure, float(threshold), int(limit) if limit else None, divergence)
     return {e["layer"]: rescue_reason(e) for e in rescue["kept"]}, rescue
+
+
+def divergence_of(graph, fp32_program, reference, samples: int = DIVERGENCE_SAMPLES):
+    """``divergence(kept) -> layers`` for keep_float auto: the per-layer reading (etforge.builders.numerics.
+    quantized_divergence graph_layer_sqnrs) of ``graph(kept)`` (the model quantized with ``kept`` in
+    float, as a graph module) against the fp32 capture (``fp32_program``: an ExportedProgram or the path
+    of its .pt2), pooled over the first ``samples`` reference samples."""
+    import torch
+
+    from etforge.builders.numerics.quantized_divergence import graph_layer_sqnrs
+
+    fp32: list = []  # loaded on the first reading: a model that meets its threshold never needs it
+    inputs = [reference.sample_inputs(n) for n in range(min(samples, reference.count))]
+
+    def divergence(kept: tuple) -> list:
+        if not fp32:
+            program = fp32_program
+            fp32.append((program if hasattr(program, "module") else torch.export.load(program)).module())
+        return graph_layer_sqnrs(graph(kept), fp32[0], inputs)
+
+    return divergence
 
 
 def graph_prefix(cell) -> str:
@@ -273,6 +311,17 @@ def pt2e_keep_float(cell, program, convert, reference) -> tuple[dict, dict | Non
     option = cell.transform.options.get("keep_float")
     if not option:
         return {}, None, {}
+    last: dict = {}  # the graph last measured, which the per-layer reading reads
+
+    def measure(kept: tuple) -> float:
+        last.clear()
+        last[frozenset(kept)] = graph = convert(kept)
+        return eager_sqnr(graph, reference)
+
+    def graph(kept: tuple):
+        found = last.get(frozenset(kept))
+        return convert(kept) if found is None else found
+
     prefix = graph_prefix(cell)
     layers = {name.removeprefix(prefix): layer for name, layer in graph_layers(program).items()}
     rescue = None
@@ -285,9 +334,10 @@ def pt2e_keep_float(cell, program, convert, reference) -> tuple[dict, dict | Non
         limit = cell.transform.options.get("keep_float_limit")
         rescue = auto_keep(
             list(layers),
-            lambda kept: eager_sqnr(convert(kept), reference),
+            measure,
             float(threshold),
             int(limit) if limit else None,
+            divergence_of(graph, program, reference),
         )
         keep = {e["layer"]: rescue_reason(e) for e in rescue["kept"]}
     taken: dict = {}
