@@ -128,6 +128,7 @@ def test_a_failing_8da4w_cell_names_the_same_layer(validated):
     row, report = validated["fragile/xnnpack/8da4w"]
     assert " failed " in row, row
     assert report["first_divergence"]["layer"] == FRAGILE_LAYER, report["first_divergence"]
+    assert report["first_divergence"]["why"].startswith("the program's XnnpackBackend delegate is opaque")
     assert f"first divergence at layer {FRAGILE_LAYER} (aten.linear)" in row
 
 

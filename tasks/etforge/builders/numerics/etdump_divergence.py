@@ -67,6 +67,9 @@ def program_first_divergent_layer(
     threshold = threshold_of(cell)
     why = "the program has no ETRecord to map its ETDump to layers"
     if pte is not None and etrecord is not None:
+        from etforge.builders.lowering.lower import _register_transform_ops
+
+        _register_transform_ops(cell)  # the ETRecord's graphs hold the scheme's ops (torchao's)
         try:
             layers, why = program_layer_sqnrs(pte, etrecord, fp32_pt2, inputs, workdir)
         except Exception as exc:  # the replay still answers
