@@ -160,8 +160,8 @@ def test_benchmark_reports_latency_at_each_measured_size(built):
         assert all(p["latency_ms"]["p50"] > 0 and p["iterations"] >= 1 for p in bench["per_size"])
 
 
-def test_provisional_note_does_not_ask_for_data_the_model_cannot_take(built):
+def test_provisional_note_asks_for_data_in_the_form_the_model_takes(built):
     cells = {r["cell"]: r for r in json.loads((built.out / "summary.json").read_text())}
     note = cells["seq/xnnpack/fp32"]["note"]
     assert cells["seq/xnnpack/fp32"]["status"] == "provisional"
-    assert "not supported yet" in note and "models.seq.validation" not in note
+    assert "name one npz per shape under models.seq.validation.shapes" in note  # (etforge.config.validation_data)

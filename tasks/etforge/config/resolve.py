@@ -46,6 +46,7 @@ from etforge.config.targets import TargetResolver
 from etforge.config.task_data import task_entries
 from etforge.config.tools import ToolVersions, stage_tools, toolchain_versions
 from etforge.config.torchvision_names import torchvision_source
+from etforge.config.validation_data import reject_parts, resolve_validation
 from etforge.config.validation_memo import ValidationMemo, validation_memo
 from etforge.config.yamlfile import LoadedYaml
 from etforge.core.digest import digest
@@ -152,12 +153,6 @@ class _Resolver:
         else:
             raise self.doc.error(path, "missing required key 'inputs'")
         inputs = methods[0][1]
-        if "methods" in spec and spec.get("validation"):
-            raise self.doc.error(
-                path + ("validation",),
-                "validation data for several methods is not supported "
-                "yet: drop it (each method gets seeded random inputs)",
-            )
         return ModelSpec(
             name=name,
             kind=model_kind(source),
@@ -167,7 +162,7 @@ class _Resolver:
             inputs=inputs,
             methods=methods,
             calibration=self.calibration(spec.get("calibration"), path + ("calibration",), inputs),
-            validation=self.validation(spec.get("validation"), path + ("validation",), source, inputs),
+            validation=self.validation(spec.get("validation"), path + ("validation",), source, methods),
             task=spec.get("task", "other"),
             **self.labels.model_fields(spec.get("labels") or (), lambda i, m: self.doc.error(path + ("labels", i), m)),
             outputs=self.selected_outputs(spec, path, model_kind(source), methods),
@@ -191,16 +186,18 @@ class _Resolver:
                 raise self.doc.error(path + (i,), f"package {name!r} is not installed (pip install {name})")
         return versions
 
-    def validation(self, spec: dict | None, path: tuple, source: dict, inputs: tuple) -> dict | None:
-        """The ``validation`` entry: an LLM's token file or text (etforge.config.llm_tokens), else as calibration."""
+    def validation(self, spec: dict | None, path: tuple, source: dict, methods: tuple) -> dict | None:
+        """The ``validation`` entry: an LLM's token file or text (etforge.config.llm_tokens), data per method
+        or per named shape (etforge.config.validation_data), else as calibration."""
         if spec is not None and (TOKENS in spec or TEXT in spec):
-            return resolve_tokens(self, spec, path, source, inputs)
-        return self.calibration(spec, path, inputs)
+            return resolve_tokens(self, spec, path, source, methods[0][1])
+        return resolve_validation(self, spec, path, model_kind(source), methods)
 
     def calibration(self, spec: dict | None, path: tuple, inputs: tuple) -> dict | None:
         """A ``calibration`` or ``validation`` entry with its content digest; ``inputs``: what it feeds."""
         if spec is None:
             return None
+        reject_parts(self, spec, path)
         for kind in (TOKENS, TEXT):  # schema-valid under the shared $def, meaningless for calibration
             if kind in spec:
                 raise self.doc.error(

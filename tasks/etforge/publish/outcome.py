@@ -360,12 +360,14 @@ def _validation_data_hint(model) -> str:
             f"(name a token file or a text and its tokenizer under models.{model.name}.validation "
             "in pipeline.yaml: tokens, or text and tokenizer)"
         )
-    if model.multi_method or any(i.dims for i in model.inputs):
-        return (
-            "(validation data files for dynamic-shape and multi-method models are not supported "
-            "yet: the cell stays provisional)"
-        )
-    return f"(name data under models.{model.name}.validation in pipeline.yaml)"
+    where = f"models.{model.name}.validation"  # the forms of etforge.config.validation_data
+    if model.kind == "seq2seq":  # the decoder is driven from the encoder's output
+        return f"(name the encoder's data under {where}.methods.encoder in pipeline.yaml)"
+    if model.multi_method:
+        return f"(name data per method under {where}.methods in pipeline.yaml)"
+    if any(i.dims for i in model.inputs):
+        return f"(name one npz per shape under {where}.shapes in pipeline.yaml)"
+    return f"(name data under {where} in pipeline.yaml)"
 
 
 def _with_expectation(entry: ExpectedFailure | None, natural: CellOutcome) -> CellOutcome:

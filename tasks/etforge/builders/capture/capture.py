@@ -10,6 +10,7 @@ The format of ``reference.npz`` is etforge.builders.capture.reference's.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from etforge.builders.capture.reference import RANDOM_SOURCE, REFERENCE, write_reference
@@ -57,26 +58,62 @@ def non_tensor_outputs(model_name: str, outputs) -> str | None:
     )
 
 
-def reference_samples(model_spec, root: Path, seed: int, inputs=None) -> tuple[list, str]:
-    """(list of input tuples as torch tensors, source): the model's validation data or one seeded input.
+@dataclass(frozen=True)
+class Samples:
+    """One method's validation samples: per sample a tuple of input tensors, where they came from and,
+    for data per named shape, the shape each sample came from."""
 
-    ``inputs``: one method's InputSpecs (default the model's, i.e. its first method's)."""
+    samples: list
+    source: str
+    shapes: tuple = ()
+
+
+def validation_samples(model_spec, root: Path, seed: int, method: str = "forward", inputs=None) -> Samples:
+    """The validation data of ``method`` (its ``inputs``: InputSpecs, default the model's first method's)
+    as torch tensors, or seeded random samples: one, or one per measured size of dynamic dims."""
     import torch
 
-    from etforge.builders.capture.samples import dynamic_random_inputs, load_samples, random_inputs
+    from etforge.builders.capture.samples import (
+        dynamic_random_inputs,
+        load_samples,
+        load_shapes,
+        method_data,
+        random_inputs,
+    )
 
     inputs = model_spec.inputs if inputs is None else inputs
-    if any(i.dims for i in inputs):
-        if model_spec.validation is not None:
-            raise BadValue(
-                "validation data for a model with dynamic dims is not supported yet: "
-                "drop `validation` (random samples at min, an interior size and max are used)"
-            )
-        return dynamic_random_inputs(inputs, seed), RANDOM_SOURCE
-    if model_spec.validation is None:
-        return random_inputs(inputs, seed), RANDOM_SOURCE
-    batches, source = load_samples(model_spec, model_spec.validation, root, seed)
-    return [tuple(torch.from_numpy(x) for x in batch) for batch in batches], source
+    entry = method_data(model_spec, method)
+    if entry is None:
+        dynamic = any(i.dims for i in inputs)
+        return Samples(dynamic_random_inputs(inputs, seed) if dynamic else random_inputs(inputs, seed), RANDOM_SOURCE)
+    names: list = []
+    if "shapes" in entry:
+        batches, source, names = load_shapes(entry, root, inputs)
+    else:
+        batches, source = load_samples(model_spec, entry, root, seed, inputs=inputs)
+    if model_spec.multi_method:  # the verdict joins every method's source: name each
+        source = f"{method}: {source}"
+    return Samples([tuple(torch.from_numpy(x) for x in batch) for batch in batches], source, tuple(names))
+
+
+def reference_samples(model_spec, root: Path, seed: int, inputs=None, method: str = "forward") -> tuple[list, str]:
+    """(list of input tuples as torch tensors, source) of :func:`validation_samples`."""
+    found = validation_samples(model_spec, root, seed, method, inputs)
+    return found.samples, found.source
+
+
+def export_sample(samples: list, inputs) -> int:
+    """The index of the sample torch.export traces: the middle one; with dynamic dims the nearest to it whose
+    dynamic sizes are all above 1 (torch.export specializes a dim it sees at 0 or 1)."""
+    middle = len(samples) // 2
+    axes = [[axis for axis, *_ in item.dims] for item in inputs]
+    if not any(axes):
+        return middle
+
+    def free(n: int) -> bool:
+        return all(samples[n][i].shape[a] > 1 for i, each in enumerate(axes) for a in each)
+
+    return min((n for n in range(len(samples)) if free(n)), key=lambda n: abs(n - middle), default=middle)
 
 
 def capture_stage(request: BuildRequest) -> BuildResult:
@@ -116,7 +153,8 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     captured = {}  # method -> (program, samples, eager, names, source)
     for method, inputs in model_spec.methods or (("forward", model_spec.inputs),):
         module = select_outputs(method_module(model, method), model_spec.outputs)  # outputs: (forward only)
-        samples, source = reference_samples(model_spec, root, seed, inputs)
+        data = validation_samples(model_spec, root, seed, method, inputs)
+        samples, source = data.samples, data.source
         eager = []
         with torch.no_grad(), deterministic():  # the reference every verdict is measured against
             for sample in samples:
@@ -129,17 +167,20 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
             return BuildResult(status=TaskStatus.FAILED, reason=failure)
         try:
             program = torch.export.export(
-                module, samples[len(samples) // 2], strict=False, dynamic_shapes=export_dynamic_shapes(inputs)
+                module,
+                samples[export_sample(samples, inputs)],
+                strict=False,
+                dynamic_shapes=export_dynamic_shapes(inputs),
             )
         except torch._dynamo.exc.UserError as exc:  # a dynamic dim the model cannot take as declared
             return BuildResult(status=TaskStatus.FAILED, reason=constraint_failure(label, exc))
         except Exception as exc:  # the graph itself: data-dependent control flow, an untraceable op
             return BuildResult(status=TaskStatus.FAILED, reason=export_failure(label, exc))
-        captured[method] = (program, samples, eager, names, source)
+        captured[method] = (program, samples, eager, names, source, data.shapes)
     if not model_spec.multi_method:
-        program, samples, eager, names, source = captured["forward"]
+        program, samples, eager, names, source, shapes = captured["forward"]
         torch.export.save(program, workdir / PROGRAM)
-        write_reference(workdir / REFERENCE, samples, eager, names, source)
+        write_reference(workdir / REFERENCE, samples, eager, names, source, shape_names=shapes)
     else:
         save_programs(workdir / PROGRAM, {m: c[0] for m, c in captured.items()})
         write_method_references(workdir / REFERENCE, {m: c[1:] for m, c in captured.items()})
@@ -147,8 +188,8 @@ def build_capture(model_spec, root: Path, seed: int, workdir: Path) -> BuildResu
     outputs = {m: describe_outputs(c[3], c[2][0]) for m, c in captured.items()}
     result = CaptureResult(
         export_s=round(time.monotonic() - start, 3),
-        inputs=first[4],
-        samples=len(first[1]),
+        inputs="; ".join(dict.fromkeys(c[4] for c in captured.values())),
+        samples=sum(len(c[1]) for c in captured.values()),
         outputs=tuple(next(iter(outputs.values()))),
         weight_bytes=weight_bytes(first[0]),
         methods={m: {"outputs": o} for m, o in outputs.items()} if model_spec.multi_method else {},
@@ -201,16 +242,17 @@ def load_programs(path: Path) -> dict:
 
 def write_method_references(path: Path, methods: dict, extra: dict | None = None) -> None:
     """reference.npz of a multi-method model: ``methods`` (their names) and, per method, ``method_<name>``
-    holding the bytes of that method's own reference.npz (etforge.builders.capture.reference); ``extra``: more
-    named arrays a stage's own reader wants (a seq2seq model's step-by-step reference)."""
+    holding the bytes of that method's own reference.npz (etforge.builders.capture.reference); ``methods``:
+    name -> (samples, eager, names, source[, per-sample shape names]); ``extra``: more named arrays a stage's
+    own reader wants (a seq2seq model's step-by-step reference)."""
     import io
 
     import numpy as np
 
     arrays = {"methods": np.array(list(methods), dtype=str)}
-    for name, (samples, eager, names, source) in methods.items():
+    for name, (samples, eager, names, source, *shapes) in methods.items():
         buffer = io.BytesIO()
-        write_reference(buffer, samples, eager, names, source)
+        write_reference(buffer, samples, eager, names, source, shape_names=shapes[0] if shapes else ())
         arrays[f"method_{name}"] = np.frombuffer(buffer.getvalue(), dtype=np.uint8)
     arrays.update(extra or {})
     with open(path, "wb") as f:

@@ -11,6 +11,8 @@
 - ``output_names``: 1-d unicode, each output's pytree key path (etforge.config.io_spec:
   ``''`` for a bare tensor, ``[0]``, ``['boxes']``, ``['extra'][1][0]``) (optional; files
   written before held a dict key or attribute such as ``logits``, or "")
+- ``sample_shapes``: 1-d unicode, per sample the named shape of ``validation.shapes`` it came
+  from (optional: present only for such data)
 
 Sample ``n`` of input ``i`` is ``input_<i>[n]``, exactly what the program takes.
 
@@ -43,6 +45,7 @@ class Reference:
     outputs: list  # per output: [N, *shape]
     source: str
     output_names: list = field(default_factory=list)  # per output: its pytree name, or ""
+    shapes: list = field(default_factory=list)  # per sample: its named shape (validation.shapes), or none
 
     @property
     def count(self) -> int:
@@ -65,11 +68,18 @@ class Reference:
 
 
 def write_reference(
-    path: Path | IO[bytes], samples: list, eager: list, names: list, source: str, extra: dict | None = None
+    path: Path | IO[bytes],
+    samples: list,
+    eager: list,
+    names: list,
+    source: str,
+    extra: dict | None = None,
+    shape_names: list | tuple = (),
 ) -> None:
     """Write format 2: ``samples`` (per sample, a tuple of input tensors), ``eager`` (per sample, the
     flattened output tensors), the outputs' pytree ``names`` and where the inputs came from.
-    ``extra``: more named arrays a stage's own reader wants (an LLM's ``llm_tokens``/``llm_logits``)."""
+    ``extra``: more named arrays a stage's own reader wants (an LLM's ``llm_tokens``/``llm_logits``);
+    ``shape_names``: per sample, the named shape it came from (validation data per shape)."""
     import numpy as np
 
     shapes = {tuple(tuple(t.shape) for t in (*s, *out)) for s, out in zip(samples, eager)}
@@ -87,6 +97,8 @@ def write_reference(
     arrays["samples"] = np.array(len(samples), dtype=np.int64)
     arrays["output_names"] = np.array(names, dtype=str)
     arrays["source"] = np.array(source)
+    if shape_names:
+        arrays["sample_shapes"] = np.array(list(shape_names), dtype=str)
     arrays.update(extra or {})
     if hasattr(path, "write"):  # a buffer: one method's reference inside a multi-method file
         np.savez(path, **arrays)
@@ -126,7 +138,8 @@ def load_reference_samples(path: Path | io.BytesIO, method: str | None = None) -
             return Reference([x[None] for x in inputs], [y[None] for y in outputs], RANDOM_SOURCE)
         source = str(data["source"]) if "source" in data.files else RANDOM_SOURCE
         names = [str(n) for n in data["output_names"]] if "output_names" in data.files else []
-    return Reference(inputs, outputs, source, names)
+        shapes = [str(n) for n in data["sample_shapes"]] if "sample_shapes" in data.files else []
+    return Reference(inputs, outputs, source, names, shapes)
 
 
 def load_reference(path: Path) -> tuple[list, list]:

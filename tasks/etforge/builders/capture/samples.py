@@ -21,6 +21,10 @@ normalized with ``mean``/``std`` (per channel; default 0 and 1):
 At most ``samples`` samples are used (default: etforge.config.defaults SAMPLES). Without data, seeded
 random samples stand in and the description says so.
 
+Validation data per method (``methods``: each method's entry in one of these forms) and per named
+shape of a model with dynamic dims (``shapes``: one npz per shape, each of one fixed sample shape;
+:func:`load_shapes`) are etforge.config.validation_data's, checked when the plan is built.
+
 :func:`random_inputs` is the one generator of random inputs (the eager reference,
 calibration, and through reference.npz validation, benchmark and bundled test
 cases): per input, in order, from one seeded ``torch.Generator``, exactly the
@@ -37,25 +41,64 @@ from __future__ import annotations
 from pathlib import Path
 
 from etforge.config.defaults import IMAGE_SUFFIXES, SAMPLES
+from etforge.config.validation_data import METHODS, SHAPES, input_array, sample_shape, shape_problem
 from etforge.core.errors import BadValue
 
 
 def load_samples(
-    model_spec, data_spec: dict | None, root: Path, seed: int, samples: int | None = None
+    model_spec, data_spec: dict | None, root: Path, seed: int, samples: int | None = None, inputs=None
 ) -> tuple[list, str]:
     """(list of samples, each a tuple of numpy arrays shaped like the model inputs; source description).
 
-    ``data_spec``: a model's ``calibration`` or ``validation`` entry, or None for seeded
-    random samples (standard normal, ``samples`` of them, default 16).
+    ``data_spec``: a model's ``calibration`` or ``validation`` entry (or one method's), or None for seeded
+    random samples (standard normal, ``samples`` of them, default 16); ``inputs``: the InputSpecs it
+    feeds (default the model's, i.e. its first method's).
     """
 
+    inputs = model_spec.inputs if inputs is None else inputs
     count = samples or (data_spec or {}).get("samples", SAMPLES)
     if data_spec is None:
-        batches = [tuple(x.numpy() for x in batch) for batch in random_inputs(model_spec.inputs, seed, count)]
+        batches = [tuple(x.numpy() for x in batch) for batch in random_inputs(inputs, seed, count)]
         return batches, "random (seeded)"
     if "npz" in data_spec:
-        return _from_npz(model_spec, root / data_spec["npz"], count), f"npz {data_spec['npz']}"
-    return _from_images(model_spec, root / data_spec["images"], data_spec, count), f"images {data_spec['images']}"
+        return _from_npz(model_spec.name, inputs, root / data_spec["npz"], count), f"npz {data_spec['npz']}"
+    return _from_images(inputs, root / data_spec["images"], data_spec, count), f"images {data_spec['images']}"
+
+
+def method_data(model_spec, method: str) -> dict | None:
+    """The validation entry of one method: the model's own, or its ``methods`` entry; None: random samples."""
+    entry = model_spec.validation
+    if entry is not None and METHODS in entry:
+        return entry[METHODS].get(method)
+    return entry
+
+
+def load_shapes(entry: dict, root: Path, inputs) -> tuple[list, str, list]:
+    """(samples as tuples of numpy arrays, source, per sample the name of its shape) of a ``shapes``
+    entry: each file's samples (at most its ``samples``), in the order given. A file must still fit
+    the dims as the plan found it (etforge.config.validation_data shape_problem)."""
+    import numpy as np
+
+    batches, names, said = [], [], []
+    for name, part in entry[SHAPES].items():
+        path = root / part["npz"]
+        with np.load(path) as data:
+            shapes = {k: list(data[k].shape) for k in data.files}
+            problem = shape_problem(shapes, inputs)
+            if isinstance(problem, str):  # (planning refuses such a file; it may have changed since)
+                raise BadValue(f"{part['npz']} (shape {name}) {problem}")
+            arrays = [data[input_array(shapes, item, i)] for i, item in enumerate(inputs)]
+        count = min(len(a) for a in arrays)
+        taken = min(count, part.get("samples", SAMPLES))
+        for n in range(taken):
+            sample = []
+            for item, array in zip(inputs, arrays):
+                shape = sample_shape(list(array.shape), item)
+                sample.append(np.ascontiguousarray(array[n].reshape(shape)).astype(item.dtype))
+            batches.append(tuple(sample))
+            names.append(name)
+        said.append(f"{name}: npz {part['npz']} ({taken} sample{'s' if taken != 1 else ''})")
+    return batches, "shapes " + ", ".join(said), names
 
 
 def random_inputs(inputs, seed: int, count: int = 1, shapes: list | None = None) -> list:
@@ -149,23 +192,23 @@ def preprocess_image(path: Path, channels: int, height: int, width: int, spec: d
     return np.ascontiguousarray((array - mean) / std, dtype=np.float32)
 
 
-def _from_npz(model_spec, path: Path, samples: int) -> list:
+def _from_npz(model_name: str, inputs, path: Path, samples: int) -> list:
     import numpy as np
 
     with np.load(path) as data:
         arrays = []
-        for i, item in enumerate(model_spec.inputs):
+        for i, item in enumerate(inputs):
             name = item.name if item.name in data.files else f"input_{i}"
             if name not in data.files:
                 raise BadValue(f"{path.name} has no array {item.name!r} or 'input_{i}' (has: {', '.join(data.files)})")
             arrays.append(data[name])
     count = min((len(a) if a.ndim else 0) for a in arrays)
     if count == 0:  # (planning refuses such a file; it may have changed since)
-        raise BadValue(f"{path.name} holds no samples for {model_spec.name} (an empty first axis)")
+        raise BadValue(f"{path.name} holds no samples for {model_name} (an empty first axis)")
     batches = []
     for n in range(min(count, samples)):
         batch = []
-        for item, array in zip(model_spec.inputs, arrays):
+        for item, array in zip(inputs, arrays):
             sample = (
                 array[n].reshape(item.shape[1:]) if array[n].size * item.shape[0] == _numel(item.shape) else array[n]
             )
@@ -174,10 +217,10 @@ def _from_npz(model_spec, path: Path, samples: int) -> list:
     return batches
 
 
-def _from_images(model_spec, folder: Path, spec: dict, samples: int) -> list:
-    if len(model_spec.inputs) != 1 or len(model_spec.inputs[0].shape) != 4:
+def _from_images(inputs, folder: Path, spec: dict, samples: int) -> list:
+    if len(inputs) != 1 or len(inputs[0].shape) != 4:
         raise BadValue("an image folder feeds a model with one NCHW image input")
-    item = model_spec.inputs[0]
+    item = inputs[0]
     _, channels, height, width = item.shape
     files = image_files(folder)
     if not files:

@@ -12,9 +12,12 @@ transformers' ``Seq2SeqLMDecoderExportableModuleWithStaticCache`` assumes ``lm_h
 cross-attention keys and values are recomputed from ``encoder_hidden_states`` at every step
 (a fresh cross-attention cache per call), so the program holds one mutable cache only.
 
-The capture's reference (:func:`eager_reference`) holds a seeded encoder input, eager PyTorch's
-greedy continuation from the decoder start token and eager logits without a cache at every
-position, which etforge.builders.seq2seq.numerics compares the program with step by step.
+The capture's reference (:func:`eager_reference`) holds, per sample, an encoder input, eager
+PyTorch's greedy continuation from the decoder start token and eager logits without a cache at
+every position, which etforge.builders.seq2seq.numerics compares the program with step by step.
+The encoder inputs are the model's validation data for its encoder (``validation: {methods:
+{encoder: {npz: ...}}}``, etforge.config.validation_data), else one seeded sample; the decoder takes
+no data: it is driven from the start token on each sample's encoder output.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 from etforge.core.errors import BadValue
 
 INPUT_SEED_OFFSET = 1  # the encoder input's generator seed = plan seed + this (weights use the plan seed)
-REFERENCE_SOURCE = "seeded encoder input (seq2seq)"
+REFERENCE_SOURCE = "random (seeded) encoder input (seq2seq)"
 
 
 def _module_class():
@@ -149,21 +152,43 @@ def eager_logits(model, source: dict, encoder_input, tokens):
     return out.logits[0].float()
 
 
-def eager_reference(model, model_spec, seed: int) -> dict:
-    """The seeded encoder input, the eager encoder output, the greedy continuation (``tokens``: the start
-    token, then ``decode_steps`` greedy tokens) and the eager logits of every step."""
+def encoder_inputs(model, model_spec, root, seed: int) -> tuple[list, str]:
+    """(the encoder inputs the reference is built on, where they came from): the encoder's validation
+    data, else one seeded sample (:func:`encoder_sample`)."""
+    import torch
+
+    from etforge.builders.capture.samples import load_samples, method_data
+    from etforge.config.hf_seq2seq import ENCODER
+
+    entry = method_data(model_spec, ENCODER)
+    if entry is None:
+        return [encoder_sample(model, model_spec.source["transformers"], seed)], REFERENCE_SOURCE
+    inputs = dict(model_spec.methods)[ENCODER]
+    batches, source = load_samples(model_spec, entry, root, seed, inputs=inputs)
+    return [torch.from_numpy(batch[0]) for batch in batches], f"{ENCODER}: {source} (seq2seq)"
+
+
+def eager_reference(model, model_spec, seed: int, root=None) -> dict:
+    """Per encoder input (:func:`encoder_inputs`), in lists: the input, the eager encoder output, the greedy
+    continuation (``tokens``: the start token, then ``decode_steps`` greedy tokens) and the eager logits of
+    every step; ``source``: where the inputs came from."""
     import torch
 
     from etforge.builders.runtime.determinism import deterministic
 
     source = model_spec.source["transformers"]
-    x = encoder_sample(model, source, seed)
-    tokens = [start_token(model)]
-    for _ in range(source["seq2seq"]["decode_steps"]):
-        tokens.append(int(eager_logits(model, source, x, tokens)[-1].argmax()))
-    with torch.no_grad(), deterministic():
-        states = model.get_encoder()(**{_encoder_input(source): x}).last_hidden_state
-    return {"input": x, "states": states, "tokens": tokens, "logits": eager_logits(model, source, x, tokens[:-1])}
+    xs, said = encoder_inputs(model, model_spec, root, seed)
+    out: dict = {"input": xs, "states": [], "tokens": [], "logits": [], "source": said}
+    for x in xs:
+        tokens = [start_token(model)]
+        for _ in range(source["seq2seq"]["decode_steps"]):
+            tokens.append(int(eager_logits(model, source, x, tokens)[-1].argmax()))
+        with torch.no_grad(), deterministic():
+            states = model.get_encoder()(**{_encoder_input(source): x}).last_hidden_state
+        out["states"].append(states)
+        out["tokens"].append(tokens)
+        out["logits"].append(eager_logits(model, source, x, tokens[:-1]))
+    return out
 
 
 def _encoder_input(source: dict) -> str:
@@ -174,15 +199,23 @@ def _encoder_input(source: dict) -> str:
 
 def reference_methods(eager: dict) -> dict:
     """method -> (samples, eager outputs, names, source) for capture.write_method_references: the encoder on
-    the seeded input, the decoder's first step (start token at position 0) on eager's encoder output."""
+    each input, the decoder's first step (start token at position 0) on each eager encoder output."""
     import torch
 
     from etforge.config.hf_seq2seq import DECODER, ENCODER
 
-    first = (torch.tensor([[eager["tokens"][0]]]), eager["states"], torch.tensor([0]))
+    firsts = [
+        (torch.tensor([[tokens[0]]]), states, torch.tensor([0]))
+        for tokens, states in zip(eager["tokens"], eager["states"])
+    ]
     return {
-        ENCODER: ([(eager["input"],)], [[eager["states"]]], ["last_hidden_state"], REFERENCE_SOURCE),
-        DECODER: ([first], [[eager["logits"][None, :1]]], ["logits"], REFERENCE_SOURCE),
+        ENCODER: (
+            [(x,) for x in eager["input"]],
+            [[s] for s in eager["states"]],
+            ["last_hidden_state"],
+            eager["source"],
+        ),
+        DECODER: (firsts, [[logits[None, :1]] for logits in eager["logits"]], ["logits"], eager["source"]),
     }
 
 
@@ -206,12 +239,14 @@ def runner_metadata(model_spec, capture) -> dict:
 
 
 def extra_arrays(eager: dict) -> dict:
-    """What the step-by-step validation reads besides the methods' samples (reference.npz)."""
+    """What the step-by-step validation reads besides the methods' samples (reference.npz), one row per
+    sample: ``s2s_tokens`` [N, steps + 1], ``s2s_logits`` [N, steps, V], ``s2s_input`` [N, *encoder input],
+    ``s2s_states`` [N, *encoder output]."""
     import numpy as np
 
     return {
         "s2s_tokens": np.array(eager["tokens"], dtype=np.int64),
-        "s2s_logits": eager["logits"].numpy(),
-        "s2s_input": eager["input"].numpy(),
-        "s2s_states": eager["states"].detach().numpy(),
+        "s2s_logits": np.stack([logits.numpy() for logits in eager["logits"]]),
+        "s2s_input": np.stack([x.numpy() for x in eager["input"]]),
+        "s2s_states": np.stack([s.detach().numpy() for s in eager["states"]]),
     }

@@ -1,8 +1,9 @@
 """The stage builders of an encoder-decoder model (transformers ``automatic-speech-recognition`` and
 ``text2text-generation``: ModelKind.SEQ2SEQ, its Kind in etforge.pipeline.stages KINDS).
 
-    capture     a seeded encoder input, eager greedy continuation and logits; the program's two
-                methods, encoder and text_decoder (etforge.builders.seq2seq.export)
+    capture     per encoder input (the encoder's validation data, else one seeded input) eager's greedy
+                continuation and logits; the program's two methods, encoder and text_decoder
+                (etforge.builders.seq2seq.export)
     quantize    the same schemes as any model, on the eager model; also the quantized eager
                 model's logits, the reference a quantized cell is judged against (SAME_SCHEME)
     export      a multi-method module's (etforge.builders.lowering.lower) plus the runner's metadata methods
@@ -40,7 +41,7 @@ def capture_stage(request: BuildRequest) -> BuildResult:
     start = time.monotonic()
     model = build_model(model_spec, request.plan.root)
     try:
-        eager = seq2seq_export.eager_reference(model, model_spec, request.plan.seed)
+        eager = seq2seq_export.eager_reference(model, model_spec, request.plan.seed, request.plan.root)
     except ValueError as exc:  # a start token outside the vocabulary
         return BuildResult(status=TaskStatus.FAILED, reason=f"model {model_spec.name!r}: {exc}")
     methods = seq2seq_export.reference_methods(eager)
@@ -48,21 +49,21 @@ def capture_stage(request: BuildRequest) -> BuildResult:
         failure = nonfinite_eager(f"{model_spec.name}.{method}", outputs, names, source)
         if failure:
             return BuildResult(status=TaskStatus.FAILED, reason=failure)
-    programs = seq2seq_export.export_seq2seq(model, model_spec.source["transformers"], eager["states"])
+    programs = seq2seq_export.export_seq2seq(model, model_spec.source["transformers"], eager["states"][0])
     save_programs(workdir / PROGRAM, programs)
     write_method_references(workdir / REFERENCE, methods, extra=seq2seq_export.extra_arrays(eager))
     described = {m: describe_outputs(names, outputs[0]) for m, (_, outputs, names, _) in methods.items()}
     result = CaptureResult(
         export_s=round(time.monotonic() - start, 3),
-        inputs=seq2seq_export.REFERENCE_SOURCE,
-        samples=1,
+        inputs=eager["source"],
+        samples=len(eager["input"]),
         outputs=tuple(next(iter(described.values()))),
         weight_bytes=_weight_bytes([weight_bytes(p) for p in programs.values()]),
         methods={m: {"outputs": o} for m, o in described.items()},
         llm={
-            "decode_steps": len(eager["tokens"]) - 1,
-            "eager_tokens": eager["tokens"][1:],
-            "start_token": eager["tokens"][0],
+            "decode_steps": len(eager["tokens"][0]) - 1,
+            "eager_tokens": eager["tokens"][0][1:],  # the first sample's
+            "start_token": eager["tokens"][0][0],
         },
         note=RANDOM_WEIGHTS_NOTE if random_weights(model_spec) else None,
     )
@@ -88,13 +89,14 @@ def quantize_stage(request: BuildRequest) -> BuildResult:
     reference = capture.files[REFERENCE]
     model, _, facts = quantize_model(cell, request.plan.root, request.plan.seed, capture.files[PROGRAM], reference)
     source = cell.model.source["transformers"]
-    with np.load(reference) as data:
-        x, tokens = torch.from_numpy(data["s2s_input"]), [int(t) for t in data["s2s_tokens"]]
-        states = torch.from_numpy(data["s2s_states"])
+    with np.load(reference) as data:  # one row per sample (etforge.builders.seq2seq.export extra_arrays)
+        xs, rows = torch.from_numpy(data["s2s_input"]), data["s2s_tokens"].tolist()
+        states = torch.from_numpy(data["s2s_states"][0])
     dtype = next(model.parameters()).dtype  # a dtype scheme (fp16) takes its float inputs in that dtype
-    x = x.to(dtype) if x.is_floating_point() else x
+    xs = xs.to(dtype) if xs.is_floating_point() else xs
     states = states.to(dtype)
-    np.save(workdir / SAME_SCHEME, eager_logits(model, source, x, tokens[:-1]).numpy())
+    same = [eager_logits(model, source, x, tokens[:-1]).numpy() for x, tokens in zip(xs, rows)]
+    np.save(workdir / SAME_SCHEME, np.stack(same))  # [N, steps, V]
     save_programs(workdir / PROGRAM, export_seq2seq(model, source, states))
     result = QuantizeResult(quantize_s=round(time.monotonic() - start, 3), **facts)
     return BuildResult(files={PROGRAM: workdir / PROGRAM, SAME_SCHEME: workdir / SAME_SCHEME}, result=result)
