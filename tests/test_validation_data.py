@@ -48,8 +48,10 @@ models:
       - {{name: x, shape: [1, {{min: 1, max: 64, name: seq}}, 16]}}
     validation:
       shapes:
+        one: {{npz: data/seq1.npz}}     # first and most: the middle sample is at size 1
         short: {{npz: data/seq8.npz}}
         long: {{npz: data/seq40.npz}}
+    thresholds: {{int8: {{sqnr_db: 10}}}}  # static int8 on random ids and features: 13.8 dB worst measured
   whisper:
     transformers:
       task: automatic-speech-recognition
@@ -58,7 +60,12 @@ models:
     validation: {{methods: {{encoder: {{npz: data/features.npz}}}}}}
 backends:
   xnnpack: {{}}
-quantization: [fp32]
+quantization: [fp32, int8]
+matrix:
+  product: false
+  include:
+    - {{quantization: fp32}}
+    - {{model: seq, quantization: int8}}   # exported from a sample whose dynamic size is above 1
 targets: false  # aarch64 verdicts: tests/test_aarch64_targets.py
 """
 
@@ -72,6 +79,9 @@ def write_data(root: Path, seed: int = 0) -> None:
     np.savez(data / "enc.npz", x=rng.standard_normal((3, 1, 8, 16)).astype(np.float32))
     np.savez(
         data / "dec.npz", ids=rng.integers(0, 20, (3, 1, 4)), memory=rng.standard_normal((3, 1, 16)).astype(np.float32)
+    )
+    np.savez(
+        data / "seq1.npz", ids=rng.integers(0, 50, (5, 1, 1)), x=rng.standard_normal((5, 1, 1, 16)).astype(np.float32)
     )
     np.savez(
         data / "seq8.npz", ids=rng.integers(0, 50, (2, 1, 8)), x=rng.standard_normal((2, 1, 8, 16)).astype(np.float32)
@@ -104,6 +114,7 @@ def test_cells_validated_on_data_per_method_and_per_shape_are_ok(built):
     assert {c: r["status"] for c, r in cells.items()} == {
         "encdec/xnnpack/fp32": "ok",
         "seq/xnnpack/fp32": "ok",
+        "seq/xnnpack/int8": "ok",
         "whisper/xnnpack/fp32": "ok",
     }
     assert not any("random inputs" in r["note"] for r in cells.values())
@@ -120,20 +131,23 @@ def test_the_samples_of_every_shape_in_order_each_judged_at_its_size(built):
     from etforge.builders.capture.reference import load_reference_samples
 
     report = numerics(built, "seq/xnnpack/fp32")
-    assert report["inputs"] == "shapes short: npz data/seq8.npz (2 samples), long: npz data/seq40.npz (2 samples)"
-    assert report["samples"] == 4 and report["passed"]
-    sizes = [(o["sample"], o["input_shapes"]) for o in report["outputs"]][::2]  # two outputs per sample
-    assert sizes == [
-        (0, [[1, 8], [1, 8, 16]]),
-        (1, [[1, 8], [1, 8, 16]]),
-        (2, [[1, 40], [1, 40, 16]]),
-        (3, [[1, 40], [1, 40, 16]]),
+    assert report["inputs"] == (
+        "shapes one: npz data/seq1.npz (5 samples), short: npz data/seq8.npz (2 samples), "
+        "long: npz data/seq40.npz (2 samples)"
+    )
+    assert report["samples"] == 9 and report["passed"]
+    sizes = [(o["sample"], o["input_shapes"], o["shape"]) for o in report["outputs"]][::2]  # two outputs per sample
+    assert sizes == [(n, [[1, 1], [1, 1, 16]], "one") for n in range(5)] + [
+        (5, [[1, 8], [1, 8, 16]], "short"),
+        (6, [[1, 8], [1, 8, 16]], "short"),
+        (7, [[1, 40], [1, 40, 16]], "long"),
+        (8, [[1, 40], [1, 40, 16]], "long"),
     ]
     key = state(built, "capture:seq")["key"]
     ref = load_reference_samples(built.out.parent / "cache" / key[:2] / key / "reference.npz")
-    assert ref.shapes == ["short", "short", "long", "long"]
+    assert ref.shapes == ["one"] * 5 + ["short", "short", "long", "long"]
     with np.load(built.root / "data" / "seq40.npz") as data:  # the file's own values, batch axis put back
-        assert np.array_equal(ref.sample_inputs(3)[1], data["x"][1][None])
+        assert np.array_equal(ref.sample_inputs(8)[1], data["x"][1][None])
 
 
 def test_an_encoder_decoder_runs_each_encoder_sample_then_its_decoder_step_by_step(built):

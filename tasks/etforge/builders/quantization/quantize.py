@@ -180,6 +180,7 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
     """(quantized model or graph, the example inputs to export it with, QuantizeResult fields)."""
     import torch
 
+    from etforge.builders.capture.capture import export_sample
     from etforge.builders.capture.reference import load_reference_samples
     from etforge.builders.capture.samples import calibration_batches
     from etforge.builders.loading.model_loading import build_model
@@ -188,8 +189,9 @@ def quantize_model(cell, root: Path, seed: int, capture_program: Path, reference
 
     transform = cell.transform
     samples = load_reference_samples(reference)
-    # the capture's export sample (a dynamic model's interior size: torch.export specializes sizes 0 and 1)
-    inputs = tuple(torch.from_numpy(x) for x in samples.sample_inputs(samples.count // 2))
+    # the capture's export sample (a dynamic model's: one whose sizes are above 1, which torch.export specializes)
+    each = [samples.sample_inputs(n) for n in range(samples.count)]
+    inputs = tuple(torch.from_numpy(x) for x in each[export_sample(each, cell.model.inputs)])
     facts: dict = {"method": transform.method, "quantizer": transform.ref}
     if transform.method == "pt2e":
         factory = load_callable(transform.ref)
