@@ -133,13 +133,20 @@ def prepare_inputs(reference: Path, input_dtypes: list | None) -> list:
 
 
 def sizes_inputs(reference: Path, input_dtypes: list | None) -> list:
-    """Every sample of a ragged reference (a model with dynamic dims: one per measured size), as the
-    program takes it; [] for a fixed-shape model (its first sample is the benchmark's input)."""
+    """One sample per distinct input shape of a ragged reference (a model with dynamic dims: one per
+    measured size, or per shape of its validation data), as the program takes it; [] for a
+    fixed-shape model (its first sample is the benchmark's input)."""
     from etforge.builders.capture.reference import load_reference_samples
     from etforge.builders.runtime.program_io import cast_inputs
 
     ref = load_reference_samples(reference)
-    return [cast_inputs(ref.sample_inputs(n), input_dtypes) for n in range(ref.count)] if ref.ragged else []
+    if not ref.ragged:
+        return []
+    per_shape: dict = {}  # a validation file's samples share a shape: time it once, not per sample
+    for n in range(ref.count):
+        inputs = ref.sample_inputs(n)
+        per_shape.setdefault(tuple(tuple(x.shape) for x in inputs), inputs)
+    return [cast_inputs(inputs, input_dtypes) for inputs in per_shape.values()]
 
 
 def time_sizes(method, per_size: list, opts: dict) -> list:

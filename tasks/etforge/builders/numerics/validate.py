@@ -313,11 +313,16 @@ def per_size_metrics(ref, results: list, labels: list, classification: bool) -> 
     metrics, full = [], []
     for n in range(ref.count):
         shapes = [list(x.shape) for x in ref.sample_inputs(n)]
+        named = ref.shapes[n] if n < len(ref.shapes) else ""  # validation: {shapes: {<name>: ...}}
         for i, expected in enumerate(ref.outputs):
             m = compare_samples(expected[n][None], results[n][i][None], classification)
             name = labels[i] if i < len(labels) else ""
             m.update(
-                path=ref.output_names[i] if i < len(ref.output_names) else "", name=name, sample=n, input_shapes=shapes
+                path=ref.output_names[i] if i < len(ref.output_names) else "",
+                name=name,
+                sample=n,
+                input_shapes=shapes,
+                **({"shape": named} if named else {}),
             )
             metrics.append(m)
             full.append(
@@ -325,6 +330,7 @@ def per_size_metrics(ref, results: list, labels: list, classification: bool) -> 
                 + (f" ({name})" if name else "")
                 + " at input shapes "
                 + ", ".join("x".join(map(str, s)) for s in shapes)
+                + (f" (shape {named})" if named else "")
             )
     return metrics, full
 
