@@ -72,7 +72,7 @@ class QuantizeResult(StageResult):
     calibration: str | None = None  # where static quantization's calibration data came from
     calibration_samples: int | None = None
     layers: dict = field(default_factory=dict)  # the layers a weight-group scheme took and kept in float
-    rescue: dict = field(default_factory=dict)  # keep_float: auto: sensitivity, layers kept, dB each bought
+    rescue: dict = field(default_factory=dict)  # keep_float: auto: search, divergence, layers kept, dB, measurements
 
 
 @dataclass(frozen=True)
