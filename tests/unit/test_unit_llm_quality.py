@@ -186,3 +186,12 @@ def test_bad_texts_are_one_line_errors_naming_file_line_and_key(tmp_path, text, 
     said = str(raised.value)
     assert "\n" not in said and message in said, said
     assert f"pipeline.yaml:10: models.tiny_llm.validation.{key}: " in said, said
+
+
+def test_a_provisional_llm_cell_names_both_forms_of_real_tokens():
+    from types import SimpleNamespace
+
+    from etforge.publish.outcome import _validation_data_hint
+
+    hint = _validation_data_hint(SimpleNamespace(kind="llm", name="tiny_llm", inputs=(), multi_method=False))
+    assert "models.tiny_llm.validation.tokens" in hint and "models.tiny_llm.validation.text" in hint, hint

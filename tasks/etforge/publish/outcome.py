@@ -355,12 +355,9 @@ def _size_gate_moot(plan: Plan, cell: Cell, by_kind: dict, read: Read) -> str:
 
 def _validation_data_hint(model) -> str:
     """How a provisional cell becomes ok: name data, where the model can take it."""
-    if model.kind == "llm":  # a token file (etforge.config.llm_tokens)
-        return (
-            f"(name a token file or a text and its tokenizer under models.{model.name}.validation "
-            "in pipeline.yaml: tokens, or text and tokenizer)"
-        )
-    where = f"models.{model.name}.validation"  # the forms of etforge.config.validation_data
+    where = f"models.{model.name}.validation"  # etforge.config.validation_data's and llm_tokens' forms
+    if model.kind == "llm":
+        return f"(name a token file under {where}.tokens, or a text and its tokenizer under {where}.text, in pipeline.yaml)"
     if model.kind == "seq2seq":  # the decoder is driven from the encoder's output
         return f"(name the encoder's data under {where}.methods.encoder in pipeline.yaml)"
     if model.multi_method:
