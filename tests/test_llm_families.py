@@ -1,11 +1,20 @@
-"""Decoder-only LLM families beyond Llama: sliding-window attention and transformers' hybrid cache.
+"""Decoder-only LLM families beyond the tiny Llama: sliding-window attention and transformers'
+hybrid cache, and a KV cache of one head with head_dim 128.
 
-Default run: a Gemma-3-style tiny config (2 layers: one sliding with window 6, one full) on
-XNNPACK fp32, through the real pipeline. Its 8-token prompt and 8 decode steps (positions
-0..15) cross the window, so a program that ignored the window, or crashed on transformers'
-``TorchExportableModuleWithHybridCache`` (no ``static_cache``), would fail here. The in-process
-tests check the window mask against transformers' own masked attention and the Gemma 2 attention
-fallback. The slow test builds examples/llm_families/pipeline.yaml (every family × fp32/8da4w).
+Default run: one project, built once for the module (``doit validate``), with two tiny configs on
+XNNPACK fp32, through the real pipeline (one build serves both: each build process first spends
+~6 s of CPU importing torch, transformers and ExecuTorch):
+
+- a Gemma-3-style config (2 layers: one sliding with window 6, one full). Its 8-token prompt and
+  8 decode steps (positions 0..15) cross the window, so a program that ignored the window, or
+  crashed on transformers' ``TorchExportableModuleWithHybridCache`` (no ``static_cache``), would
+  fail here;
+- a Llama-3.2-shaped config with one KV head (multi-query attention) and head_dim 128, the
+  regression of issue 34 (its in-process checks and the story: tests/test_llm_kv_heads.py).
+
+The in-process tests check the window mask against transformers' own masked attention and the
+Gemma 2 attention fallback. The slow test builds examples/llm_families/pipeline.yaml (every
+family × fp32/8da4w).
 """
 
 from __future__ import annotations
@@ -25,6 +34,14 @@ GEMMA3_CONFIG = (
     "sliding_window: 6, layer_types: [sliding_attention, full_attention], query_pre_attn_scalar: 16, "
     "tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2, pad_token_id: 0}"
 )
+# Llama-3.2-shaped with one KV head (tests/test_llm_kv_heads.py): 4 query heads, head_dim 128, llama3 rope
+LLAMA_MQA = (
+    "{model_type: llama, vocab_size: 512, hidden_size: 256, intermediate_size: 512, num_hidden_layers: 2, "
+    "num_attention_heads: 4, num_key_value_heads: 1, head_dim: 128, max_position_embeddings: 131072, "
+    "rms_norm_eps: 1.0e-5, tie_word_embeddings: false, bos_token_id: 1, eos_token_id: 2, "
+    "rope_parameters: {rope_type: llama3, rope_theta: 500000.0, factor: 32.0, low_freq_factor: 1.0, "
+    "high_freq_factor: 4.0, original_max_position_embeddings: 8192}}"
+)
 PIPELINE = f"""\
 name: t
 version: 0.0.1
@@ -33,6 +50,11 @@ models:
     transformers:
       task: text-generation
       config: {GEMMA3_CONFIG}
+      llm: {{max_context_len: 32, prompt_len: 8, decode_steps: 8}}
+  llama_mqa:
+    transformers:
+      task: text-generation
+      config: {LLAMA_MQA}
       llm: {{max_context_len: 32, prompt_len: 8, decode_steps: 8}}
 backends:
   xnnpack: {{}}
@@ -46,15 +68,16 @@ def _numerics(project, model: str, backend: str, scheme: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def built_gemma3(tmp_path_factory):
-    project = make_project(tmp_path_factory.mktemp("gemma3") / "proj", PIPELINE)
+def built(tmp_path_factory):
+    """PIPELINE validated: the Gemma-3-style cell and the one-KV-head Llama cell."""
+    project = make_project(tmp_path_factory.mktemp("families") / "proj", PIPELINE)
     run = project.doit("validate")
     assert run.returncode == 0, run.stdout + run.stderr
     return project
 
 
-def test_gemma3_sliding_window_validates_per_decode_step(built_gemma3):
-    report = _numerics(built_gemma3, "gemma3", "xnnpack", "fp32")
+def test_gemma3_sliding_window_validates_per_decode_step(built):
+    report = _numerics(built, "gemma3", "xnnpack", "fp32")
     llm = report["llm"]
     assert report["passed"], report["misses"]
     assert llm["decode_steps"] == 8 and len(llm["step_sqnr_db"]) == 8
@@ -62,8 +85,18 @@ def test_gemma3_sliding_window_validates_per_decode_step(built_gemma3):
     assert min(llm["step_sqnr_db"]) > 60
     assert llm["top1_agreement"] == 1.0 and llm["greedy_agreement"] == 1.0
     assert llm["program_tokens"] == llm["eager_tokens"]
-    export = json.loads((built_gemma3.out / "gemma3" / "gemma3_xnnpack_fp32.export.json").read_text())
+    export = json.loads((built.out / "gemma3" / "gemma3_xnnpack_fp32.export.json").read_text())
     assert "llama.custom_sdpa" in check(export, "delegation")["not_delegated"]
+
+
+def test_one_kv_head_with_head_dim_128_validates_per_decode_step(built):
+    """One KV head: the runtime refused the cache at the first decode step before the fix (issue 34,
+    tests/test_llm_kv_heads.py); now every step matches eager."""
+    report = _numerics(built, "llama_mqa", "xnnpack", "fp32")
+    llm = report["llm"]
+    assert report["passed"], report["misses"]
+    assert len(llm["step_sqnr_db"]) == 8 and min(llm["step_sqnr_db"]) > 60
+    assert llm["program_tokens"] == llm["eager_tokens"]
 
 
 @pytest.mark.parametrize("start, length", [(0, 8), (10, 1), (13, 3)])
