@@ -20,6 +20,7 @@ from conftest import (
     assert_nothing_half_done,
     copy_project,
     damage_database,
+    in_project,
     make_project,
     start_doit,
     state,
@@ -29,15 +30,46 @@ from conftest import (
 from etforge.cache.entries import read_entry
 
 
-# Mid-lowering runs by default (a kill during the final writes has its own fast tests below);
-# mid-verdict, between tasks and mid-capture in `make test-all`.
+def forget(project: Project, task: str) -> None:
+    """As if ``task`` had never run: its state record, store entry and working-tree outputs gone."""
+    record = state(project, task)
+    shutil.rmtree(project.root / "artifacts" / "cache" / record["key"][:2] / record["key"])
+    for meta in record["outputs"].values():
+        in_project(project, meta["path"]).unlink()
+    (project.out / ".state" / (task.replace(":", "__").replace("/", "__") + ".json")).unlink()
+
+
+def test_a_run_killed_mid_lowering_leaves_nothing_a_later_run_accepts_and_the_next_run_finishes(built_small, tmp_path):
+    """The built project with the cnn's capture and XNNPACK export forgotten: the run captures
+    (its worker is warm when the lowering starts, as in a first build), then is killed inside
+    that lowering. (Other kill points, from a first build: the next test, in `make test-all`.)"""
+    project = copy_project(built_small, tmp_path / "proj")
+    for task in ("capture:cnn", "export:cnn/xnnpack/fp32"):
+        forget(project, task)
+    proc = start_doit(project)
+    wait_for_line(proc, "start            export:cnn/xnnpack/fp32")
+    time.sleep(0.3)  # land inside the lowering, not at its first line
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    assert_nothing_half_done(project)
+    run = project.doit()
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "export:cnn/xnnpack/fp32" in run.started and "4 provisional" in run.stdout
+    assert_nothing_half_done(project)
+    assert project.doit().started == set()
+
+
+# Repeats of the mid-lowering kill above (which runs by default) at other moments of a first build:
+# mid-capture, mid-lowering, between tasks and mid-verdict, in `make test-all`.
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "kill_at",
     [
-        pytest.param("start            capture:cnn", marks=pytest.mark.slow),
+        "start            capture:cnn",
         "start            export:cnn/xnnpack/fp32",
-        pytest.param("ok               export:linreg/xnnpack/fp32", marks=pytest.mark.slow),
-        pytest.param("start            validate:cnn/portable/fp32", marks=pytest.mark.slow),
+        "ok               export:linreg/xnnpack/fp32",
+        "start            validate:cnn/portable/fp32",
     ],
 )
 def test_a_killed_run_leaves_nothing_a_later_run_accepts_and_the_next_run_finishes(tmp_path, kill_at):
@@ -53,19 +85,6 @@ def test_a_killed_run_leaves_nothing_a_later_run_accepts_and_the_next_run_finish
     assert "4 provisional" in run.stdout
     assert_nothing_half_done(project)
     assert project.doit().started == set()
-
-
-def test_a_second_concurrent_run_waits_for_the_first(tmp_path):
-    project = make_project(tmp_path / "proj")
-    first = start_doit(project)
-    wait_for_line(first, "start            capture:linreg")
-    second = start_doit(project)
-    out_second, _ = second.communicate(timeout=600)
-    out_first, _ = first.communicate(timeout=600)
-    assert first.returncode == 0 and second.returncode == 0, out_first + out_second
-    assert f"another doit run (pid {first.pid}) is using" in out_second and "waiting" in out_second
-    assert "0 task(s) run" in out_second  # the first run built everything
-    assert_nothing_half_done(project)
 
 
 def test_unwritable_artifacts_directory_fails_with_one_line_naming_the_path(tmp_path):
@@ -119,6 +138,13 @@ FACTORIES = {
     "suicide": (
         "import os, signal\n\n\ndef build():\n    os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does\n"
     ),
+    "gated": (
+        "import pathlib, time\n\nfrom models.linreg import build as build_linreg\n\n\ndef build():\n"
+        "    gate, deadline = pathlib.Path(__file__).with_name('gate'), time.monotonic() + 300\n"
+        "    while not gate.exists() and time.monotonic() < deadline:  # until the test opens it\n"
+        "        time.sleep(0.05)\n"
+        "    return build_linreg()\n"
+    ),
     "big": "import torch\n\n\ndef build():\n    return torch.nn.Linear(4, 16384)  # 256 KB of weights\n",
     "exits": "import sys\n\n\ndef build():\n    sys.exit(0)  # a factory that thinks it is a script\n",
     "hard_exits": "import os\n\n\ndef build():\n    os._exit(0)\n",
@@ -160,6 +186,22 @@ def wait_for_lock(project, pid: int, timeout: float = 120) -> None:
 
 def summary_rows(project) -> dict:
     return {r["cell"]: r for r in json.loads((project.out / "summary.json").read_text())}
+
+
+def test_a_second_concurrent_run_waits_for_the_first(tmp_path):
+    project = tiny_project(tmp_path / "proj", "gated", linreg=False)
+    first = start_doit(project)
+    wait_for_lock(project, first.pid)  # its capture:gated now waits for the gate
+    second = start_doit(project)
+    said = wait_for_line(second, f"another doit run (pid {first.pid}) is using")
+    (project.root / "models" / "gate").touch()
+    out_second, _ = second.communicate(timeout=600)
+    out_first, _ = first.communicate(timeout=600)
+    out_second = said + out_second
+    assert first.returncode == 0 and second.returncode == 0, out_first + out_second
+    assert f"another doit run (pid {first.pid}) is using" in out_second and "waiting" in out_second
+    assert "0 task(s) run" in out_second  # the first run built everything
+    assert_nothing_half_done(project)
 
 
 # The second spelling of the reporter option in `make test-all`.
@@ -268,13 +310,8 @@ def test_killing_only_the_main_process_kills_its_workers_and_frees_the_lock(tmp_
     assert_nothing_half_done(project)
 
 
-@pytest.fixture(scope="module")
-def built_tiny(tmp_path_factory) -> Project:
-    """linreg on portable, built once; tests work on copies."""
-    project = tiny_project(tmp_path_factory.mktemp("tiny") / "proj")
-    run = project.doit()
-    assert run.returncode == 0, run.stdout + run.stderr
-    return project
+# The tests below work on copies of the session's built linreg (tests/conftest.py built_linreg: one
+# XNNPACK cell, CELL below), shared with the store tests further down instead of a build of their own.
 
 
 def database(project: Project) -> Path:
@@ -282,17 +319,17 @@ def database(project: Project) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "row", "directory", "schema", "delete"])
-def test_a_damaged_doit_database_costs_one_warning_and_no_rebuild(built_tiny, tmp_path, damage):
-    project = copy_project(built_tiny, tmp_path / "proj")
+def test_a_damaged_doit_database_costs_one_warning_and_no_rebuild(built_linreg, tmp_path, damage):
+    project = copy_project(built_linreg, tmp_path / "proj")
     db = database(project)
-    damage_database(db, damage)
+    damage_database(db, damage, task=f"export:{CELL}")
     run = project.doit()
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.started == set()  # etforge's own records say everything is up to date
     if damage == "delete":
         assert run.stderr == ""
     else:
-        why = DATABASE_DAMAGE[damage]
+        why = DATABASE_DAMAGE[damage].replace("export:linreg/portable/fp32", f"export:{CELL}")  # the row damaged
         assert run.stderr.splitlines() == [
             f"etforge: warning: doit's database {db} was unreadable ({why}); moved it to "
             ".doit.sqlite3.corrupt and starting afresh (etforge's state records keep every task up to date)"
@@ -416,8 +453,8 @@ def test_a_deleted_cache_and_a_changed_threshold_heal_in_one_run(built_linreg, t
     assert project.doit().started == set()
 
 
-def test_the_final_writes_under_a_file_size_limit_fail_with_one_line_and_keep_the_database(built_tiny, tmp_path):
-    project = copy_project(built_tiny, tmp_path / "proj")
+def test_the_final_writes_under_a_file_size_limit_fail_with_one_line_and_keep_the_database(built_linreg, tmp_path):
+    project = copy_project(built_linreg, tmp_path / "proj")
     db = database(project)
     before = db.read_bytes()
     limited = doit_with_file_limit(project, 4, "-a", "-s", "report")  # re-run report alone, then write the DB
@@ -434,8 +471,8 @@ def test_the_final_writes_under_a_file_size_limit_fail_with_one_line_and_keep_th
 
 
 @pytest.mark.parametrize("delay", [0.0, 0.01, 0.05])
-def test_a_kill_during_the_final_writes_leaves_a_state_the_next_run_accepts(built_tiny, tmp_path, delay):
-    project = copy_project(built_tiny, tmp_path / "proj")
+def test_a_kill_during_the_final_writes_leaves_a_state_the_next_run_accepts(built_linreg, tmp_path, delay):
+    project = copy_project(built_linreg, tmp_path / "proj")
     proc = start_doit(project, "-a", "-s", "report")
     wait_for_line(proc, "ok               report")  # the last task: what follows is closing the DB and summary.json
     time.sleep(delay)
@@ -450,33 +487,36 @@ def test_a_kill_during_the_final_writes_leaves_a_state_the_next_run_accepts(buil
 
 
 @pytest.mark.parametrize(
-    "task, blob, keep_mtime, workers",
+    "flips, keep_mtime, workers",
     [
         # the same-mtime case below is the harder one: this one runs in `make test-all`
-        pytest.param(f"export:{CELL}", "program.pte", False, (), marks=pytest.mark.slow),
-        # Validation and benchmark both read the bad entry at once: one of them rebuilds it.
-        (f"export:{CELL}", "program.pte", True, ("-n", "2", "-P", "process")),
-        ("capture:linreg", "reference.npz", True, ()),  # in the store only: capture runs again
+        pytest.param(((f"export:{CELL}", "program.pte"),), False, (), marks=pytest.mark.slow),
+        # Two entries flipped in one run, each named when it heals: the program (validation and
+        # benchmark both read it at once: one of them rebuilds it) and the capture's reference
+        # (in the store only: validation runs the capture again).
+        (((f"export:{CELL}", "program.pte"), ("capture:linreg", "reference.npz")), True, ("-n", "2", "-P", "process")),
     ],
-    ids=["program", "program-same-mtime-2-workers", "reference-same-mtime"],
+    ids=["program", "program-and-reference-same-mtime-2-workers"],
 )
-def test_a_flipped_byte_in_a_cached_blob_is_rebuilt_in_the_same_run(
-    built_linreg, tmp_path, task, blob, keep_mtime, workers
-):
+def test_a_flipped_byte_in_a_cached_blob_is_rebuilt_in_the_same_run(built_linreg, tmp_path, flips, keep_mtime, workers):
     project = copy_project(built_linreg, tmp_path / "proj")
-    key = state(project, task)["key"]
-    entry = project.root / "artifacts" / "cache" / key[:2] / key
-    flip_one_byte(entry / blob, keep_mtime)
-    # A new validation key (and with two workers a new benchmark key): those tasks read the entry.
+    entries = []
+    for task, blob in flips:
+        key = state(project, task)["key"]
+        entries.append(project.root / "artifacts" / "cache" / key[:2] / key)
+        flip_one_byte(entries[-1] / blob, keep_mtime)
+    # A new validation key (and with two workers a new benchmark key): those tasks read the entries.
     readers = ("validate", "benchmark") if workers else ("validate",)
     project.write_pipeline(LINREG_PIPELINE + STRICTER + ("benchmark: {warmup: 2}\n" if workers else ""))
     run = project.doit(*workers)
     assert run.returncode == 0, run.stdout + run.stderr
-    read_entry(entry)  # whole again
-    healed = f"etforge: {task}: its cache entry is missing or corrupt; running it again"
-    assert run.stderr.count(healed) == (1 if keep_mtime else 0), run.stderr
-    if keep_mtime:
-        assert task not in run.started  # up to date by its record; healed by the task that read it
+    for entry in entries:
+        read_entry(entry)  # whole again
+    for task, _ in flips:
+        healed = f"etforge: {task}: its cache entry is missing or corrupt; running it again"
+        assert run.stderr.count(healed) == (1 if keep_mtime else 0), run.stderr
+        if keep_mtime:
+            assert task not in run.started  # up to date by its record; healed by the task that read it
     for kind in readers:
         record = state(project, f"{kind}:{CELL}")
         assert record["status"] == "ok" and record["cached"] is False, record
@@ -508,39 +548,42 @@ def test_a_module_replaced_with_its_old_size_and_mtime_is_not_served_stale(built
     assert project.doit().started == set()
 
 
+EXIT_REASONS = {
+    "exits": "SystemExit: the code called sys.exit(0)",
+    "argparse_at_import": "SystemExit: the code called sys.exit(2)",
+    "hard_exits": "exited with code 0 (the task's code called os._exit) while running it",
+}
+
+
 @pytest.mark.parametrize(
-    "factory, args, reason",
+    "factories, args",
     [
-        ("exits", (), "SystemExit: the code called sys.exit(0)"),
-        # the same exit in a worker process: os-exit below covers the hard exit there too
-        pytest.param(
-            "exits", ("-n", "2", "-P", "process"), "SystemExit: the code called sys.exit(0)", marks=pytest.mark.slow
-        ),
+        # sys.exit and os._exit in one sequential run: each fails its own cell (os._exit ends the
+        # run's one worker, a new one builds the rest)
+        (("exits", "hard_exits"), ()),
+        # the same exit with two workers: sys-exit-and-os-exit covers the hard exit in a worker
+        pytest.param(("exits",), ("-n", "2", "-P", "process"), marks=pytest.mark.slow),
         # the JSON reporter and another exit code repeat the in-process path: `make test-all`
-        pytest.param("exits", ("-r", "json"), "SystemExit: the code called sys.exit(0)", marks=pytest.mark.slow),
+        pytest.param(("exits",), ("-r", "json"), marks=pytest.mark.slow),
         # doit's and etforge's arguments are not the model's: parse_args() exits with 2
-        pytest.param(
-            "argparse_at_import",
-            ("--backends", "portable"),
-            "SystemExit: the code called sys.exit(2)",
-            marks=pytest.mark.slow,
-        ),
-        ("hard_exits", (), "exited with code 0 (the task's code called os._exit) while running it"),
+        pytest.param(("argparse_at_import",), ("--backends", "portable"), marks=pytest.mark.slow),
     ],
-    ids=["sys-exit", "sys-exit-2-workers", "sys-exit-json", "argparse", "os-exit"],
+    ids=["sys-exit-and-os-exit", "sys-exit-2-workers", "sys-exit-json", "argparse"],
 )
-def test_a_model_that_exits_fails_its_own_cells_and_the_others_build(tmp_path, factory, args, reason):
-    project = tiny_project(tmp_path / "proj", factory)
+def test_a_model_that_exits_fails_its_own_cells_and_the_others_build(tmp_path, factories, args):
+    project = tiny_project(tmp_path / "proj", *factories)
     run = project.doit(*args)
     assert run.returncode == 1, run.stdout + run.stderr  # never green: the run used to exit 0
     assert "Traceback" not in run.stderr
     if "json" in args:
         json.loads(run.stdout)  # stdout stays the reporter's JSON
     rows = summary_rows(project)
-    assert rows[f"{factory}/portable/fp32"]["status"] == "failed"
-    assert reason in rows[f"{factory}/portable/fp32"]["note"]
+    for factory in factories:
+        assert rows[f"{factory}/portable/fp32"]["status"] == "failed"
+        assert EXIT_REASONS[factory] in rows[f"{factory}/portable/fp32"]["note"]
     assert rows["linreg/portable/fp32"]["status"] == "provisional"  # built all the same
-    assert run.stderr.splitlines()[-1] == f"etforge: 1 failing: {factory}/portable/fp32"
+    failing = ", ".join(f"{factory}/portable/fp32" for factory in factories)
+    assert run.stderr.splitlines()[-1] == f"etforge: {len(factories)} failing: {failing}"
 
 
 def test_a_file_size_limit_that_aborts_native_code_fails_the_cell_with_the_reason(tmp_path):
