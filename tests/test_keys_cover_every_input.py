@@ -2,8 +2,11 @@
 
 Real runs on tiny models: a faked upgrade of one backend's compiler package
 outdates exactly that backend's cells; an edited helper module rebuilds
-exactly the models that import it. Plus plan-level checks that need no build
-(SDK fingerprints, the static import walk, recipe errors).
+exactly the models that import it. Each change is first seen alone by
+``doit list --status``; one run then rebuilds them all (a run imports torch
+and ExecuTorch first, and each OpenVINO cell lowers in a fresh interpreter).
+Plus plan-level checks that need no build (SDK fingerprints, the static
+import walk, recipe errors).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, Project, make_project
+from conftest import REPO, Project, make_project, state
 
 sys.path.insert(0, str(REPO))
 from etforge.config.code_deps import project_files  # noqa: E402
@@ -47,6 +50,12 @@ def listed_status(run) -> dict:
 def copy_project(project: Project, target: Path) -> Project:
     shutil.copytree(project.root, target, symlinks=True)
     return Project(target)
+
+
+def manifest_hashes(project: Project) -> dict:
+    """Cell -> the program sha256 the manifests (index.json) give."""
+    index = json.loads((project.out / "manifests" / "index.json").read_text())
+    return {f"{e['modelName']}/{e['backend']}/{e['quantization']}": e["hash"] for e in index["models"]}
 
 
 # --------------------------------------------------------------------------- the built project
@@ -173,30 +182,61 @@ def outdated_tasks(project: Project, before: dict, env: dict | None = None) -> s
     return {t for t in after if after[t] == "R" and before[t] == "U"}
 
 
-def test_upgraded_compiler_and_commented_helper_rebuild_exactly_their_cells(built, tmp_path):
-    """Two changes, each seen alone by `doit list --status`, then rebuilt in one run
-    (one run instead of two keeps the suite fast)."""
+def upgrade_openvino(tmp_path: Path) -> dict:
+    """The environment of a doit run that sees a newer openvino than the installed one."""
+    return {"PYTHONPATH": str(fake_distribution(tmp_path / "site", "openvino", "2025.4.1.post999"))}
+
+
+def comment_helper(project: Project) -> None:
+    layers = project.root / "models" / "layers.py"
+    layers.write_text(layers.read_text() + "\n# a comment changes the bytes, not the program\n")
+
+
+def edit_helper(project: Project) -> None:
+    layers = project.root / "models" / "layers.py"
+    layers.write_text(layers.read_text().replace("SCALE = 2.0", "SCALE = -3.0"))
+
+
+@pytest.fixture(scope="module")
+def rebuilt(built, tmp_path_factory):
+    """A copy with every change of the two tests below (openvino upgraded; models/layers.py
+    commented and edited), rebuilt by one run under the upgrade; with its environment."""
+    root = tmp_path_factory.mktemp("rebuilt")
+    project = copy_project(built, root / "proj")
+    upgraded = upgrade_openvino(root)
+    comment_helper(project)
+    edit_helper(project)
+    run = project.doit(extra_env=upgraded)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return project, run, upgraded
+
+
+def test_upgraded_compiler_and_commented_helper_rebuild_exactly_their_cells(built, rebuilt, tmp_path):
+    """Two changes, each seen alone by `doit list --status`, then rebuilt in one run (`rebuilt`,
+    with the edit of test_edited_helper_module_rebuilds_exactly_the_models_that_import_it)."""
     project = copy_project(built, tmp_path / "proj")
     before = listed_status(project.doit("list", "--all", "--status"))
     assert all(before[t] == "U" for t in before if ":" in t), before  # everything built
 
-    upgraded = {"PYTHONPATH": str(fake_distribution(tmp_path / "site", "openvino", "2025.4.1.post999"))}
+    upgraded = upgrade_openvino(tmp_path)
     # The openvino cell's lowering, and the validation and benchmark of its program
     # (openvino runs it here); the matrix-wide views of it re-check. Nothing else.
     assert outdated_tasks(project, before, upgraded) == cell_tasks("linreg/openvino/fp32") | PIPELINE_TASKS
 
     # A comment in the helper: keys are over bytes, so its models rebuild (and nothing breaks).
-    layers = project.root / "models" / "layers.py"
-    layers.write_text(layers.read_text() + "\n# a comment changes the bytes, not the program\n")
+    comment_helper(project)
     assert outdated_tasks(project, before) == model_cells("direct", "indirect") | PIPELINE_TASKS
 
-    run = project.doit(extra_env=upgraded)
-    assert run.returncode == 0, run.stdout + run.stderr
+    rebuilt_project, run, upgraded = rebuilt
     assert run.started - PIPELINE_TASKS == cell_tasks("linreg/openvino/fp32") | model_cells("direct", "indirect")
-    assert "manifest" not in run.started  # the same programs, byte for byte: the manifests stand
-    rows = {r["cell"]: r["status"] for r in json.loads((project.out / "summary.json").read_text())}
+    # The upgrade lowered the same program, byte for byte: the manifests name the same bytes (and
+    # with no program changed the manifest task stands: test_build_once_rebuild_what_changed.py).
+    export = "export:linreg/openvino/fp32"
+    assert state(rebuilt_project, export)["info"]["sha256"] == state(built, export)["info"]["sha256"]
+    assert manifest_hashes(rebuilt_project)["linreg/openvino/fp32"] == manifest_hashes(built)["linreg/openvino/fp32"]
+    rows = {r["cell"]: r["status"] for r in json.loads((rebuilt_project.out / "summary.json").read_text())}
     assert set(rows.values()) == {"provisional"} and len(rows) == 5, rows
-    assert listed_status(project.doit("list", "--all", "--status", extra_env=upgraded)) == before
+    assert listed_status(rebuilt_project.doit("list", "--all", "--status", extra_env=upgraded)) == before
 
 
 QNN_PIPELINE = """\
@@ -335,15 +375,17 @@ def run_program(pte: Path, x):
     return out
 
 
-def test_edited_helper_module_rebuilds_exactly_the_models_that_import_it(built, tmp_path):
+def test_edited_helper_module_rebuilds_exactly_the_models_that_import_it(built, rebuilt, tmp_path):
+    """Alone (listed), then in one run with the changes of
+    test_upgraded_compiler_and_commented_helper_rebuild_exactly_their_cells (`rebuilt`)."""
     import torch
 
-    project = copy_project(built, tmp_path / "proj")
-    layers = project.root / "models" / "layers.py"
-    layers.write_text(layers.read_text().replace("SCALE = 2.0", "SCALE = -3.0"))
-    run = project.doit()
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.started - PIPELINE_TASKS == model_cells("direct", "indirect")
+    alone = copy_project(built, tmp_path / "proj")
+    edit_helper(alone)
+    listed = listed_status(alone.doit("list", "--all", "--status"))
+    assert {t for t in listed if listed[t] == "R" and ":" in t} == model_cells("direct", "indirect")
+    project, run, upgraded = rebuilt
+    assert run.started - PIPELINE_TASKS - cell_tasks("linreg/openvino/fp32") == model_cells("direct", "indirect")
 
     x = torch.linspace(-1, 1, 8).reshape(1, 8)
     torch.testing.assert_close(run_program(project.out / "direct" / "direct_xnnpack_fp32.pte", x), torch.relu(x * -3.0))
@@ -357,7 +399,7 @@ def test_edited_helper_module_rebuilds_exactly_the_models_that_import_it(built, 
     # The next run executes nothing and hashes or parses nothing: the memo stays as it is.
     memo = project.root / "artifacts" / ".etforge" / "digests.json"
     memo_before = memo.read_bytes()
-    again = project.doit()
+    again = project.doit(extra_env=upgraded)
     assert again.returncode == 0 and again.started == set(), again.stdout
     assert memo.read_bytes() == memo_before
 
