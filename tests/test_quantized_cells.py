@@ -59,7 +59,9 @@ def built(tmp_path_factory):
     (project.root / "data").mkdir()
     rng = np.random.default_rng(3)
     np.savez(project.root / "data" / "calib.npz", image=rng.standard_normal((8, 3, 16, 16)).astype(np.float32))
-    run = project.doit()
+    # Every verdict these tests read (any run writes summary.json); no benchmark, manifests or
+    # report, which nothing here reads (the ten benchmarks alone took ~5 s of CPU).
+    run = project.doit("sizegate", "validate")
     return project, run
 
 
@@ -155,7 +157,7 @@ def test_changing_one_schemes_options_rebuilds_only_its_graph(built, tmp_path):
             "quantization_options: {int8: {per_channel: false}}",
         )
     )
-    run = copy.doit("--models", "cnn")
+    run = copy.doit("sizegate", "validate", "--models", "cnn")
     assert failed_tasks(run) == {"sizegate:cnn/xnnpack/fp16"}, run.stdout + run.stderr  # failures are never cached
     # Only the int8 graph changed (per-tensor now); capture and the other schemes are reused.
     assert "capture:cnn" not in run.started
