@@ -31,7 +31,6 @@ LONGEST_FIRST = (  # seconds each took in a full run (--durations), for balancin
     "test_llm_export_and_decode.py",  # 122
     "test_aarch64_targets.py",  # 100
     "test_quantized_cells.py",  # 95
-    "test_llm_quality.py",  # 92
     "test_weight_group_schemes.py",  # 82
     "test_accuracy_rescue.py",  # 74
     "test_encoders_with_padding_masks.py",  # 68
@@ -44,7 +43,6 @@ LONGEST_FIRST = (  # seconds each took in a full run (--durations), for balancin
     "test_html_report.py",  # 50
     "test_llm_schemes.py",  # 50
     "test_repro.py",  # 43
-    "test_llm_kv_heads.py",  # 42
 )
 
 
