@@ -196,6 +196,15 @@ TINY_LLAMA_CONFIG = (
     "max_position_embeddings: 64, tie_word_embeddings: false, bos_token_id: 1, "
     "eos_token_id: 2, pad_token_id: 0}"
 )
+# A tiny Whisper from its config. Untied output embeddings: a tied random Whisper repeats its start
+# token, which would make a greedy check prove nothing (measured: [1, 1, 1, ...] tied,
+# [243, 140, 13, 148, ...] untied).
+TINY_WHISPER_CONFIG = (
+    "{model_type: whisper, vocab_size: 256, num_mel_bins: 16, d_model: 32, encoder_layers: 1, decoder_layers: 1, "
+    "encoder_attention_heads: 2, decoder_attention_heads: 2, encoder_ffn_dim: 64, decoder_ffn_dim: 64, "
+    "max_source_positions: 16, max_target_positions: 32, decoder_start_token_id: 1, pad_token_id: 0, "
+    "bos_token_id: 1, eos_token_id: 2, tie_word_embeddings: false}"
+)
 
 
 def doit_concurrently(*runs: tuple) -> list:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import check, make_project
+from conftest import TINY_WHISPER_CONFIG, check, make_project
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -25,14 +25,6 @@ if str(REPO) not in sys.path:
 from etforge.config.resolve import resolve  # noqa: E402
 from etforge.core.errors import PipelineError  # noqa: E402
 
-# Untied output embeddings: a tied random Whisper repeats its start token, which would make the
-# greedy check prove nothing (measured: [1, 1, 1, ...] tied, [243, 140, 13, 148, ...] untied).
-WHISPER = (
-    "{model_type: whisper, vocab_size: 256, num_mel_bins: 16, d_model: 32, encoder_layers: 1, decoder_layers: 1, "
-    "encoder_attention_heads: 2, decoder_attention_heads: 2, encoder_ffn_dim: 64, decoder_ffn_dim: 64, "
-    "max_source_positions: 16, max_target_positions: 32, decoder_start_token_id: 1, pad_token_id: 0, "
-    "bos_token_id: 1, eos_token_id: 2, tie_word_embeddings: false}"
-)
 # T5 5.x always ties its output embeddings (no tie_word_embeddings key): its greedy tokens repeat,
 # the per-step logits still differ (relative position bias, the cache).
 T5 = "{model_type: t5, vocab_size: 256, d_model: 32, d_kv: 16, d_ff: 64, num_layers: 1, num_heads: 2}"
@@ -43,7 +35,7 @@ models:
   whisper:
     transformers:
       task: automatic-speech-recognition
-      config: {WHISPER}
+      config: {TINY_WHISPER_CONFIG}
       seq2seq: {{max_cache_len: 16, decode_steps: 6}}
   t5:
     transformers:

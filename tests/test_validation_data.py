@@ -15,19 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import make_project, state
+from conftest import TINY_WHISPER_CONFIG, make_project, state
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-# Untied output embeddings: a random Whisper's greedy tokens then vary (tests/test_hf_seq2seq.py).
-WHISPER = (
-    "{model_type: whisper, vocab_size: 256, num_mel_bins: 16, d_model: 32, encoder_layers: 1, decoder_layers: 1, "
-    "encoder_attention_heads: 2, decoder_attention_heads: 2, encoder_ffn_dim: 64, decoder_ffn_dim: 64, "
-    "max_source_positions: 16, max_target_positions: 32, decoder_start_token_id: 1, pad_token_id: 0, "
-    "bos_token_id: 1, eos_token_id: 2, tie_word_embeddings: false}"
-)
 PIPELINE = f"""\
 name: t
 version: 0.0.1
@@ -55,7 +48,7 @@ models:
   whisper:
     transformers:
       task: automatic-speech-recognition
-      config: {WHISPER}
+      config: {TINY_WHISPER_CONFIG}
       seq2seq: {{max_cache_len: 16, decode_steps: 6}}
     validation: {{methods: {{encoder: {{npz: data/features.npz}}}}}}
 backends:
