@@ -237,7 +237,7 @@ def keep_float(cell, model, reference, capture_program: Path | None = None) -> t
     import torch
 
     from etforge.builders.capture.output_select import select_outputs
-    from etforge.builders.quantization.rescue import AUTO, auto_keep, eager_sqnr, matching, rescue_reason
+    from etforge.builders.quantization.rescue import AUTO, auto_keep, matching, rescue_reason
 
     transform = cell.transform
     option = transform.options.get("keep_float")
@@ -251,28 +251,41 @@ def keep_float(cell, model, reference, capture_program: Path | None = None) -> t
     if threshold is None:
         raise BadValue(f"keep_float: auto aims at the cell's sqnr_db threshold and {cell.name} has none")
 
-    last: dict = {}  # the model last measured, which the per-layer reading reads
-
     def quantized(kept: tuple):
         trial = copy.deepcopy(model)
         trial_steps, _ = torchao_steps(cell.quant.name, transform, trial, dict.fromkeys(kept, ""))
         return select_outputs(torchao_quantize(trial, trial_steps), cell.model.outputs)  # as the reference has them
 
-    def measure(kept: tuple) -> float:
-        last.clear()
-        last[frozenset(kept)] = trial = quantized(kept)
-        return eager_sqnr(trial, reference)
+    measure, latest = measured_once(quantized, reference)
 
     def graph(kept: tuple):
-        trial = last.get(frozenset(kept))
-        trial = quantized(kept) if trial is None else trial
         inputs = tuple(torch.from_numpy(x) for x in reference.sample_inputs(reference.count // 2))
-        return torch.export.export(trial, inputs, strict=False).module()
+        return torch.export.export(latest(kept), inputs, strict=False).module()
 
     limit = transform.options.get("keep_float_limit")
     divergence = divergence_of(graph, capture_program, reference) if capture_program is not None else None
     rescue = auto_keep(taken, measure, float(threshold), int(limit) if limit else None, divergence)
     return {e["layer"]: rescue_reason(e) for e in rescue["kept"]}, rescue
+
+
+def measured_once(build, reference) -> tuple:
+    """(``measure(kept) -> dB``, ``latest(kept) -> model``) for keep_float auto: ``measure`` builds the
+    model with ``kept`` left in float and measures it against the reference; ``latest`` gives the model
+    last measured for ``kept`` (the per-layer reading that follows reads it), or builds it again."""
+    from etforge.builders.quantization.rescue import eager_sqnr
+
+    last: dict = {}  # only the last one: a quantized model is as large as the model
+
+    def measure(kept: tuple) -> float:
+        last.clear()
+        last[frozenset(kept)] = built = build(kept)
+        return eager_sqnr(built, reference)
+
+    def latest(kept: tuple):
+        found = last.get(frozenset(kept))
+        return build(kept) if found is None else found
+
+    return measure, latest
 
 
 def divergence_of(graph, fp32_program, reference, samples: int = DIVERGENCE_SAMPLES):
@@ -308,21 +321,12 @@ def pt2e_keep_float(cell, program, convert, reference) -> tuple[dict, dict | Non
     """(layer -> why it stays in float, the ``auto`` record or None, the record's ``layers``) of a PT2E
     scheme's ``keep_float``: ``convert(kept)`` quantizes the captured ``program`` leaving ``kept`` in float
     (layers named as in the model, without the outputs: wrapper's prefix)."""
-    from etforge.builders.quantization.rescue import AUTO, auto_keep, eager_sqnr, graph_layers, matching, rescue_reason
+    from etforge.builders.quantization.rescue import AUTO, auto_keep, graph_layers, matching, rescue_reason
 
     option = cell.transform.options.get("keep_float")
     if not option:
         return {}, None, {}
-    last: dict = {}  # the graph last measured, which the per-layer reading reads
-
-    def measure(kept: tuple) -> float:
-        last.clear()
-        last[frozenset(kept)] = graph = convert(kept)
-        return eager_sqnr(graph, reference)
-
-    def graph(kept: tuple):
-        found = last.get(frozenset(kept))
-        return convert(kept) if found is None else found
+    measure, graph = measured_once(convert, reference)
 
     prefix = graph_prefix(cell)
     layers = {name.removeprefix(prefix): layer for name, layer in graph_layers(program).items()}
